@@ -1,0 +1,142 @@
+#!/usr/bin/env node
+// The `toolport` command. The only module that reads argv, installs signal handlers or exits.
+import { parseArgs } from 'node:util'
+import { readFileSync } from 'node:fs'
+import { createToolport } from './toolport.js'
+import { optionsFromEnv, ENVIRONMENT } from './config.js'
+import { isToolportError } from './errors.js'
+
+const USAGE = `Usage: toolport <command> [options]
+
+Commands:
+  serve     run the Toolport server
+
+Options for serve:
+  --host ADDRESS   address to bind (default 127.0.0.1; env TOOLPORT_HOST)
+  --port N         port to bind, 0 for any free port (default 3917; env TOOLPORT_PORT)
+  --role NAME      a role to create; repeat for more (default: one role named "default";
+                   env TOOLPORT_ROLES, comma-separated)
+  --config FILE    a JSON file of options (env TOOLPORT_CONFIG); flags win over it
+  --inline         dispatch callbacks on the main thread instead of the worker pool
+  --log-level L    fatal|error|warn|info|debug|trace|silent (default info; env TOOLPORT_LOG_LEVEL)
+  --allow-non-loopback-bind   allow --host to be a non-loopback address (clients must still be loopback)
+  -h, --help       show this help
+
+Environment: ${Object.keys(ENVIRONMENT).join(', ')}
+`
+
+class UsageError extends Error {}
+
+async function main (argv: string[]): Promise<number> {
+  const [command, ...rest] = argv
+  if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
+    process.stdout.write(USAGE)
+    return command === undefined ? 2 : 0
+  }
+  if (command !== 'serve') throw new UsageError(`unknown command '${command}'`)
+  return await serve(rest)
+}
+
+async function serve (args: string[]): Promise<number> {
+  let parsed
+  try {
+    parsed = parseArgs({
+      args,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        host: { type: 'string' },
+        port: { type: 'string' },
+        role: { type: 'string', multiple: true },
+        config: { type: 'string' },
+        inline: { type: 'boolean' },
+        'log-level': { type: 'string' },
+        'allow-non-loopback-bind': { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' }
+      }
+    })
+  } catch (err) {
+    throw new UsageError((err as Error).message)
+  }
+  const flags = parsed.values
+  if (flags.help === true) {
+    process.stdout.write(USAGE)
+    return 0
+  }
+  const options: Record<string, unknown> = {}
+  const configFile = flags.config ?? process.env.TOOLPORT_CONFIG
+  if (configFile !== undefined && configFile !== '') Object.assign(options, readConfigFile(configFile))
+  mergeOptions(options, optionsFromEnv(process.env))
+  if (flags.host !== undefined) options.host = flags.host
+  if (flags.port !== undefined) {
+    if (!/^\d+$/.test(flags.port)) throw new UsageError(`--port must be a number from 0 to 65535 (got '${flags.port}')`)
+    options.port = Number(flags.port)
+  }
+  if (flags.role !== undefined) options.roles = flags.role
+  if (flags.inline === true) mergeOptions(options, { dispatch: { mode: 'inline' } })
+  if (flags['log-level'] !== undefined) options.logger = flags['log-level']
+  if (flags['allow-non-loopback-bind'] === true) mergeOptions(options, { security: { allowNonLoopbackBind: true } })
+  if (!Array.isArray(options.roles) || options.roles.length === 0) options.roles = ['default']
+  options.logger ??= 'info'
+
+  const tp = await createToolport(options)
+  const { url } = await tp.listen()
+  process.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp.dispatchMode})\n`)
+
+  await new Promise<void>((resolve) => {
+    const stop = (signal: NodeJS.Signals): void => {
+      process.stdout.write(`Toolport stopping (${signal})\n`)
+      process.off('SIGINT', stop)
+      process.off('SIGTERM', stop)
+      resolve()
+    }
+    process.on('SIGINT', stop)
+    process.on('SIGTERM', stop)
+  })
+  await tp.close()
+  return 0
+}
+
+function readConfigFile (file: string): Record<string, unknown> {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    throw new UsageError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+  }
+  try {
+    const value: unknown = JSON.parse(text)
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
+    return value as Record<string, unknown>
+  } catch (err) {
+    throw new UsageError(`the config file ${file} is not a JSON object of options: ${(err as Error).message}`)
+  }
+}
+
+/** Shallow-merges one level of nested option groups (dispatch, security, limits). */
+function mergeOptions (target: Record<string, unknown>, source: Record<string, unknown>): void {
+  for (const [key, value] of Object.entries(source)) {
+    const current = target[key]
+    if (isObject(current) && isObject(value)) target[key] = { ...current, ...value }
+    else target[key] = value
+  }
+}
+
+function isObject (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+main(process.argv.slice(2)).then((code) => {
+  process.exitCode = code
+}, (err: unknown) => {
+  if (err instanceof UsageError) {
+    process.stderr.write(`toolport: ${err.message}\n\n${USAGE}`)
+    process.exitCode = 2
+  } else if (isToolportError(err)) {
+    process.stderr.write(`toolport: ${err.message} (${err.code})\n`)
+    process.exitCode = 1
+  } else {
+    process.stderr.write(`toolport: ${(err as Error)?.message ?? String(err)}\n`)
+    process.exitCode = 1
+  }
+})

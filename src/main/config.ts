@@ -1,0 +1,115 @@
+// One zod schema for every option, with its default and its environment/flag name.
+//
+// The library reads options only through `parseOptions`; the CLI maps flags and environment
+// variables onto the same schema with `optionsFromEnv`, so both see one set of defaults.
+import { z } from 'zod'
+import { ConfigError } from './errors.js'
+
+const roleName = z.string().min(1).max(128)
+
+const dispatchSchema = z.strictObject({
+  /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
+  mode: z.enum(['pool', 'inline']).default('pool'),
+  /** Worker threads; 1 measured best on 2 cores for this I/O-bound work. */
+  threads: z.number().int().min(1).max(64).default(1),
+  /** Concurrent batch tasks per worker thread (piscina `concurrentTasksPerWorker`). */
+  concurrentTasksPerWorker: z.number().int().min(1).max(4096).default(256),
+  /** The calls of one event-loop turn travel as one task, at most this many. */
+  maxBatch: z.number().int().min(1).max(1024).default(64),
+  /** Calls admitted at once (queued or running); beyond it a call is answered `busy` at once. */
+  maxPending: z.number().int().min(1).max(1_000_000).default(4096),
+  /** undici connections per callback origin per thread. */
+  connectionsPerOrigin: z.number().int().min(1).max(1024).default(64),
+  /** Cap on a callback reply body. */
+  maxResponseBytes: z.number().int().min(1).max(1024 ** 3).default(4 * 1024 * 1024),
+  /** Idle keep-alive sockets to callbacks are closed after this. */
+  keepAliveTimeoutMs: z.number().int().min(1).max(600_000).default(4_000),
+  /** Connect timeout (each call's own deadline still applies). */
+  connectTimeoutMs: z.number().int().min(1).max(300_000).default(10_000),
+  /** `close()` lets in-flight calls finish for this long before destroying the pool. */
+  closeGraceMs: z.number().int().min(0).max(600_000).default(5_000)
+})
+
+const securitySchema = z.strictObject({
+  /** Check the Host header against loopback names (DNS-rebinding defence). */
+  checkHost: z.boolean().default(true),
+  /** Extra Host names accepted besides localhost, 127/8 and [::1]. */
+  allowedHosts: z.array(z.string().min(1)).default([]),
+  /** Browser origins allowed to call the API (exact `scheme://host[:port]`); empty by default. */
+  allowedOrigins: z.array(z.string().min(1)).default([]),
+  /** Check Origin and Sec-Fetch-Site (cross-site request defence). */
+  checkOrigin: z.boolean().default(true),
+  /** Allow binding a non-loopback address (peers are still checked: R1). */
+  allowNonLoopbackBind: z.boolean().default(false)
+})
+
+const limitsSchema = z.strictObject({
+  /** Largest request body in bytes. */
+  maxBodyBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
+  /** Deepest JSON nesting accepted in a request body. */
+  maxJsonDepth: z.number().int().min(4).max(1024).default(64)
+})
+
+/** Every option of `createToolport` and `toolport serve`. */
+export const optionsSchema = z.strictObject({
+  /** Roles that exist from the start. */
+  roles: z.array(roleName).default([]),
+  /** Address `listen()` binds by default. */
+  host: z.string().min(1).default('127.0.0.1'),
+  /** Port `listen()` binds by default (0 = any free port). */
+  port: z.number().int().min(0).max(65_535).default(3917),
+  /** A role's sync to its model sessions fails after this long. */
+  syncTimeoutMs: z.number().int().min(1).max(600_000).default(10_000),
+  /** Consecutive connection failures at one origin that evict its `plugin:` tools (SPEC R13). */
+  evictionThreshold: z.number().int().min(1).max(1000).default(3),
+  /** fastify/pino logger: false (silent), true (info) or a level name. */
+  logger: z.union([z.boolean(), z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])])
+    .default(false),
+  dispatch: dispatchSchema.prefault({}),
+  security: securitySchema.prefault({}),
+  limits: limitsSchema.prefault({})
+})
+
+/** Options as a caller writes them (everything optional). */
+export type ToolportOptions = z.input<typeof optionsSchema>
+/** Options after defaults are applied. */
+export type ResolvedOptions = z.output<typeof optionsSchema>
+export type DispatchOptions = ResolvedOptions['dispatch']
+
+/** Validates options and applies defaults; throws TP_ERR_CONFIG naming every bad field. */
+export function parseOptions (input: unknown = {}): ResolvedOptions {
+  const parsed = optionsSchema.safeParse(input ?? {})
+  if (parsed.success) return parsed.data
+  const problems = parsed.error.issues.map((issue) => `${issue.path.join('.') || '(root)'}: ${issue.message}`)
+  throw new ConfigError(problems.join('; '))
+}
+
+/** Environment variables the CLI reads, and the option each one sets. */
+export const ENVIRONMENT = Object.freeze({
+  TOOLPORT_HOST: 'host',
+  TOOLPORT_PORT: 'port',
+  TOOLPORT_ROLES: 'roles (comma-separated)',
+  TOOLPORT_CONFIG: 'a JSON options file',
+  TOOLPORT_LOG_LEVEL: 'logger',
+  TOOLPORT_DISPATCH_MODE: 'dispatch.mode'
+} as const)
+
+/** Maps TOOLPORT_* variables onto an options object (strings only; the schema validates). */
+export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown> {
+  const out: Record<string, unknown> = {}
+  if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') out.host = env.TOOLPORT_HOST
+  if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') out.port = toNumber(env.TOOLPORT_PORT)
+  if (env.TOOLPORT_ROLES !== undefined && env.TOOLPORT_ROLES !== '') {
+    out.roles = env.TOOLPORT_ROLES.split(',').map((r) => r.trim()).filter((r) => r !== '')
+  }
+  if (env.TOOLPORT_LOG_LEVEL !== undefined && env.TOOLPORT_LOG_LEVEL !== '') out.logger = env.TOOLPORT_LOG_LEVEL
+  if (env.TOOLPORT_DISPATCH_MODE !== undefined && env.TOOLPORT_DISPATCH_MODE !== '') {
+    out.dispatch = { mode: env.TOOLPORT_DISPATCH_MODE }
+  }
+  return out
+}
+
+function toNumber (text: string): number | string {
+  // Keep the text when it is not a number, so the schema names the field in its error.
+  return /^\d+$/.test(text) ? Number(text) : text
+}

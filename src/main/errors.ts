@@ -1,0 +1,110 @@
+// The error catalogue: every error thrown on the main thread comes from here.
+//
+// Built with @fastify/error as fastify's own lib/errors.js is: a stable code, a `%s` message
+// format and an HTTP status. The README's error table lists exactly these codes (a test checks).
+import createError from '@fastify/error'
+
+/** One problem found while validating a request, as sent in `details`. */
+export interface ErrorDetail {
+  /** Dotted path of the field, e.g. `callback_url` or `parameters.properties`. */
+  path: string
+  /** A machine-readable reason (zod's issue code, or ours). */
+  code: string
+  message: string
+}
+
+/** 403: the socket's peer is not a loopback address (SPEC R1). */
+export const NotLoopbackError = createError('TP_ERR_NOT_LOOPBACK',
+  'Toolport accepts loopback clients only; %s is not a loopback address', 403)
+
+/** 403: the Host header does not name this machine's loopback interface (DNS rebinding). */
+export const HostForbiddenError = createError('TP_ERR_HOST_FORBIDDEN',
+  'Host header %s is not allowed; use localhost, 127.0.0.1 or [::1]', 403)
+
+/** 403: a browser Origin that is not on the allow-list (cross-site requests). */
+export const OriginForbiddenError = createError('TP_ERR_ORIGIN_FORBIDDEN',
+  'cross-origin request refused: %s', 403)
+
+/** 404: a role named in a request does not exist (SPEC R6, R17, R18). */
+export const RoleNotFoundError = createError('TP_ERR_ROLE_NOT_FOUND', "role '%s' does not exist", 404)
+
+/** 404: no route matches the method and path. */
+export const RouteNotFoundError = createError('TP_ERR_ROUTE_NOT_FOUND', 'no route %s', 404)
+
+/** 422: a field failed validation (SPEC R2, R7); `details` lists every problem. */
+export const ValidationError = createError('TP_ERR_VALIDATION', 'invalid request: %s', 422)
+
+/** 400: the body is not parseable JSON. */
+export const BadJsonError = createError('TP_ERR_BAD_JSON', 'the body is not valid JSON: %s', 400)
+
+/** 400: a request fastify could not read (bad Content-Length, bad URL, …). */
+export const BadRequestError = createError('TP_ERR_BAD_REQUEST', 'bad request: %s', 400)
+
+/** 413: the body is larger than `maxBodyBytes`. */
+export const BodyTooLargeError = createError('TP_ERR_BODY_TOO_LARGE',
+  'the body is larger than the limit of %s bytes', 413)
+
+/** 413: the JSON body nests deeper than `maxJsonDepth`. */
+export const JsonTooDeepError = createError('TP_ERR_JSON_TOO_DEEP',
+  'the JSON body nests deeper than the limit of %s levels', 413)
+
+/** 415: a body that is not `application/json`. */
+export const UnsupportedMediaTypeError = createError('TP_ERR_UNSUPPORTED_MEDIA_TYPE',
+  'the body must be application/json (got %s)', 415)
+
+/** 409: library only: `roles.add` of a role that exists. */
+export const RoleExistsError = createError('TP_ERR_ROLE_EXISTS', "role '%s' already exists", 409)
+
+/** 500: library only: options that fail the config schema. */
+export const ConfigError = createError('TP_ERR_CONFIG', 'invalid Toolport options: %s', 500)
+
+/** 503: the runtime is closing or closed. */
+export const ClosedError = createError('TP_ERR_CLOSED', 'Toolport is closed', 503)
+
+/** 500: a bug. The message never carries stack traces, credentials or callback bodies. */
+export const InternalError = createError('TP_ERR_INTERNAL', 'internal error', 500)
+
+/** Every error code with its HTTP status, for the catalogue test and the README table. */
+export const ERROR_CODES: Readonly<Record<string, number>> = Object.freeze({
+  TP_ERR_NOT_LOOPBACK: 403,
+  TP_ERR_HOST_FORBIDDEN: 403,
+  TP_ERR_ORIGIN_FORBIDDEN: 403,
+  TP_ERR_ROLE_NOT_FOUND: 404,
+  TP_ERR_ROUTE_NOT_FOUND: 404,
+  TP_ERR_VALIDATION: 422,
+  TP_ERR_BAD_JSON: 400,
+  TP_ERR_BAD_REQUEST: 400,
+  TP_ERR_BODY_TOO_LARGE: 413,
+  TP_ERR_JSON_TOO_DEEP: 413,
+  TP_ERR_UNSUPPORTED_MEDIA_TYPE: 415,
+  TP_ERR_ROLE_EXISTS: 409,
+  TP_ERR_CONFIG: 500,
+  TP_ERR_CLOSED: 503,
+  TP_ERR_INTERNAL: 500
+})
+
+/** An error from this catalogue: it has a stable `code` and a `statusCode`. */
+export interface ToolportError extends Error {
+  code: string
+  statusCode: number
+  details?: ErrorDetail[]
+}
+
+/** True for an error that came from this catalogue. */
+export function isToolportError (err: unknown): err is ToolportError {
+  if (!(err instanceof Error)) return false
+  const code = (err as Error & { code?: unknown }).code
+  return typeof code === 'string' && Object.hasOwn(ERROR_CODES, code)
+}
+
+/** Builds a 422 with the problems attached as `details`. */
+export function validationError (details: ErrorDetail[]): ToolportError {
+  const summary = details.map(formatDetail).join('; ')
+  const err = new ValidationError(summary) as ToolportError
+  err.details = details
+  return err
+}
+
+function formatDetail (detail: ErrorDetail): string {
+  return detail.path === '' ? detail.message : `${detail.path}: ${detail.message}`
+}

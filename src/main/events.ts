@@ -1,0 +1,36 @@
+// The typed events a Runtime emits for embedding hosts.
+import type { OutcomeKind } from '../workers/protocol.js'
+
+/** Why a tool left a role's registry. */
+export type RemovalReason = 'unregister' | 'clear' | 'evicted' | 'replaced' | 'local'
+
+export interface ToolRegisteredEvent { role: string, name: string, source: string, isRemote: boolean }
+export interface ToolRemovedEvent { role: string, name: string, source: string, reason: RemovalReason }
+export interface OriginEvictedEvent {
+  /** `scheme://host:port` of the callbacks that failed. */
+  origin: string
+  /** Names of the `plugin:` tools removed. */
+  tools: string[]
+  /** Roles that lost at least one tool. */
+  roles: string[]
+  /** Consecutive connection-level failures that triggered it. */
+  failures: number
+}
+export interface CallFinishedEvent {
+  role: string
+  name: string
+  callId: string
+  outcome: OutcomeKind | 'invalid_arguments' | 'unknown_tool' | 'local_error'
+  isError: boolean
+  durationMs: number
+}
+export interface SyncFailedEvent { role: string, error: string }
+
+/** Event name → listener arguments, for `EventEmitter<ToolportEvents>`. */
+export interface ToolportEvents {
+  'tool-registered': [ToolRegisteredEvent]
+  'tool-removed': [ToolRemovedEvent]
+  'origin-evicted': [OriginEvictedEvent]
+  'call-finished': [CallFinishedEvent]
+  'sync-failed': [SyncFailedEvent]
+}

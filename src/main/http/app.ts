@@ -1,0 +1,62 @@
+// The fastify app and the embeddable plugin.
+import fastify, { LogController, type FastifyInstance, type FastifyPluginCallback } from 'fastify'
+import type { Runtime } from '../runtime.js'
+import { buildGuard } from './guard.js'
+import { handleError, handleNotFound } from './errors.js'
+import { buildJsonParser } from './json-body.js'
+import { registerToolRoutes } from './tools.js'
+
+export interface ToolportPluginOptions {
+  /** The runtime whose registry the routes serve. */
+  runtime: Runtime
+  /**
+   * Install the loopback/Host/Origin guard on the plugin's routes (default true). The standalone
+   * app installs it at the root instead, so unknown paths are guarded too.
+   */
+  guard?: boolean
+}
+
+/**
+ * A fastify plugin with every Toolport route, for a host that mounts them in its own app.
+ * The guard, JSON-only body parser and error mapping apply to these routes only (encapsulated).
+ *
+ * @example
+ * app.register(toolportPlugin, { runtime: tp })
+ */
+export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = function toolportPlugin (app, options, done) {
+  const { runtime } = options
+  if (options.guard !== false) app.addHook('onRequest', buildGuard(runtime.options.security))
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit: runtime.options.limits.maxBodyBytes },
+    buildJsonParser(runtime.options.limits.maxJsonDepth))
+  app.setErrorHandler(handleError)
+  registerToolRoutes(app, runtime)
+  done()
+}
+
+/** Builds the standalone app: the guard on every request, the routes, JSON errors everywhere. */
+export function buildApp (runtime: Runtime): FastifyInstance {
+  const app = fastify({
+    loggerInstance: runtime.log,
+    // R1: the socket's peer decides; X-Forwarded-For is never trusted.
+    trustProxy: false,
+    bodyLimit: runtime.options.limits.maxBodyBytes,
+    // Time to receive a whole request (not to answer it: tool calls may take minutes).
+    requestTimeout: 30_000,
+    connectionTimeout: 0,
+    keepAliveTimeout: 65_000,
+    routerOptions: { maxParamLength: 256 },
+    forceCloseConnections: true,
+    return503OnClosing: true,
+    // Calls are logged by the runtime (metadata only, at debug); per-request lines would be noise.
+    logController: new LogController({ disableRequestLogging: true })
+  })
+  app.server.headersTimeout = 15_000
+  app.addHook('onRequest', buildGuard(runtime.options.security))
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, buildJsonParser(runtime.options.limits.maxJsonDepth))
+  app.setErrorHandler(handleError)
+  app.setNotFoundHandler(handleNotFound)
+  app.register(toolportPlugin, { runtime, guard: false })
+  return app as unknown as FastifyInstance
+}

@@ -1,0 +1,140 @@
+// The request guard: one `onRequest` hook, before any body is read, on every route (unknown
+// paths included).
+//
+// - SPEC R1: the socket's peer address decides (never X-Forwarded-For; trustProxy is off), and an
+//   unknown peer fails closed.
+// - DNS rebinding: a page on attacker.example whose name now resolves to 127.0.0.1 reaches us
+//   from a loopback peer, but its requests carry `Host: attacker.example`; only loopback names
+//   (and configured extras) pass.
+// - Cross-site requests: a browser adds `Origin` (and `Sec-Fetch-Site`) to a page's requests;
+//   only allow-listed origins pass, so a web page cannot drive the API, not even with a "simple"
+//   POST that needs no CORS preflight.
+// - Mutating methods must send `application/json`, which a cross-site form or simple request
+//   cannot do without a preflight that we never answer with CORS headers.
+import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify'
+import ipaddr from 'ipaddr.js'
+import { isLoopbackAddress } from '../../shared/loopback.js'
+import { HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnsupportedMediaTypeError } from '../errors.js'
+
+export interface GuardOptions {
+  checkHost: boolean
+  allowedHosts: readonly string[]
+  checkOrigin: boolean
+  allowedOrigins: readonly string[]
+}
+
+export type GuardHook = (request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction) => void
+
+/** Builds the onRequest guard for the given security options. */
+export function buildGuard (options: GuardOptions): GuardHook {
+  const allowedHosts = new Set(options.allowedHosts.map((h) => h.toLowerCase()))
+  const allowedOrigins = new Set(options.allowedOrigins)
+  const { checkHost, checkOrigin } = options
+
+  return function toolportGuard (request, reply, done): void {
+    // Set on every answer, errors included.
+    reply.header('x-content-type-options', 'nosniff')
+    reply.header('cache-control', 'no-store')
+    reply.header('cross-origin-resource-policy', 'same-origin')
+
+    const peer = request.raw.socket?.remoteAddress
+    if (!isLoopbackAddress(peer)) {
+      done(new NotLoopbackError(peer ?? 'an unknown peer'))
+      return
+    }
+    if (checkHost) {
+      const problem = hostProblem(request, allowedHosts)
+      if (problem !== '') {
+        done(new HostForbiddenError(problem))
+        return
+      }
+    }
+    if (checkOrigin) {
+      const origin = request.headers.origin
+      if (origin !== undefined) {
+        if (!allowedOrigins.has(origin)) {
+          done(new OriginForbiddenError(`Origin ${JSON.stringify(origin)} is not allowed`))
+          return
+        }
+      } else {
+        const site = request.headers['sec-fetch-site']
+        if (site === 'cross-site' || site === 'same-site') {
+          done(new OriginForbiddenError(`Sec-Fetch-Site ${site} without an allowed Origin`))
+          return
+        }
+      }
+    }
+    if (hasBodyMethod(request.method) && !isJsonContentType(request.headers['content-type'])) {
+      done(new UnsupportedMediaTypeError(request.headers['content-type'] ?? 'no Content-Type'))
+      return
+    }
+    done()
+  }
+}
+
+/** '' when the Host header names loopback (or an allowed extra), else what is wrong with it. */
+function hostProblem (request: FastifyRequest, allowedHosts: ReadonlySet<string>): string {
+  const raw = request.raw.rawHeaders
+  let host: string | undefined
+  for (let i = 0; i < raw.length; i += 2) {
+    if ((raw[i] as string).length === 4 && (raw[i] as string).toLowerCase() === 'host') {
+      if (host !== undefined) return '(duplicate Host headers)'
+      host = raw[i + 1] as string
+    }
+  }
+  if (host === undefined || host === '') return '(missing)'
+  const hostname = hostnameOf(host.toLowerCase())
+  if (hostname === null) return JSON.stringify(host)
+  if (isLoopbackHostHeader(hostname) || allowedHosts.has(hostname)) return ''
+  return JSON.stringify(host)
+}
+
+/** The hostname of a Host header (port stripped), or null when malformed. */
+function hostnameOf (host: string): string | null {
+  let hostname = host
+  let port = ''
+  if (host.startsWith('[')) {
+    const end = host.indexOf(']')
+    if (end === -1) return null
+    hostname = host.slice(0, end + 1)
+    const rest = host.slice(end + 1)
+    if (rest !== '') {
+      if (!rest.startsWith(':')) return null
+      port = rest.slice(1)
+    }
+  } else {
+    const colon = host.indexOf(':')
+    if (colon !== -1) {
+      hostname = host.slice(0, colon)
+      port = host.slice(colon + 1)
+    }
+  }
+  if (port !== '' && !(/^\d{1,5}$/.test(port) && Number(port) <= 65535)) return null
+  if (hostname === '' || /[^a-z0-9.\-[\]:]/.test(hostname)) return null
+  return hostname
+}
+
+/** `localhost`, a strict dotted-decimal 127/8 address, or `[::1]`. */
+function isLoopbackHostHeader (hostname: string): boolean {
+  if (hostname === 'localhost' || hostname === '[::1]') return true
+  return ipaddr.IPv4.isValidFourPartDecimal(hostname) && isLoopbackAddress(hostname)
+}
+
+function hasBodyMethod (method: string): boolean {
+  return method === 'POST' || method === 'PUT' || method === 'PATCH'
+}
+
+/** `application/json`, optionally with `charset=utf-8` (any other parameter value is refused). */
+export function isJsonContentType (value: string | undefined): boolean {
+  if (value === undefined) return false
+  const semicolon = value.indexOf(';')
+  const type = (semicolon === -1 ? value : value.slice(0, semicolon)).trim().toLowerCase()
+  if (type !== 'application/json') return false
+  if (semicolon === -1) return true
+  for (const param of value.slice(semicolon + 1).split(';')) {
+    const [key, val] = param.split('=').map((p) => p.trim().toLowerCase())
+    if (key === '' && val === undefined) continue
+    if (key !== 'charset' || (val !== 'utf-8' && val !== 'utf8' && val !== '"utf-8"')) return false
+  }
+  return true
+}

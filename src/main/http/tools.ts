@@ -1,0 +1,39 @@
+// The /api/tools routes (SPEC "Routes") and POST /api/tools/call.
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Runtime } from '../runtime.js'
+import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
+
+/** Registers the routes on `app`, answering from `runtime`. */
+export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
+  app.post('/api/tools/register', async function registerRoute (request) {
+    return await runtime.register(request.body)
+  })
+
+  app.post('/api/tools/unregister', async function unregisterRoute (request) {
+    return await runtime.unregister(request.body)
+  })
+
+  app.post('/api/tools/clear', async function clearRoute (request) {
+    return await runtime.clear(request.body)
+  })
+
+  app.get('/api/tools', function listRoute (request: FastifyRequest, reply: FastifyReply) {
+    const query = parseOrThrow(listQuerySchema, request.query ?? {})
+    reply.send(runtime.list(query.role))
+  })
+
+  app.post('/api/tools/call', async function callRoute (request: FastifyRequest, reply: FastifyReply) {
+    const call = parseOrThrow(callSchema, request.body)
+    // A client that hangs up cancels its call (the worker stops the callback request).
+    const controller = new AbortController()
+    const onClose = (): void => {
+      if (!reply.raw.writableFinished) controller.abort()
+    }
+    reply.raw.once('close', onClose)
+    try {
+      return await runtime.callTool(call.role, call, { signal: controller.signal })
+    } finally {
+      reply.raw.removeListener('close', onClose)
+    }
+  })
+}

@@ -1,0 +1,147 @@
+// A role (a character or agent): its tool registry, its live model sessions and its sync queue.
+import type { EventEmitter } from 'node:events'
+import type { ToolportEvents } from '../events.js'
+import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
+import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
+import { isPlainObject, type JsonSchemaObject } from '../schemas.js'
+import { ConfigError } from '../errors.js'
+
+/** A tool that runs in-process, registered by the host (never over HTTP). */
+export interface LocalToolOptions {
+  name: string
+  description?: string
+  /** JSON Schema of the arguments; the empty-object schema when omitted. */
+  parameters?: JsonSchemaObject
+  /** Lifecycle tag; `local` when omitted. */
+  source?: string
+  /** Deadline for one call (default 30 s). */
+  timeoutSeconds?: number
+  handler: LocalToolHandler
+}
+
+export interface RoleOptions {
+  syncTimeoutMs: number
+  events: EventEmitter<ToolportEvents>
+}
+
+/**
+ * One role. Its registry changes synchronously (atomic on the event loop); `sync()` then pushes
+ * the newest snapshot to every attached session.
+ *
+ * @example
+ * const detach = tp.roles.get('Lanlan').attachSession({ id: 's1', syncTools: async (tools) => {} })
+ */
+export class Role {
+  readonly name: string
+  readonly registry = new ToolRegistry()
+  readonly #sessions = new Set<ModelSession>()
+  #sessionList: readonly ModelSession[] = []
+  readonly #sync: RoleSync
+  readonly #events: EventEmitter<ToolportEvents>
+
+  constructor (name: string, options: RoleOptions) {
+    this.name = name
+    this.#events = options.events
+    this.#sync = new RoleSync({
+      definitions: () => this.registry.definitions(),
+      sessions: () => this.#sessionList
+    }, options.syncTimeoutMs)
+  }
+
+  /** Syncs started so far (sessions present); for tests and metrics. */
+  get syncCount (): number { return this.#sync.count }
+
+  /**
+   * Attaches a live model session; returns a function that detaches it. The session is sent the
+   * role's current tools at once (a failure is reported as a `sync-failed` event).
+   */
+  attachSession (session: ModelSession): () => void {
+    if (this.#sessions.has(session)) return () => this.#detach(session)
+    this.#sessions.add(session)
+    this.#sessionList = [...this.#sessions]
+    this.sync().catch(noop)
+    return () => this.#detach(session)
+  }
+
+  /** The attached sessions, in attach order. */
+  sessions (): readonly ModelSession[] {
+    return this.#sessionList
+  }
+
+  /** Pushes the current tools to every session (coalesced with concurrent requests). */
+  async sync (): Promise<SyncOutcome> {
+    const outcome = await this.#sync.request()
+    if (!outcome.ok && this.#events.listenerCount('sync-failed') > 0) {
+      this.#events.emit('sync-failed', { role: this.name, error: outcome.error })
+    }
+    return outcome
+  }
+
+  /**
+   * Registers an in-process tool (replacing any tool of that name) and syncs.
+   * Local tools are listed with `is_remote: false`, and the HTTP API cannot replace or remove them.
+   */
+  async registerLocalTool (options: LocalToolOptions): Promise<SyncOutcome> {
+    const entry = buildLocalEntry(options)
+    const previous = this.registry.set(entry)
+    if (previous !== undefined) this.#emitRemoved(previous, 'replaced')
+    if (this.#events.listenerCount('tool-registered') > 0) {
+      this.#events.emit('tool-registered', { role: this.name, name: entry.name, source: entry.source, isRemote: false })
+    }
+    return await this.sync()
+  }
+
+  /** Removes an in-process tool; resolves with whether it was there, after the sync. */
+  async unregisterLocalTool (name: string): Promise<SyncOutcome & { removed: boolean }> {
+    const entry = this.registry.get(name)
+    if (entry === undefined || entry.isRemote) return { ok: true, error: '', removed: false }
+    this.registry.delete(name)
+    this.#emitRemoved(entry, 'local')
+    return { ...(await this.sync()), removed: true }
+  }
+
+  /** Rows for `GET /api/tools`, in registration order. */
+  tools (): readonly ToolListing[] {
+    return this.registry.listing()
+  }
+
+  /** Emits `tool-removed` for an entry that left this role (only when someone listens). */
+  emitRemoved (entry: ToolEntry, reason: 'unregister' | 'clear' | 'evicted' | 'replaced'): void {
+    this.#emitRemoved(entry, reason)
+  }
+
+  #emitRemoved (entry: ToolEntry, reason: 'unregister' | 'clear' | 'evicted' | 'replaced' | 'local'): void {
+    if (this.#events.listenerCount('tool-removed') > 0) {
+      this.#events.emit('tool-removed', { role: this.name, name: entry.name, source: entry.source, reason })
+    }
+  }
+
+  #detach (session: ModelSession): void {
+    if (this.#sessions.delete(session)) this.#sessionList = [...this.#sessions]
+  }
+}
+
+function buildLocalEntry (options: LocalToolOptions): ToolEntry {
+  const problems: string[] = []
+  const nameLength = typeof options.name === 'string' ? [...options.name].length : 0
+  if (nameLength < 1 || nameLength > 64) problems.push('name: must be 1 to 64 characters')
+  if (typeof options.handler !== 'function') problems.push('handler: must be a function')
+  if (options.parameters !== undefined && !isPlainObject(options.parameters)) {
+    problems.push('parameters: must be a JSON object (a JSON Schema)')
+  }
+  const timeoutSeconds = options.timeoutSeconds ?? 30
+  if (!(typeof timeoutSeconds === 'number' && timeoutSeconds > 0 && timeoutSeconds <= 300)) {
+    problems.push('timeoutSeconds: must be a number greater than 0 and at most 300')
+  }
+  if (problems.length > 0) throw new ConfigError(problems.join('; '))
+  return new ToolEntry({
+    name: options.name,
+    description: options.description ?? '',
+    parameters: options.parameters ?? { type: 'object', properties: {} },
+    source: options.source ?? 'local',
+    timeoutMs: Math.round(timeoutSeconds * 1000),
+    handler: options.handler
+  })
+}
+
+function noop (): void {}

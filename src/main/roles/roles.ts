@@ -1,0 +1,63 @@
+// The set of roles of one Runtime (`tp.roles`).
+import { Role, type RoleOptions } from './role.js'
+import { ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
+
+/**
+ * The current roles. A role added later starts with an empty registry: a global registration
+ * reaches only the roles that exist when it is handled (SPEC R4).
+ *
+ * @example
+ * tp.roles.add('Nova'); tp.roles.names() // [..., 'Nova']
+ */
+export class RoleManager {
+  readonly #roles = new Map<string, Role>()
+  readonly #options: RoleOptions
+
+  constructor (options: RoleOptions) {
+    this.#options = options
+  }
+
+  /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists. */
+  add (name: string): Role {
+    if (typeof name !== 'string' || name.length === 0 || name.length > 128) {
+      throw new ConfigError('a role name must be a string of 1 to 128 characters')
+    }
+    if (this.#roles.has(name)) throw new RoleExistsError(name)
+    const role = new Role(name, this.#options)
+    this.#roles.set(name, role)
+    return role
+  }
+
+  /** Removes a role and its registry; true when it existed. Its sessions are simply dropped. */
+  remove (name: string): boolean {
+    return this.#roles.delete(name)
+  }
+
+  /** The role, or TP_ERR_ROLE_NOT_FOUND (HTTP 404). */
+  get (name: string): Role {
+    const role = this.#roles.get(name)
+    if (role === undefined) throw new RoleNotFoundError(name)
+    return role
+  }
+
+  /** The role, or undefined. */
+  find (name: string): Role | undefined {
+    return this.#roles.get(name)
+  }
+
+  has (name: string): boolean {
+    return this.#roles.has(name)
+  }
+
+  /** Role names in creation order. */
+  names (): string[] {
+    return [...this.#roles.keys()]
+  }
+
+  /** Roles in creation order. */
+  list (): Role[] {
+    return [...this.#roles.values()]
+  }
+
+  get size (): number { return this.#roles.size }
+}

@@ -1,0 +1,235 @@
+// A role's tools: an ordered Map<name, ToolEntry> with indexes by source and by origin.
+//
+// Everything about a tool is worked out once, when it is registered (STYLE §4): the parsed
+// callback URL, the timeout in ms, the definition the model sees and the row `GET /api/tools`
+// lists. Entries are immutable and shared by every role a registration reaches, so a fan-out to
+// 100 roles builds one entry, not 100.
+import type { JsonSchemaObject } from '../schemas.js'
+
+/** What a model session is given for each tool (DESIGN "Core contracts"). */
+export interface ToolDefinition {
+  readonly name: string
+  readonly description: string
+  readonly parameters: JsonSchemaObject
+}
+
+/** One row of `GET /api/tools` (SPEC R18). */
+export interface ToolListing {
+  readonly name: string
+  readonly description: string
+  readonly source: string
+  readonly callback_url: string | null
+  readonly is_remote: boolean
+}
+
+/** What a local (in-process) tool handler receives besides the arguments. */
+export interface LocalToolContext {
+  role: string
+  callId: string
+  /** Aborted at the tool's deadline or when the caller cancels. */
+  signal: AbortSignal
+}
+
+/** A local tool's handler: returns the output (any JSON value) or throws for a tool error. */
+export type LocalToolHandler = (args: unknown, context: LocalToolContext) => unknown
+
+/** Everything `ToolEntry` is built from; the schemas or `registerLocalTool` produce it. */
+export interface ToolEntryInit {
+  name: string
+  description: string
+  parameters: JsonSchemaObject
+  source: string
+  timeoutMs: number
+  /** Remote tools: the accepted callback URL. */
+  callback?: { href: string, origin: string, path: string } | undefined
+  /** Local tools: the in-process handler. */
+  handler?: LocalToolHandler | undefined
+}
+
+/** An argument validator compiled from a tool's `parameters` (see dispatch/arguments.ts). */
+export interface ArgumentsValidator {
+  /** Returns '' when the arguments are valid, else a message the model can act on. */
+  (args: unknown): string
+}
+
+/** One registered tool. Fixed shape: every field is set in the constructor. */
+export class ToolEntry {
+  readonly name: string
+  readonly description: string
+  readonly parameters: JsonSchemaObject
+  readonly source: string
+  readonly timeoutMs: number
+  readonly isRemote: boolean
+  /** `source` starts with `plugin:`: such tools count towards origin eviction (SPEC R13). */
+  readonly isPlugin: boolean
+  readonly callbackUrl: string | null
+  /** `scheme://host:port`, or '' for a local tool. */
+  readonly origin: string
+  /** Path and query of the callback URL, or ''. */
+  readonly path: string
+  readonly handler: LocalToolHandler | null
+  readonly definition: ToolDefinition
+  readonly listing: ToolListing
+  /** Compiled lazily on the first call (undefined = not yet; null = the schema did not compile). */
+  validator: ArgumentsValidator | null | undefined
+
+  constructor (init: ToolEntryInit) {
+    this.name = init.name
+    this.description = init.description
+    this.parameters = init.parameters
+    this.source = init.source
+    this.timeoutMs = init.timeoutMs
+    this.isRemote = init.callback !== undefined
+    this.isPlugin = init.source.startsWith('plugin:')
+    this.callbackUrl = init.callback?.href ?? null
+    this.origin = init.callback?.origin ?? ''
+    this.path = init.callback?.path ?? ''
+    this.handler = init.handler ?? null
+    this.definition = Object.freeze({ name: init.name, description: init.description, parameters: init.parameters })
+    this.listing = Object.freeze({
+      name: init.name,
+      description: init.description,
+      source: init.source,
+      callback_url: this.callbackUrl,
+      is_remote: this.isRemote
+    })
+    this.validator = undefined
+  }
+}
+
+/** A role's tools in registration order. Mutated only on the main thread. */
+export class ToolRegistry {
+  readonly #byName = new Map<string, ToolEntry>()
+  readonly #bySource = new Map<string, Set<string>>()
+  readonly #byOrigin = new Map<string, Set<string>>()
+  #revision = 0
+  #definitions: readonly ToolDefinition[] | null = null
+  #listing: readonly ToolListing[] | null = null
+
+  /** Increases on every change; a sync carries the revision it pushed. */
+  get revision (): number { return this.#revision }
+  get size (): number { return this.#byName.size }
+
+  get (name: string): ToolEntry | undefined {
+    return this.#byName.get(name)
+  }
+
+  has (name: string): boolean {
+    return this.#byName.has(name)
+  }
+
+  /**
+   * Adds or replaces (SPEC R5) a tool; returns the entry it replaced. A replaced tool moves to the
+   * end of the order, as a new registration of that name would.
+   */
+  set (entry: ToolEntry): ToolEntry | undefined {
+    const previous = this.#remove(entry.name)
+    this.#byName.set(entry.name, entry)
+    addToIndex(this.#bySource, entry.source, entry.name)
+    if (entry.origin !== '') addToIndex(this.#byOrigin, entry.origin, entry.name)
+    this.#changed()
+    return previous
+  }
+
+  /** Removes one tool by name; returns it, or undefined when absent. */
+  delete (name: string): ToolEntry | undefined {
+    const removed = this.#remove(name)
+    if (removed !== undefined) this.#changed()
+    return removed
+  }
+
+  /**
+   * Removes every remote tool of a source (SPEC R16); returns what it removed. Local tools belong
+   * to the host and leave only through `unregisterLocalTool`.
+   */
+  deleteBySource (source: string): ToolEntry[] {
+    return this.#deleteNames(this.#bySource.get(source), isRemoteEntry)
+  }
+
+  /** Removes the `plugin:` tools whose callback is at `origin` (SPEC R13); returns them. */
+  deletePluginToolsAtOrigin (origin: string): ToolEntry[] {
+    return this.#deleteNames(this.#byOrigin.get(origin), isPluginEntry)
+  }
+
+  /** Tool definitions for model sessions, in registration order; memoised until the next change. */
+  definitions (): readonly ToolDefinition[] {
+    if (this.#definitions === null) {
+      const out: ToolDefinition[] = []
+      for (const entry of this.#byName.values()) out.push(entry.definition)
+      this.#definitions = Object.freeze(out)
+    }
+    return this.#definitions
+  }
+
+  /** Rows for `GET /api/tools`, in registration order; memoised until the next change. */
+  listing (): readonly ToolListing[] {
+    if (this.#listing === null) {
+      const out: ToolListing[] = []
+      for (const entry of this.#byName.values()) out.push(entry.listing)
+      this.#listing = Object.freeze(out)
+    }
+    return this.#listing
+  }
+
+  names (): string[] {
+    return [...this.#byName.keys()]
+  }
+
+  entries (): IterableIterator<ToolEntry> {
+    return this.#byName.values()
+  }
+
+  #deleteNames (names: Set<string> | undefined, predicate: (entry: ToolEntry) => boolean): ToolEntry[] {
+    if (names === undefined) return []
+    const removed: ToolEntry[] = []
+    // Copy first: #remove edits the index set being walked.
+    for (const name of [...names]) {
+      const entry = this.#byName.get(name)
+      if (entry !== undefined && predicate(entry)) {
+        this.#remove(name)
+        removed.push(entry)
+      }
+    }
+    if (removed.length > 0) this.#changed()
+    return removed
+  }
+
+  #remove (name: string): ToolEntry | undefined {
+    const entry = this.#byName.get(name)
+    if (entry === undefined) return undefined
+    this.#byName.delete(name)
+    removeFromIndex(this.#bySource, entry.source, name)
+    if (entry.origin !== '') removeFromIndex(this.#byOrigin, entry.origin, name)
+    return entry
+  }
+
+  #changed (): void {
+    this.#revision++
+    this.#definitions = null
+    this.#listing = null
+  }
+}
+
+function addToIndex (index: Map<string, Set<string>>, key: string, name: string): void {
+  let names = index.get(key)
+  if (names === undefined) {
+    names = new Set()
+    index.set(key, names)
+  }
+  names.add(name)
+}
+
+function removeFromIndex (index: Map<string, Set<string>>, key: string, name: string): void {
+  const names = index.get(key)
+  if (names === undefined) return
+  names.delete(name)
+  if (names.size === 0) index.delete(key)
+}
+
+function isRemoteEntry (entry: ToolEntry): boolean {
+  return entry.isRemote
+}
+
+function isPluginEntry (entry: ToolEntry): boolean {
+  return entry.isPlugin
+}

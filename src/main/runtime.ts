@@ -1,0 +1,384 @@
+// Runtime: roles, register/unregister/clear/list, callTool, events, close — the one object the
+// HTTP routes, the CLI and embedding hosts talk to.
+import { EventEmitter } from 'node:events'
+import { randomUUID } from 'node:crypto'
+import { pino, type Logger } from 'pino'
+import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
+import { ClosedError } from './errors.js'
+import type { ToolportEvents } from './events.js'
+import { RoleManager } from './roles/roles.js'
+import type { Role } from './roles/role.js'
+import { ToolEntry, type ToolListing } from './roles/tool-registry.js'
+import type { SyncOutcome } from './roles/sync.js'
+import { clearSchema, parseOrThrow, registerSchema, unregisterSchema } from './schemas.js'
+import { Dispatcher } from './dispatch/dispatcher.js'
+import { OriginHealth } from './dispatch/origin-health.js'
+import { checkArguments, readArguments } from './dispatch/arguments.js'
+import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
+import { errorText } from './roles/sync.js'
+import type { CallOutcome } from '../workers/protocol.js'
+
+/** A role whose registry changed but whose sessions did not take it (DESIGN: objects). */
+export interface FailedRole { role: string, error: string }
+/** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
+export interface RefusedRole { role: string, owned_by: string }
+
+/** Result of `register` (SPEC R8). */
+export interface RegisterResult {
+  ok: boolean
+  registered: string
+  affected_roles: string[]
+  failed_roles: FailedRole[]
+  /** Set when `ok` is false: why nothing accepted it. */
+  error?: string
+}
+/** Result of `unregister` (SPEC R15, R17). */
+export interface UnregisterResult {
+  ok: boolean
+  removed: boolean
+  affected_roles: string[]
+  failed_roles: FailedRole[]
+  refused_roles: RefusedRole[]
+}
+/** Result of `clear` (SPEC R16, R17). */
+export interface ClearResult {
+  ok: boolean
+  removed: number
+  affected_roles: string[]
+  failed_roles: FailedRole[]
+}
+/** Result of `list` (SPEC R18). */
+export interface ListResult {
+  ok: true
+  tools_by_role: Record<string, readonly ToolListing[]>
+}
+
+/** A model's tool call (DESIGN "Core contracts"). */
+export interface ToolCall {
+  name: string
+  call_id?: string | undefined
+  /** The parsed arguments; ignored when `raw_arguments` is given. */
+  arguments?: unknown
+  /** The model's argument text (JSON). */
+  raw_arguments?: string | undefined
+}
+
+export interface CallToolOptions {
+  /** Aborting it answers the call as cancelled at once and stops the callback request. */
+  signal?: AbortSignal | undefined
+}
+
+/**
+ * The registry and dispatcher of one Toolport instance. Create it with `createToolport`.
+ *
+ * @example
+ * const tp = await createToolport({ roles: ['Lanlan'] })
+ * await tp.register({ name: 'get_weather', callback_url: 'http://127.0.0.1:9333/tools/get_weather' })
+ */
+export class Runtime extends EventEmitter<ToolportEvents> {
+  readonly options: ResolvedOptions
+  readonly roles: RoleManager
+  readonly log: Logger
+  readonly #dispatcher: Dispatcher
+  readonly #health: OriginHealth
+  readonly #background = new Set<Promise<unknown>>()
+  #closed = false
+
+  constructor (options: ToolportOptions = {}, logger?: Logger) {
+    super()
+    this.options = parseOptions(options)
+    this.log = logger ?? createLogger(this.options.logger)
+    this.roles = new RoleManager({ syncTimeoutMs: this.options.syncTimeoutMs, events: this })
+    for (const name of this.options.roles) this.roles.add(name)
+    this.#dispatcher = new Dispatcher(this.options.dispatch)
+    this.#health = new OriginHealth(this.options.evictionThreshold)
+  }
+
+  /** The dispatch mode in use. */
+  get dispatchMode (): 'pool' | 'inline' { return this.#dispatcher.mode }
+
+  /** Calls admitted and not yet answered by a callback. */
+  get pendingCalls (): number { return this.#dispatcher.pending }
+
+  /** Consecutive connection failures currently counted at an origin (for operators and tests). */
+  originFailures (origin: string): number {
+    return this.#health.failures(origin)
+  }
+
+  /**
+   * Registers or replaces (SPEC R5) one remote tool in the target roles, then waits for each
+   * role's sync. `body` has the wire shape of `POST /api/tools/register`.
+   * Throws TP_ERR_VALIDATION (422) or TP_ERR_ROLE_NOT_FOUND (404).
+   */
+  async register (body: unknown): Promise<RegisterResult> {
+    this.#assertOpen()
+    const request = parseOrThrow(registerSchema, body)
+    const targets = this.#targets(request.role)
+    const entry = new ToolEntry({
+      name: request.name,
+      description: request.description,
+      parameters: request.parameters,
+      source: request.source,
+      timeoutMs: Math.round(request.timeout_seconds * 1000),
+      callback: request.callback_url
+    })
+    // A new registration at an origin means the plugin is back: count its failures afresh.
+    this.#health.reset(entry.origin)
+    const accepted: Role[] = []
+    const failed: FailedRole[] = []
+    for (const role of targets) {
+      const existing = role.registry.get(entry.name)
+      if (existing !== undefined && !existing.isRemote) {
+        failed.push({ role: role.name, error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API` })
+        continue
+      }
+      role.registry.set(entry)
+      if (existing !== undefined) role.emitRemoved(existing, 'replaced')
+      if (this.listenerCount('tool-registered') > 0) {
+        this.emit('tool-registered', { role: role.name, name: entry.name, source: entry.source, isRemote: true })
+      }
+      accepted.push(role)
+    }
+    const affected = await syncAll(accepted, failed)
+    const result: RegisterResult = { ok: affected.length > 0, registered: entry.name, affected_roles: affected, failed_roles: failed }
+    if (!result.ok) result.error = targets.length === 0 ? 'no roles exist' : 'no role accepted the registration'
+    this.log.info({ tool: entry.name, source: entry.source, origin: entry.origin, roles: affected, failed: failed.length }, 'tool registered')
+    return result
+  }
+
+  /**
+   * Removes one tool by name from every role, or from the one role given (SPEC R15). With
+   * `expected_source`, a role whose tool belongs to another source is skipped and listed in
+   * `refused_roles`; local tools are always refused.
+   */
+  async unregister (body: unknown): Promise<UnregisterResult> {
+    this.#assertOpen()
+    const request = parseOrThrow(unregisterSchema, body)
+    const targets = this.#targets(request.role)
+    const changed: Role[] = []
+    const refused: RefusedRole[] = []
+    for (const role of targets) {
+      const existing = role.registry.get(request.name)
+      if (existing === undefined) continue
+      if (!existing.isRemote || (request.expected_source !== undefined && existing.source !== request.expected_source)) {
+        refused.push({ role: role.name, owned_by: existing.source })
+        continue
+      }
+      role.registry.delete(request.name)
+      role.emitRemoved(existing, 'unregister')
+      changed.push(role)
+    }
+    const failed: FailedRole[] = []
+    const affected = await syncAll(changed, failed)
+    if (changed.length > 0) this.log.info({ tool: request.name, roles: affected, failed: failed.length }, 'tool unregistered')
+    return {
+      ok: failed.length === 0 || affected.length > 0,
+      removed: changed.length > 0,
+      affected_roles: affected,
+      failed_roles: failed,
+      refused_roles: refused
+    }
+  }
+
+  /** Removes every remote tool of a source from every role, or from the one role given (SPEC R16). */
+  async clear (body: unknown): Promise<ClearResult> {
+    this.#assertOpen()
+    const request = parseOrThrow(clearSchema, body)
+    const targets = this.#targets(request.role)
+    const changed: Role[] = []
+    let removed = 0
+    for (const role of targets) {
+      const gone = role.registry.deleteBySource(request.source)
+      if (gone.length === 0) continue
+      removed += gone.length
+      for (const entry of gone) role.emitRemoved(entry, 'clear')
+      changed.push(role)
+    }
+    const failed: FailedRole[] = []
+    const affected = await syncAll(changed, failed)
+    if (removed > 0) this.log.info({ source: request.source, removed, roles: affected, failed: failed.length }, 'source cleared')
+    return { ok: failed.length === 0 || affected.length > 0, removed, affected_roles: affected, failed_roles: failed }
+  }
+
+  /** Lists the tools of every current role, or of one (SPEC R18), in registration order. */
+  list (role?: string | null): ListResult {
+    const toolsByRole: Record<string, readonly ToolListing[]> = Object.create(null)
+    if (role !== undefined && role !== null) {
+      toolsByRole[role] = this.roles.get(role).tools()
+    } else {
+      for (const r of this.roles.list()) toolsByRole[r.name] = r.tools()
+    }
+    return { ok: true, tools_by_role: toolsByRole }
+  }
+
+  /**
+   * Runs a model's tool call and returns what the model sees. Never throws for anything a plugin
+   * or the model did (those are `is_error` results); throws TP_ERR_ROLE_NOT_FOUND for an unknown role.
+   */
+  async callTool (roleName: string, call: ToolCall, options?: CallToolOptions): Promise<ToolResult> {
+    const role = this.roles.get(roleName)
+    const started = performance.now()
+    const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
+    const entry = role.registry.get(call.name)
+    if (entry === undefined) {
+      const names = role.registry.names()
+      const available = names.length === 0 ? 'this role has no tools' : `available tools: ${names.join(', ')}`
+      return this.#finish(role, call.name, callId, started, 'unknown_tool', errorResult(`unknown tool '${call.name}'; ${available}`))
+    }
+    const args = readArguments(call.raw_arguments, call.arguments)
+    if (!args.ok) return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error))
+    const problem = checkArguments(entry, args.value, this.#onBadSchema)
+    if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem))
+    if (entry.handler !== null) {
+      const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal)
+      return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result)
+    }
+    // The callback body is built once, here, as a string (R9). `args.raw` is JSON text that was
+    // just parsed, so it is spliced in as-is instead of being encoded a second time.
+    const body = `{"name":${JSON.stringify(entry.name)},"arguments":${args.raw},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(args.raw)}}`
+    const outcome = await this.#dispatcher.dispatch({
+      url: entry.callbackUrl as string,
+      origin: entry.origin,
+      path: entry.path,
+      body,
+      callId,
+      deadline: Date.now() + entry.timeoutMs,
+      timeoutMs: entry.timeoutMs,
+      maxResponseBytes: this.options.dispatch.maxResponseBytes
+    }, options?.signal)
+    this.#recordHealth(entry, outcome)
+    const result = outcomeToResult(outcome, { name: entry.name, timeoutMs: entry.timeoutMs, maxResponseBytes: this.options.dispatch.maxResponseBytes })
+    return this.#finish(role, entry.name, callId, started, outcome.kind, result)
+  }
+
+  /** Stops accepting calls, lets in-flight calls finish (up to `dispatch.closeGraceMs`), frees the pool. */
+  async close (): Promise<void> {
+    if (this.#closed) return
+    this.#closed = true
+    await this.#dispatcher.close()
+    await Promise.allSettled([...this.#background])
+  }
+
+  get closed (): boolean { return this.#closed }
+
+  #recordHealth (entry: ToolEntry, outcome: CallOutcome): void {
+    if (!this.#health.record(entry.origin, outcome.kind, entry.isPlugin)) return
+    this.#evict(entry.origin)
+  }
+
+  /** Removes every `plugin:` tool at `origin` from every role (SPEC R13); each affected role syncs once. */
+  #evict (origin: string): void {
+    const roles: Role[] = []
+    const tools = new Set<string>()
+    for (const role of this.roles.list()) {
+      const gone = role.registry.deletePluginToolsAtOrigin(origin)
+      if (gone.length === 0) continue
+      roles.push(role)
+      for (const entry of gone) {
+        tools.add(entry.name)
+        role.emitRemoved(entry, 'evicted')
+      }
+    }
+    const names = [...tools]
+    const roleNames = roles.map((r) => r.name)
+    const failures = this.#health.threshold
+    this.log.warn({ origin, tools: names, roles: roleNames, failures },
+      `evicted the plugin tools at ${origin} after ${failures} consecutive connection failures`)
+    this.emit('origin-evicted', { origin, tools: names, roles: roleNames, failures })
+    const syncing = Promise.allSettled(roles.map((r) => r.sync()))
+    this.#background.add(syncing)
+    syncing.finally(() => this.#background.delete(syncing)).catch(noop)
+  }
+
+  #finish (role: Role, name: string, callId: string, started: number, outcome: ToolportEvents['call-finished'][0]['outcome'], result: ToolResult): ToolResult {
+    if (this.listenerCount('call-finished') > 0 || this.log.isLevelEnabled('debug')) {
+      const event = { role: role.name, name, callId, outcome, isError: result.is_error, durationMs: performance.now() - started }
+      // Metadata only: never arguments, outputs or callback bodies (they carry private data).
+      this.log.debug(event, 'tool call finished')
+      this.emit('call-finished', event)
+    }
+    return result
+  }
+
+  readonly #onBadSchema = (entry: ToolEntry, message: string): void => {
+    this.log.warn({ tool: entry.name, source: entry.source, reason: message },
+      'the tool\'s parameters schema does not compile; its arguments are not validated')
+  }
+
+  #targets (role: string | null): Role[] {
+    return role === null ? this.roles.list() : [this.roles.get(role)]
+  }
+
+  #assertOpen (): void {
+    if (this.#closed) throw new ClosedError()
+  }
+}
+
+/** Awaits every role's sync in parallel; returns the roles that took it and adds the others to `failed`. */
+async function syncAll (roles: Role[], failed: FailedRole[]): Promise<string[]> {
+  if (roles.length === 0) return []
+  const outcomes: SyncOutcome[] = await Promise.all(roles.map(syncRole))
+  const affected: string[] = []
+  for (let i = 0; i < roles.length; i++) {
+    const outcome = outcomes[i] as SyncOutcome
+    const name = (roles[i] as Role).name
+    if (outcome.ok) affected.push(name)
+    else failed.push({ role: name, error: outcome.error })
+  }
+  return affected
+}
+
+function syncRole (role: Role): Promise<SyncOutcome> {
+  return role.sync()
+}
+
+/** Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. */
+async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string, signal: AbortSignal | undefined): Promise<ToolResult> {
+  const handler = entry.handler
+  if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
+  if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
+  const controller = new AbortController()
+  let timer: NodeJS.Timeout | undefined
+  let onAbort: (() => void) | undefined
+  const stopped = new Promise<ToolResult>((resolve) => {
+    timer = setTimeout(() => {
+      controller.abort(new Error('deadline'))
+      resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
+    }, entry.timeoutMs)
+    if (signal !== undefined) {
+      onAbort = () => {
+        controller.abort(new Error('cancelled'))
+        resolve(errorResult(`tool '${entry.name}' call was cancelled`))
+      }
+      signal.addEventListener('abort', onAbort, { once: true })
+    }
+  })
+  const ran = (async (): Promise<ToolResult> => {
+    try {
+      return outputResult(await handler(args, { role, callId, signal: controller.signal }))
+    } catch (err) {
+      return errorResult(errorText(err))
+    }
+  })()
+  try {
+    return await Promise.race([ran, stopped])
+  } finally {
+    clearTimeout(timer)
+    if (onAbort !== undefined) signal?.removeEventListener('abort', onAbort)
+  }
+}
+
+/** The logger the runtime and fastify share; pino `redact` is a safety net for private data. */
+export function createLogger (setting: ResolvedOptions['logger']): Logger {
+  const level = setting === true ? 'info' : setting === false ? 'silent' : setting
+  return pino({
+    level,
+    redact: {
+      paths: ['arguments', 'raw_arguments', 'output', 'body', '*.arguments', '*.raw_arguments', '*.output', '*.body',
+        'req.headers.authorization', 'req.headers.cookie'],
+      censor: '[redacted]'
+    }
+  })
+}
+
+function noop (): void {}

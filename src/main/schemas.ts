@@ -1,0 +1,114 @@
+// zod schemas of every request body and query, and the one place where wire names
+// (`callback_url`, `timeout_seconds`) map to code names (`callbackUrl`, `timeoutMs`).
+import { z } from 'zod'
+import { checkCallbackUrl, type CallbackUrlParts } from '../shared/loopback.js'
+import { validationError, type ErrorDetail, type ToolportError } from './errors.js'
+
+/** A JSON Schema object, as given by a plugin (kept as-is, shown to the model). */
+export type JsonSchemaObject = Record<string, unknown>
+
+/** SPEC: `name` is 1–64 characters; counted in Unicode code points, not UTF-16 units. */
+const toolName = z.string().refine((s) => {
+  const n = codePointLength(s)
+  return n >= 1 && n <= 64
+}, { message: 'must be 1 to 64 characters' })
+
+const roleField = z.string().min(1, { message: 'must be a non-empty string or null' }).nullable().default(null)
+
+const sourceField = z.string()
+  .min(1, { message: 'must be a non-empty string' })
+  .max(256, { message: 'must be at most 256 characters' })
+
+/** `timeout_seconds`: a number > 0 and ≤ 300; a numeric string is accepted, booleans are not. */
+const timeoutSeconds = z.union([
+  z.number(),
+  z.string().trim().regex(/^[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/, { message: 'must be a number' }).transform(Number)
+], { error: 'must be a number greater than 0 and at most 300' })
+  .pipe(z.number().gt(0, { message: 'must be greater than 0' }).lte(300, { message: 'must be at most 300' }))
+
+const parametersField = z.custom<JsonSchemaObject>(isPlainObject, { message: 'must be a JSON object (a JSON Schema)' })
+
+const callbackUrl = z.string().transform((value, ctx): CallbackUrlParts => {
+  const verdict = checkCallbackUrl(value)
+  if (verdict.ok) return verdict.parts
+  ctx.addIssue({ code: 'custom', message: verdict.problem, params: { reason: 'callback_url' } })
+  return z.NEVER
+})
+
+/** POST /api/tools/register (SPEC "Register"). */
+export const registerSchema = z.object({
+  name: toolName,
+  description: z.string().max(64 * 1024, { message: 'must be at most 65536 characters' }).default(''),
+  parameters: parametersField.default(() => ({ type: 'object', properties: {} })),
+  callback_url: callbackUrl,
+  role: roleField,
+  source: sourceField.default('external'),
+  timeout_seconds: timeoutSeconds.default(30)
+})
+export type RegisterInput = z.input<typeof registerSchema>
+export type RegisterRequest = z.output<typeof registerSchema>
+
+/** POST /api/tools/unregister (SPEC R15, R17). */
+export const unregisterSchema = z.object({
+  name: toolName,
+  role: roleField,
+  /** Beyond the SPEC: remove only where the tool still belongs to this source. */
+  expected_source: sourceField.optional()
+})
+export type UnregisterInput = z.input<typeof unregisterSchema>
+export type UnregisterRequest = z.output<typeof unregisterSchema>
+
+/** POST /api/tools/clear (SPEC R16, R17). */
+export const clearSchema = z.object({
+  source: sourceField,
+  role: roleField
+})
+export type ClearInput = z.input<typeof clearSchema>
+export type ClearRequest = z.output<typeof clearSchema>
+
+/** GET /api/tools?role= (SPEC R18). */
+export const listQuerySchema = z.object({
+  role: z.string().min(1).optional()
+})
+
+/** POST /api/tools/call: a model's tool call, for hosts and tests that drive calls over HTTP. */
+export const callSchema = z.object({
+  role: z.string().min(1),
+  name: z.string().min(1),
+  call_id: z.string().min(1).max(256).optional(),
+  arguments: z.unknown().optional(),
+  raw_arguments: z.string().optional()
+})
+export type CallRequest = z.output<typeof callSchema>
+
+/** Parses `input` or throws a 422 TP_ERR_VALIDATION listing every problem with its field. */
+export function parseOrThrow<T extends z.ZodType> (schema: T, input: unknown): z.output<T> {
+  if (!isPlainObject(input)) {
+    throw validationError([{ path: '', code: 'invalid_type', message: 'the body must be a JSON object' }])
+  }
+  const result = schema.safeParse(input)
+  if (result.success) return result.data
+  throw toValidationError(result.error)
+}
+
+/** Maps zod issues to `details` entries `{ path, code, message }`. */
+export function toValidationError (error: z.ZodError): ToolportError {
+  const details: ErrorDetail[] = error.issues.map((issue) => ({
+    path: issue.path.map(String).join('.'),
+    code: issue.code,
+    message: issue.message
+  }))
+  return validationError(details)
+}
+
+/** A plain JSON object: not null, not an array. */
+export function isPlainObject (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+function codePointLength (s: string): number {
+  let n = 0
+  // The string iterator walks code points, so a surrogate pair counts once.
+  for (const _ of s) n++
+  return n
+}

@@ -1,0 +1,73 @@
+// createToolport: a Runtime plus its HTTP server.
+import type { FastifyInstance } from 'fastify'
+import { Runtime } from './runtime.js'
+import { buildApp } from './http/app.js'
+import type { ToolportOptions } from './config.js'
+import { isLoopbackAddress } from '../shared/loopback.js'
+import { ConfigError } from './errors.js'
+
+export interface ListenOptions {
+  /** Address to bind (default: the `host` option, 127.0.0.1). */
+  host?: string
+  /** Port (default: the `port` option; 0 = any free port). */
+  port?: number
+}
+
+export interface ListenResult {
+  /** `http://host:port` with the real port. */
+  url: string
+  host: string
+  port: number
+}
+
+/**
+ * A Toolport instance: the runtime (registry, sessions, dispatch) and, on demand, its HTTP API.
+ * Not listening until `listen()`; never exits the process or installs signal handlers.
+ */
+export class Toolport extends Runtime {
+  #app: FastifyInstance | null = null
+
+  /** The fastify app serving the API (built on first use; `inject()` works without listening). */
+  get app (): FastifyInstance {
+    if (this.#app === null) this.#app = buildApp(this)
+    return this.#app
+  }
+
+  /** Starts the HTTP server. A non-loopback address needs `security.allowNonLoopbackBind`. */
+  async listen (options: ListenOptions = {}): Promise<ListenResult> {
+    const host = options.host ?? this.options.host
+    const port = options.port ?? this.options.port
+    if (!isLoopbackBindHost(host)) {
+      if (!this.options.security.allowNonLoopbackBind) {
+        throw new ConfigError(`refusing to bind ${host}: not a loopback address (set security.allowNonLoopbackBind to allow it)`)
+      }
+      this.log.warn({ host }, 'binding a non-loopback address; non-loopback clients are still refused (403)')
+    }
+    await this.app.listen({ host, port })
+    const address = this.app.server.address()
+    const realPort = typeof address === 'object' && address !== null ? address.port : port
+    const shownHost = host.includes(':') ? `[${host}]` : host
+    return { url: `http://${shownHost}:${realPort}`, host, port: realPort }
+  }
+
+  /** Closes the HTTP server (if any), then the runtime. */
+  override async close (): Promise<void> {
+    if (this.#app !== null) await this.#app.close()
+    await super.close()
+  }
+}
+
+function isLoopbackBindHost (host: string): boolean {
+  return host === 'localhost' || isLoopbackAddress(host)
+}
+
+/**
+ * Creates a Toolport runtime with the given roles and options. It is not listening yet.
+ *
+ * @example
+ * const tp = await createToolport({ roles: ['Lanlan', 'Mochi'] })
+ * const { url } = await tp.listen({ port: 0 })
+ */
+export async function createToolport (options: ToolportOptions = {}): Promise<Toolport> {
+  return new Toolport(options)
+}

@@ -1,0 +1,112 @@
+// The loopback predicates (SPEC R1, R2), built on ipaddr.js.
+//
+// Shared by both threads: the main thread judges peers and callback URLs at registration, and the
+// callback workers re-check the canonical URL and the connected socket's peer at call time. Pure
+// functions, no state, so importing this file from src/workers keeps the one-way import rule
+// (nothing in src/workers imports from src/main).
+import ipaddr from 'ipaddr.js'
+
+/**
+ * True when `address` (a socket's remote address, as Node reports it) is a loopback address:
+ * 127.0.0.0/8, ::1, or an IPv4-mapped loopback address (::ffff:127.0.0.0/104).
+ * Anything unparseable (including undefined or a zone-scoped address) is not loopback.
+ *
+ * @example
+ * isLoopbackAddress('::ffff:127.0.0.1') // true
+ */
+export function isLoopbackAddress (address: string | undefined | null): boolean {
+  if (typeof address !== 'string' || address.length === 0 || address.includes('%')) return false
+  if (!ipaddr.isValid(address)) return false
+  let parsed: ipaddr.IPv4 | ipaddr.IPv6
+  try {
+    parsed = ipaddr.parse(address)
+  } catch {
+    return false
+  }
+  if (parsed.kind() === 'ipv6') {
+    const v6 = parsed as ipaddr.IPv6
+    if (v6.isIPv4MappedAddress()) return v6.toIPv4Address().range() === 'loopback'
+    return v6.range() === 'loopback'
+  }
+  // ipaddr.isValid accepts legacy IPv4 forms ("127.1", "0x7f.1"); Node never reports those for a
+  // socket, and a peer address must be exact, so insist on four decimal parts.
+  return ipaddr.IPv4.isValidFourPartDecimal(address) && parsed.range() === 'loopback'
+}
+
+/** Why a callback URL was refused; `undefined` means accepted. */
+export type CallbackUrlProblem =
+  | 'not a valid absolute URL'
+  | 'scheme must be http or https'
+  | 'credentials (user:password@) are not allowed'
+  | 'host is empty'
+  | 'host must be a loopback address'
+
+/** The parts of an accepted callback URL that the registry keeps. */
+export interface CallbackUrlParts {
+  /** The canonical WHATWG `href`. */
+  href: string
+  /** `scheme://host:port` with the default port explicit. */
+  origin: string
+  /** Path plus query, as sent in the request line. */
+  path: string
+  /** The URL host as it will be connected to: `localhost`, an IPv4 literal, or a bracketed IPv6. */
+  hostname: string
+  port: number
+  isHttps: boolean
+}
+
+/**
+ * Judges a callback URL on its WHATWG-parsed form (SPEC R2). Accepted hosts: `localhost` (any
+ * case; the parser lower-cases it), an IPv4 address in 127.0.0.0/8 (any spelling the WHATWG parser
+ * normalises to one, e.g. `127.1`), `[::1]`, and `[::ffff:127.x.y.z]` in either spelling.
+ * Refused: userinfo, an empty host, `0.0.0.0`, `[::]`, `localhost.`, `*.localhost`, IPv6 zone ids
+ * (the WHATWG parser rejects them) and every other host.
+ *
+ * @example
+ * checkCallbackUrl('http://127.0.0.1:9333/tools/x').ok // true
+ */
+export function checkCallbackUrl (input: string):
+  { ok: true, parts: CallbackUrlParts } | { ok: false, problem: CallbackUrlProblem } {
+  let url: URL
+  try {
+    url = new URL(input)
+  } catch {
+    return { ok: false, problem: 'not a valid absolute URL' }
+  }
+  const isHttps = url.protocol === 'https:'
+  if (!isHttps && url.protocol !== 'http:') return { ok: false, problem: 'scheme must be http or https' }
+  if (url.username !== '' || url.password !== '') {
+    return { ok: false, problem: 'credentials (user:password@) are not allowed' }
+  }
+  const hostname = url.hostname
+  if (hostname === '') return { ok: false, problem: 'host is empty' }
+  if (!isLoopbackHostname(hostname)) return { ok: false, problem: 'host must be a loopback address' }
+  const port = url.port === '' ? (isHttps ? 443 : 80) : Number(url.port)
+  return {
+    ok: true,
+    parts: {
+      href: url.href,
+      origin: `${url.protocol}//${hostname}:${port}`,
+      path: url.pathname + url.search,
+      hostname,
+      port,
+      isHttps
+    }
+  }
+}
+
+/**
+ * True for a WHATWG-canonical URL hostname that names loopback: `localhost`, a dotted-quad IPv4
+ * in 127/8, or a bracketed IPv6 loopback / IPv4-mapped loopback. The input must already be
+ * canonical (the URL parser lower-cases, converts IPv4 spellings and compresses IPv6).
+ */
+export function isLoopbackHostname (hostname: string): boolean {
+  if (hostname === 'localhost') return true
+  if (hostname.startsWith('[')) {
+    if (!hostname.endsWith(']')) return false
+    return isLoopbackAddress(hostname.slice(1, -1))
+  }
+  // The WHATWG parser turns every IPv4 spelling it accepts into a dotted quad; a host name that
+  // is not one (including "localhost." and "x.localhost") is refused here.
+  return ipaddr.IPv4.isValidFourPartDecimal(hostname) && isLoopbackAddress(hostname)
+}
