@@ -2,6 +2,7 @@
 // HTTP routes, the CLI and embedding hosts talk to.
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
+import type { Worker } from 'node:worker_threads'
 import { pino, type Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
 import { ClosedError } from './errors.js'
@@ -96,6 +97,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
 
   /** The dispatch mode in use. */
   get dispatchMode (): 'pool' | 'inline' { return this.#dispatcher.mode }
+
+  /** The dispatch pool's worker threads (empty in inline mode). */
+  get workerThreads (): readonly Worker[] { return this.#dispatcher.threads }
 
   /** Calls admitted and not yet answered by a callback. */
   get pendingCalls (): number { return this.#dispatcher.pending }

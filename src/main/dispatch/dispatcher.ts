@@ -12,7 +12,7 @@
 //    aborting a running task kills its thread and every keep-alive socket in it.
 // 5. Each batch also has a deadline on the main thread (its latest call's deadline plus a
 //    grace), so a stuck or dead worker can never leave a caller waiting forever.
-import { BroadcastChannel } from 'node:worker_threads'
+import { BroadcastChannel, type Worker } from 'node:worker_threads'
 import { randomUUID } from 'node:crypto'
 import { Piscina } from 'piscina'
 import type { BatchTask, CallOutcome, CallTask, OutcomeKind, WorkerOptions } from '../../workers/protocol.js'
@@ -91,6 +91,11 @@ export class Dispatcher {
   }
 
   get mode (): 'pool' | 'inline' { return this.#options.mode }
+
+  /** The pool's worker threads (empty inline); for health reporting and tests. */
+  get threads (): readonly Worker[] {
+    return this.#pool === null ? [] : this.#pool.threads
+  }
 
   /** Calls admitted and not yet answered. */
   get pending (): number { return this.#pending.size }
