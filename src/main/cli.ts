@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // The `toolport` command. The only module that reads argv, installs signal handlers or exits.
 import { parseArgs } from 'node:util'
-import { readFileSync } from 'node:fs'
+import { readFileSync, statSync } from 'node:fs'
 import { createToolport } from './toolport.js'
 import { optionsFromEnv, ENVIRONMENT } from './config.js'
 import { isToolportError } from './errors.js'
@@ -20,12 +20,17 @@ Options for serve:
   --inline         dispatch callbacks on the main thread instead of the worker pool
   --log-level L    fatal|error|warn|info|debug|trace|silent (default info; env TOOLPORT_LOG_LEVEL)
   --allow-non-loopback-bind   allow --host to be a non-loopback address (clients must still be loopback)
+  --token-file FILE  token mode: every request needs "Authorization: Bearer <token>"; FILE holds the
+                   token (>= 32 bytes) and must not be readable by group or others (chmod 600)
   -h, --help       show this help
 
 Environment: ${Object.keys(ENVIRONMENT).join(', ')}
 `
 
+/** A mistake in how the command was called: printed with the usage text. */
 class UsageError extends Error {}
+/** A problem with a file the command was pointed at: printed alone. */
+class InputError extends Error {}
 
 async function main (argv: string[]): Promise<number> {
   const [command, ...rest] = argv
@@ -52,6 +57,7 @@ async function serve (args: string[]): Promise<number> {
         inline: { type: 'boolean' },
         'log-level': { type: 'string' },
         'allow-non-loopback-bind': { type: 'boolean' },
+        'token-file': { type: 'string' },
         help: { type: 'boolean', short: 'h' }
       }
     })
@@ -76,6 +82,8 @@ async function serve (args: string[]): Promise<number> {
   if (flags.inline === true) mergeOptions(options, { dispatch: { mode: 'inline' } })
   if (flags['log-level'] !== undefined) options.logger = flags['log-level']
   if (flags['allow-non-loopback-bind'] === true) mergeOptions(options, { security: { allowNonLoopbackBind: true } })
+  const tokenFile = flags['token-file'] ?? process.env.TOOLPORT_TOKEN_FILE
+  if (tokenFile !== undefined && tokenFile !== '') mergeOptions(options, { security: { token: readTokenFile(tokenFile) } })
   if (!Array.isArray(options.roles) || options.roles.length === 0) options.roles = ['default']
   options.logger ??= 'info'
 
@@ -97,19 +105,37 @@ async function serve (args: string[]): Promise<number> {
   return 0
 }
 
+/** Reads the token of token mode; the file must be private to its owner (0600 or stricter). */
+function readTokenFile (file: string): string {
+  let mode: number
+  let text: string
+  try {
+    mode = statSync(file).mode
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    throw new InputError(`cannot read the token file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+  }
+  if ((mode & 0o077) !== 0) {
+    throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
+  }
+  const token = text.trim()
+  if (Buffer.byteLength(token) < 32) throw new InputError(`the token in ${file} is shorter than 32 bytes`)
+  return token
+}
+
 function readConfigFile (file: string): Record<string, unknown> {
   let text: string
   try {
     text = readFileSync(file, 'utf8')
   } catch (err) {
-    throw new UsageError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
   }
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
     return value as Record<string, unknown>
   } catch (err) {
-    throw new UsageError(`the config file ${file} is not a JSON object of options: ${(err as Error).message}`)
+    throw new InputError(`the config file ${file} is not a JSON object of options: ${(err as Error).message}`)
   }
 }
 
@@ -131,6 +157,9 @@ main(process.argv.slice(2)).then((code) => {
 }, (err: unknown) => {
   if (err instanceof UsageError) {
     process.stderr.write(`toolport: ${err.message}\n\n${USAGE}`)
+    process.exitCode = 2
+  } else if (err instanceof InputError) {
+    process.stderr.write(`toolport: ${err.message}\n`)
     process.exitCode = 2
   } else if (isToolportError(err)) {
     process.stderr.write(`toolport: ${err.message} (${err.code})\n`)

@@ -40,14 +40,33 @@ const securitySchema = z.strictObject({
   /** Check Origin and Sec-Fetch-Site (cross-site request defence). */
   checkOrigin: z.boolean().default(true),
   /** Allow binding a non-loopback address (peers are still checked: R1). */
-  allowNonLoopbackBind: z.boolean().default(false)
+  allowNonLoopbackBind: z.boolean().default(false),
+  /**
+   * Token mode: every request must carry `Authorization: Bearer <token>` (else 401). At least 32
+   * bytes. The CLI reads it from a 0600 file (`--token-file`), never from argv.
+   */
+  token: z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'must be at least 32 bytes' }).optional(),
+  /** Ownership mode: a registration may not replace a tool that another `source` owns. */
+  enforceOwnership: z.boolean().default(false)
 })
 
 const limitsSchema = z.strictObject({
   /** Largest request body in bytes. */
   maxBodyBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
   /** Deepest JSON nesting accepted in a request body. */
-  maxJsonDepth: z.number().int().min(4).max(1024).default(64)
+  maxJsonDepth: z.number().int().min(4).max(1024).default(64),
+  /** Largest `parameters` schema, in bytes of JSON. */
+  maxParametersBytes: z.number().int().min(256).max(16 * 1024 * 1024).default(64 * 1024),
+  /** Deepest nesting inside a `parameters` schema. */
+  maxParametersDepth: z.number().int().min(2).max(1024).default(32),
+  /** Longest tool `description`, in characters. */
+  maxDescriptionChars: z.number().int().min(1).max(1024 * 1024).default(16 * 1024),
+  /** Most tools one role may hold. */
+  maxToolsPerRole: z.number().int().min(1).max(1_000_000).default(10_000),
+  /** Most tools one `source` may hold in one role. */
+  maxToolsPerSource: z.number().int().min(1).max(1_000_000).default(1_000),
+  /** Most simultaneous HTTP connections to the API server. */
+  maxConnections: z.number().int().min(1).max(1_000_000).default(1024)
 })
 
 /** Every option of `createToolport` and `toolport serve`. */
@@ -91,7 +110,8 @@ export const ENVIRONMENT = Object.freeze({
   TOOLPORT_ROLES: 'roles (comma-separated)',
   TOOLPORT_CONFIG: 'a JSON options file',
   TOOLPORT_LOG_LEVEL: 'logger',
-  TOOLPORT_DISPATCH_MODE: 'dispatch.mode'
+  TOOLPORT_DISPATCH_MODE: 'dispatch.mode',
+  TOOLPORT_TOKEN_FILE: 'security.token, read from this file (CLI only)'
 } as const)
 
 /** Maps TOOLPORT_* variables onto an options object (strings only; the schema validates). */

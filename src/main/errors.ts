@@ -25,6 +25,12 @@ export const HostForbiddenError = createError('TP_ERR_HOST_FORBIDDEN',
 export const OriginForbiddenError = createError('TP_ERR_ORIGIN_FORBIDDEN',
   'cross-origin request refused: %s', 403)
 
+/** 401: token mode is on and the request lacks the right `Authorization: Bearer` token. */
+export const UnauthorizedError = createError('TP_ERR_UNAUTHORIZED', 'a valid Authorization: Bearer token is required', 401)
+
+/** 422: a registration would take a role past `maxToolsPerRole` or a source past `maxToolsPerSource`. */
+export const LimitExceededError = createError('TP_ERR_LIMIT_EXCEEDED', 'limit exceeded: %s', 422)
+
 /** 404: a role named in a request does not exist (SPEC R6, R17, R18). */
 export const RoleNotFoundError = createError('TP_ERR_ROLE_NOT_FOUND', "role '%s' does not exist", 404)
 
@@ -69,6 +75,8 @@ export const ERROR_CODES: Readonly<Record<string, number>> = Object.freeze({
   TP_ERR_NOT_LOOPBACK: 403,
   TP_ERR_HOST_FORBIDDEN: 403,
   TP_ERR_ORIGIN_FORBIDDEN: 403,
+  TP_ERR_UNAUTHORIZED: 401,
+  TP_ERR_LIMIT_EXCEEDED: 422,
   TP_ERR_ROLE_NOT_FOUND: 404,
   TP_ERR_ROUTE_NOT_FOUND: 404,
   TP_ERR_VALIDATION: 422,

@@ -5,13 +5,13 @@ import { randomUUID } from 'node:crypto'
 import type { Worker } from 'node:worker_threads'
 import { pino, type Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
-import { ClosedError } from './errors.js'
+import { ClosedError, LimitExceededError, validationError } from './errors.js'
 import type { ToolportEvents } from './events.js'
 import { RoleManager } from './roles/roles.js'
 import type { Role } from './roles/role.js'
 import { ToolEntry, type ToolListing } from './roles/tool-registry.js'
 import type { SyncOutcome } from './roles/sync.js'
-import { clearSchema, parseOrThrow, registerSchema, unregisterSchema } from './schemas.js'
+import { clearSchema, parseOrThrow, registerSchema, registrationProblems, unregisterSchema } from './schemas.js'
 import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
@@ -19,8 +19,11 @@ import { errorResult, outcomeToResult, outputResult, type ToolResult } from './d
 import { errorText } from './roles/sync.js'
 import type { CallOutcome } from '../workers/protocol.js'
 
-/** A role whose registry changed but whose sessions did not take it (DESIGN: objects). */
-export interface FailedRole { role: string, error: string }
+/**
+ * A role that did not take a change (DESIGN: objects): its sessions failed to sync, or (ownership
+ * mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
+ */
+export interface FailedRole { role: string, error: string, owned_by?: string }
 /** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
 export interface RefusedRole { role: string, owned_by: string }
 
@@ -117,7 +120,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   async register (body: unknown): Promise<RegisterResult> {
     this.#assertOpen()
     const request = parseOrThrow(registerSchema, body)
+    const problems = registrationProblems(request, this.options.limits)
+    if (problems.length > 0) throw validationError(problems)
     const targets = this.#targets(request.role)
+    this.#checkCaps(targets, request.name, request.source)
     const entry = new ToolEntry({
       name: request.name,
       description: request.description,
@@ -133,7 +139,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const role of targets) {
       const existing = role.registry.get(entry.name)
       if (existing !== undefined && !existing.isRemote) {
-        failed.push({ role: role.name, error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API` })
+        failed.push({ role: role.name, error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API`, owned_by: existing.source })
+        continue
+      }
+      if (existing !== undefined && this.options.security.enforceOwnership && existing.source !== entry.source) {
+        failed.push({ role: role.name, error: `'${entry.name}' belongs to source '${existing.source}'`, owned_by: existing.source })
         continue
       }
       role.registry.set(entry)
@@ -297,8 +307,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   #finish (role: Role, name: string, callId: string, started: number, outcome: ToolportEvents['call-finished'][0]['outcome'], result: ToolResult): ToolResult {
     if (this.listenerCount('call-finished') > 0 || this.log.isLevelEnabled('debug')) {
       const event = { role: role.name, name, callId, outcome, isError: result.is_error, durationMs: performance.now() - started }
-      // Metadata only: never arguments, outputs or callback bodies (they carry private data).
-      this.log.debug(event, 'tool call finished')
+      // Metadata only: never arguments, outputs or callback bodies (they carry private data). A
+      // name that matches no tool is the model's free text, so it is not logged either.
+      this.log.debug(outcome === 'unknown_tool' ? { ...event, name: undefined } : event, 'tool call finished')
       this.emit('call-finished', event)
     }
     return result
@@ -307,6 +318,20 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #onBadSchema = (entry: ToolEntry, message: string): void => {
     this.log.warn({ tool: entry.name, source: entry.source, reason: message },
       'the tool\'s parameters schema does not compile; its arguments are not validated')
+  }
+
+  /** Refuses (422) a registration that would take any target role past a tool cap; mutates nothing. */
+  #checkCaps (targets: Role[], name: string, source: string): void {
+    const { maxToolsPerRole, maxToolsPerSource } = this.options.limits
+    for (const role of targets) {
+      const existing = role.registry.get(name)
+      if (existing === undefined && role.registry.size >= maxToolsPerRole) {
+        throw new LimitExceededError(`role '${role.name}' already has ${maxToolsPerRole} tools (limits.maxToolsPerRole)`)
+      }
+      if (existing?.source !== source && role.registry.countBySource(source) >= maxToolsPerSource) {
+        throw new LimitExceededError(`source '${source}' already has ${maxToolsPerSource} tools in role '${role.name}' (limits.maxToolsPerSource)`)
+      }
+    }
   }
 
   #targets (role: string | null): Role[] {

@@ -38,7 +38,8 @@ const callbackUrl = z.string().transform((value, ctx): CallbackUrlParts => {
 /** POST /api/tools/register (SPEC "Register"). */
 export const registerSchema = z.object({
   name: toolName,
-  description: z.string().max(64 * 1024, { message: 'must be at most 65536 characters' }).default(''),
+  // The configurable, tighter cap (limits.maxDescriptionChars) is checked in registrationProblems.
+  description: z.string().max(1024 * 1024, { message: 'must be at most 1048576 characters' }).default(''),
   parameters: parametersField.default(() => ({ type: 'object', properties: {} })),
   callback_url: callbackUrl,
   role: roleField,
@@ -80,6 +81,48 @@ export const callSchema = z.object({
   raw_arguments: z.string().optional()
 })
 export type CallRequest = z.output<typeof callSchema>
+
+/** The size limits a registration is held to (a subset of the `limits` options). */
+export interface RegistrationLimits {
+  maxParametersBytes: number
+  maxParametersDepth: number
+  maxDescriptionChars: number
+}
+
+/**
+ * Checks a parsed registration against the configured size limits; returns every problem.
+ * The walk over `parameters` is iterative, so a hostile schema cannot exhaust the stack.
+ */
+export function registrationProblems (request: RegisterRequest, limits: RegistrationLimits): ErrorDetail[] {
+  const problems: ErrorDetail[] = []
+  if (request.description.length > limits.maxDescriptionChars) {
+    problems.push({ path: 'description', code: 'too_big', message: `must be at most ${limits.maxDescriptionChars} characters` })
+  }
+  if (jsonDepth(request.parameters, limits.maxParametersDepth) > limits.maxParametersDepth) {
+    problems.push({ path: 'parameters', code: 'too_deep', message: `must nest at most ${limits.maxParametersDepth} levels` })
+  } else if (Buffer.byteLength(JSON.stringify(request.parameters)) > limits.maxParametersBytes) {
+    problems.push({ path: 'parameters', code: 'too_big', message: `must be at most ${limits.maxParametersBytes} bytes of JSON` })
+  }
+  return problems
+}
+
+/** Nesting depth of a JSON value (objects and arrays), counted iteratively; stops past `limit`. */
+export function jsonDepth (value: unknown, limit: number): number {
+  let max = 0
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [node, depth] = stack.pop() as [unknown, number]
+    if (typeof node !== 'object' || node === null) continue
+    if (depth > max) {
+      max = depth
+      if (max > limit) return max
+    }
+    for (const child of Object.values(node)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+    }
+  }
+  return max
+}
 
 /** Parses `input` or throws a 422 TP_ERR_VALIDATION listing every problem with its field. */
 export function parseOrThrow<T extends z.ZodType> (schema: T, input: unknown): z.output<T> {

@@ -44,6 +44,7 @@ export class Toolport extends Runtime {
       this.log.warn({ host }, 'binding a non-loopback address; non-loopback clients are still refused (403)')
     }
     await this.app.listen({ host, port })
+    this.app.server.maxConnections = this.options.limits.maxConnections
     const address = this.app.server.address()
     const realPort = typeof address === 'object' && address !== null ? address.port : port
     const shownHost = host.includes(':') ? `[${host}]` : host

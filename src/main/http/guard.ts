@@ -11,16 +11,19 @@
 //   POST that needs no CORS preflight.
 // - Mutating methods must send `application/json`, which a cross-site form or simple request
 //   cannot do without a preflight that we never answer with CORS headers.
+import { createHash, timingSafeEqual } from 'node:crypto'
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify'
 import ipaddr from 'ipaddr.js'
 import { isLoopbackAddress } from '../../shared/loopback.js'
-import { HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnsupportedMediaTypeError } from '../errors.js'
+import { HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnauthorizedError, UnsupportedMediaTypeError } from '../errors.js'
 
 export interface GuardOptions {
   checkHost: boolean
   allowedHosts: readonly string[]
   checkOrigin: boolean
   allowedOrigins: readonly string[]
+  /** Token mode: the secret every request must present as `Authorization: Bearer <token>`. */
+  token?: string | undefined
 }
 
 export type GuardHook = (request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction) => void
@@ -30,6 +33,9 @@ export function buildGuard (options: GuardOptions): GuardHook {
   const allowedHosts = new Set(options.allowedHosts.map((h) => h.toLowerCase()))
   const allowedOrigins = new Set(options.allowedOrigins)
   const { checkHost, checkOrigin } = options
+  // Compare digests, not the strings: equal-length inputs for timingSafeEqual, and no early exit
+  // that would leak how much of a guessed token was right.
+  const tokenDigest = options.token === undefined ? null : sha256(options.token)
 
   return function toolportGuard (request, reply, done): void {
     // Set on every answer, errors included.
@@ -64,12 +70,26 @@ export function buildGuard (options: GuardOptions): GuardHook {
         }
       }
     }
+    if (tokenDigest !== null && !hasToken(request.headers.authorization, tokenDigest)) {
+      reply.header('www-authenticate', 'Bearer')
+      done(new UnauthorizedError())
+      return
+    }
     if (hasBodyMethod(request.method) && !isJsonContentType(request.headers['content-type'])) {
       done(new UnsupportedMediaTypeError(request.headers['content-type'] ?? 'no Content-Type'))
       return
     }
     done()
   }
+}
+
+function sha256 (text: string): Buffer {
+  return createHash('sha256').update(text).digest()
+}
+
+function hasToken (authorization: string | undefined, digest: Buffer): boolean {
+  if (authorization === undefined || !/^bearer /i.test(authorization)) return false
+  return timingSafeEqual(sha256(authorization.slice(7).trim()), digest)
 }
 
 /** '' when the Host header names loopback (or an allowed extra), else what is wrong with it. */

@@ -171,6 +171,11 @@ export class ToolRegistry {
     return this.#listing
   }
 
+  /** Tools of one source in this registry. */
+  countBySource (source: string): number {
+    return this.#bySource.get(source)?.size ?? 0
+  }
+
   names (): string[] {
     return [...this.#byName.keys()]
   }
