@@ -16,10 +16,21 @@ import ipaddr from 'ipaddr.js'
  */
 export function isLoopbackAddress (address: string | undefined | null): boolean {
   if (typeof address !== 'string' || address.length === 0 || address.includes('%')) return false
-  if (!ipaddr.isValid(address)) return false
+  let text = address
+  if (text.includes(':')) {
+    // ipaddr.js 2.5 reads the deprecated IPv4-compatible form `::127.0.0.1` (= ::7f00:1, not
+    // loopback) as if it were IPv4-mapped `::ffff:127.0.0.1`. Let the WHATWG serialiser write the
+    // address in hex first; it keeps `::ffff:` only where it really is there.
+    try {
+      text = new URL(`http://[${text}]/`).hostname.slice(1, -1)
+    } catch {
+      return false
+    }
+  }
+  if (!ipaddr.isValid(text)) return false
   let parsed: ipaddr.IPv4 | ipaddr.IPv6
   try {
-    parsed = ipaddr.parse(address)
+    parsed = ipaddr.parse(text)
   } catch {
     return false
   }
@@ -39,6 +50,7 @@ export type CallbackUrlProblem =
   | 'scheme must be http or https'
   | 'credentials (user:password@) are not allowed'
   | 'host is empty'
+  | 'port must be 1 to 65535'
   | 'host must be a loopback address'
 
 /** The parts of an accepted callback URL that the registry keeps. */
@@ -75,13 +87,15 @@ export function checkCallbackUrl (input: string):
   }
   const isHttps = url.protocol === 'https:'
   if (!isHttps && url.protocol !== 'http:') return { ok: false, problem: 'scheme must be http or https' }
-  if (url.username !== '' || url.password !== '') {
+  // The parser drops an empty userinfo (`http://@localhost/`), so look at the raw authority too.
+  if (url.username !== '' || url.password !== '' || hasUserinfo(input)) {
     return { ok: false, problem: 'credentials (user:password@) are not allowed' }
   }
   const hostname = url.hostname
   if (hostname === '') return { ok: false, problem: 'host is empty' }
   if (!isLoopbackHostname(hostname)) return { ok: false, problem: 'host must be a loopback address' }
   const port = url.port === '' ? (isHttps ? 443 : 80) : Number(url.port)
+  if (port === 0) return { ok: false, problem: 'port must be 1 to 65535' }
   return {
     ok: true,
     parts: {
@@ -93,6 +107,23 @@ export function checkCallbackUrl (input: string):
       isHttps
     }
   }
+}
+
+/**
+ * True when the authority of an absolute http(s) URL holds an `@` (userinfo, even empty). For
+ * special schemes the parser accepts any run of slashes and backslashes after the colon.
+ */
+function hasUserinfo (input: string): boolean {
+  const text = input.trim()
+  let i = text.indexOf(':') + 1
+  if (i === 0) return false
+  while (i < text.length && (text[i] === '/' || text[i] === '\\')) i++
+  for (; i < text.length; i++) {
+    const c = text[i]
+    if (c === '@') return true
+    if (c === '/' || c === '\\' || c === '?' || c === '#') return false
+  }
+  return false
 }
 
 /**

@@ -1,0 +1,222 @@
+// Shared test helpers: Toolport instances that clean up after themselves, and ModelSession fakes
+// with real behaviour (they really wait, throw or hang; they record what they were given).
+//
+// No mocks of Toolport itself: every test drives the real runtime, the real fastify app (inject)
+// or a real socket on 127.0.0.1.
+import assert from 'node:assert/strict'
+import { EventEmitter, once } from 'node:events'
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { TestContext } from 'node:test'
+import { request as httpRequest } from 'undici'
+import { createToolport, type Toolport, type ToolportOptions } from '../src/main/index.js'
+import type { ModelSession } from '../src/main/roles/sync.js'
+import type { ToolDefinition } from '../src/main/roles/tool-registry.js'
+
+/** A callback URL on loopback; registration never calls it (dispatch is not exercised here). */
+export const CALLBACK = 'http://127.0.0.1:9333/tools/get_weather'
+
+/** Options every test Toolport starts from: silent, inline dispatch (no worker threads needed). */
+function testOptions (options: ToolportOptions): ToolportOptions {
+  return {
+    logger: false,
+    ...options,
+    dispatch: { mode: 'inline', ...options.dispatch }
+  }
+}
+
+/**
+ * A Toolport that is not listening, for `tp.app.inject()` and library calls. Closed in `t.after`.
+ */
+export async function createTestToolport (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
+  const tp = await createToolport(testOptions(options))
+  t.after(() => tp.close())
+  return tp
+}
+
+export interface StartedToolport {
+  tp: Toolport
+  /** `http://127.0.0.1:<port>` */
+  url: string
+  port: number
+}
+
+/** A Toolport listening on 127.0.0.1, port 0. Closed in `t.after`. */
+export async function startToolport (t: TestContext, options: ToolportOptions = {}): Promise<StartedToolport> {
+  const tp = await createTestToolport(t, options)
+  const { url, port } = await tp.listen({ host: '127.0.0.1', port: 0 })
+  return { tp, url, port }
+}
+
+/** A registration body with a loopback callback; `overrides` win. */
+export function tool (name: string, overrides: Record<string, unknown> = {}): Record<string, unknown> {
+  return { name, callback_url: CALLBACK, ...overrides }
+}
+
+export interface JsonReply {
+  statusCode: number
+  headers: Record<string, unknown>
+  body: any
+}
+
+/** `app.inject` with a JSON body (or none), returning the parsed reply. */
+export async function inject (tp: Toolport, method: 'GET' | 'POST', url: string, payload?: unknown,
+  extra: { headers?: Record<string, string>, remoteAddress?: string } = {}): Promise<JsonReply> {
+  const res = await tp.app.inject({
+    method,
+    url,
+    ...(payload === undefined ? {} : { payload: JSON.stringify(payload) }),
+    headers: { ...(payload === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers },
+    ...(extra.remoteAddress === undefined ? {} : { remoteAddress: extra.remoteAddress })
+  })
+  return { statusCode: res.statusCode, headers: res.headers, body: res.body === '' ? undefined : JSON.parse(res.body) }
+}
+
+/** A real HTTP request to a Toolport on 127.0.0.1 (undici), returning the parsed reply. */
+export async function httpJson (url: string, method: 'GET' | 'POST', body?: unknown): Promise<JsonReply> {
+  const res = await httpRequest(url, {
+    method,
+    ...(body === undefined ? {} : { body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
+  })
+  const text = await res.body.text()
+  return { statusCode: res.statusCode, headers: res.headers, body: text === '' ? undefined : JSON.parse(text) }
+}
+
+/** The names of the tools of one role, as `GET /api/tools` (library form) lists them. */
+export function names (tp: Toolport, role: string): string[] {
+  return tp.list(role).tools_by_role[role]?.map((row) => row.name) ?? []
+}
+
+/**
+ * How a fake session answers `syncTools`:
+ * - `instant`: resolves at once;
+ * - `throw`: rejects with `Error(message)`;
+ * - `hang`: never settles, and ignores the abort signal (the worst real session);
+ * - `random`: resolves after a random delay up to `maxDelayMs` (rejects if aborted first);
+ * - `gated`: waits until `release()` is called.
+ */
+export type SessionBehaviour = 'instant' | 'throw' | 'hang' | 'random' | 'gated'
+
+export interface FakeSessionOptions {
+  /** Rejection message for `throw` (default `session <id> refused the tools`). */
+  message?: string
+  /** Upper bound of the `random` delay (default 5 ms). */
+  maxDelayMs?: number
+}
+
+/**
+ * A ModelSession fake with real behaviour. It records every tool list it was given (`received`),
+ * the last list it completed (`current`), how many pushes overlapped (`maxActive`), and the
+ * abort signals it saw; it emits `call` when a push starts and `settled` when one ends.
+ */
+export class FakeSession extends EventEmitter implements ModelSession {
+  readonly id: string
+  behaviour: SessionBehaviour
+  readonly message: string
+  readonly maxDelayMs: number
+  /** Every list pushed, in call order (names only). */
+  readonly received: string[][] = []
+  /** The definitions of the last push that completed successfully (what the model now sees). */
+  current: readonly ToolDefinition[] | null = null
+  /** Pushes running now, and the most ever running at once. */
+  active = 0
+  maxActive = 0
+  /** Pushes whose signal was aborted (by a sync timeout). */
+  aborted = 0
+  readonly #gates: Array<() => void> = []
+
+  constructor (id: string, behaviour: SessionBehaviour, options: FakeSessionOptions = {}) {
+    super()
+    this.id = id
+    this.behaviour = behaviour
+    this.message = options.message ?? `session ${id} refused the tools`
+    this.maxDelayMs = options.maxDelayMs ?? 5
+  }
+
+  get calls (): number { return this.received.length }
+
+  /** Names of the tools the session currently holds ([] before its first successful push). */
+  get currentNames (): string[] {
+    return this.current === null ? [] : this.current.map((d) => d.name)
+  }
+
+  async syncTools (tools: readonly ToolDefinition[], signal: AbortSignal): Promise<void> {
+    const snapshot = [...tools]
+    this.received.push(snapshot.map((d) => d.name))
+    this.active++
+    this.maxActive = Math.max(this.maxActive, this.active)
+    signal.addEventListener('abort', () => { this.aborted++ }, { once: true })
+    this.emit('call', snapshot)
+    try {
+      await this.#behave(signal)
+      this.current = snapshot
+    } finally {
+      this.active--
+      this.emit('settled')
+    }
+  }
+
+  /** Lets every `gated` push that is waiting now complete. */
+  release (): void {
+    for (const open of this.#gates.splice(0)) open()
+  }
+
+  /** Resolves once at least `n` pushes have started. */
+  async waitForCalls (n: number): Promise<void> {
+    while (this.calls < n) await once(this, 'call')
+  }
+
+  /** Resolves once no push is running (a `hang` push never ends: do not wait on one). */
+  async waitIdle (): Promise<void> {
+    while (this.active > 0) await once(this, 'settled')
+  }
+
+  async #behave (signal: AbortSignal): Promise<void> {
+    switch (this.behaviour) {
+      case 'instant':
+        return
+      case 'throw':
+        throw new Error(this.message)
+      case 'hang':
+        await new Promise<never>(() => {})
+        return
+      case 'random':
+        await sleep(Math.random() * this.maxDelayMs, undefined, { signal })
+        return
+      case 'gated':
+        await new Promise<void>((resolve) => { this.#gates.push(resolve) })
+    }
+  }
+}
+
+/** A fake ModelSession: `session('s1', 'random', { maxDelayMs: 3 })`. */
+export function session (id: string, behaviour: SessionBehaviour, options: FakeSessionOptions = {}): FakeSession {
+  return new FakeSession(id, behaviour, options)
+}
+
+/** Asserts a thrown/rejected value is a Toolport error with this code and status. */
+export function isCode (code: string, statusCode: number) {
+  return (err: unknown): boolean => {
+    const e = err as { code?: unknown, statusCode?: unknown }
+    if (e?.code !== code || e?.statusCode !== statusCode) {
+      throw new Error(`expected ${code}/${statusCode}, got ${String(e?.code)}/${String(e?.statusCode)}`)
+    }
+    return true
+  }
+}
+
+/**
+ * Asserts an HTTP error reply: its status, and a body of the DESIGN shape
+ * `{ ok: false, statusCode, code, error, message, details? }` with this code.
+ */
+export function assertError (reply: JsonReply, statusCode: number, code: string): void {
+  assert.equal(reply.statusCode, statusCode, `status of ${JSON.stringify(reply.body)}`)
+  const body = reply.body as Record<string, unknown>
+  assert.equal(body.ok, false)
+  assert.equal(body.statusCode, statusCode)
+  assert.equal(body.code, code)
+  assert.equal(typeof body.error, 'string')
+  assert.equal(typeof body.message, 'string')
+  const extra = Object.keys(body).filter((k) => !['ok', 'statusCode', 'code', 'error', 'message', 'details'].includes(k))
+  assert.deepEqual(extra, [], 'no keys beyond the error shape')
+  assert.match(String(reply.headers['content-type']), /^application\/json/)
+}

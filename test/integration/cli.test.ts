@@ -1,0 +1,182 @@
+// The `toolport` command (issue 2 "CLI"): a real child process driven over real HTTP on 127.0.0.1.
+import { test, type TestContext } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { EventEmitter, once } from 'node:events'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { httpJson, tool } from '../helpers.js'
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url))
+const CLI = join(ROOT, 'src/main/cli.ts')
+const URL_LINE = /(http:\/\/127\.0\.0\.1:(\d+))/
+const SLOW = { timeout: 60_000 }
+
+interface Exit { code: number | null, signal: NodeJS.Signals | null }
+
+interface Cli {
+  child: ChildProcess
+  exited: Promise<Exit>
+  /** Every stdout line so far; `lines` emits `line` for each new one. */
+  stdout: string[]
+  lines: EventEmitter
+  stderr: () => string
+}
+
+/** Environment without any TOOLPORT_* variable of the machine running the tests. */
+function cleanEnv (extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {}
+  for (const [key, value] of Object.entries(process.env)) if (!key.startsWith('TOOLPORT_')) env[key] = value
+  return { ...env, ...extra }
+}
+
+/** Spawns `toolport <args>` under tsx; killed in t.after if still running. */
+function runCli (t: TestContext, args: string[], env: Record<string, string> = {}): Cli {
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], {
+    cwd: ROOT,
+    env: cleanEnv(env),
+    stdio: ['ignore', 'pipe', 'pipe']
+  })
+  const exited = once(child, 'exit').then(([code, signal]) => ({ code, signal }) as Exit)
+  t.after(async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL')
+      await exited
+    }
+  })
+  const stdout: string[] = []
+  const lines = new EventEmitter()
+  createInterface({ input: child.stdout as NodeJS.ReadableStream }).on('line', (line) => {
+    stdout.push(line)
+    lines.emit('line', line)
+  })
+  let stderr = ''
+  child.stderr?.setEncoding('utf8')
+  child.stderr?.on('data', (chunk: string) => { stderr += chunk })
+  return { child, exited, stdout, lines, stderr: () => stderr }
+}
+
+/** Resolves with the URL of the first stdout line that names it; rejects if the process exits first. */
+async function listeningUrl (cli: Cli): Promise<string> {
+  let check: (line: string) => void = () => {}
+  const found = new Promise<string>((resolve) => {
+    check = (line: string): void => {
+      const match = URL_LINE.exec(line)
+      if (match !== null) resolve(match[1] as string)
+    }
+    for (const line of cli.stdout) check(line)
+    cli.lines.on('line', check)
+  })
+  const died = cli.exited.then((exit) => {
+    throw new Error(`toolport exited (${JSON.stringify(exit)}) before printing its URL: ${cli.stderr()}`)
+  })
+  // Once the URL is found, the later exit must not become an unhandled rejection.
+  died.catch(() => {})
+  try {
+    return await Promise.race([found, died])
+  } finally {
+    cli.lines.off('line', check)
+  }
+}
+
+test('CLI: serve --port 0 --role A --role B prints its URL, serves the API over real HTTP, and exits 0 on SIGTERM', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--port', '0', '--role', 'A', '--role', 'B'])
+  const url = await listeningUrl(cli)
+  assert.notEqual(Number(URL_LINE.exec(url)?.[2]), 0)
+
+  const listed = await httpJson(`${url}/api/tools`, 'GET')
+  assert.deepEqual(listed.body, { ok: true, tools_by_role: { A: [], B: [] } })
+  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('get_weather', { source: 'plugin:weather' }))
+  assert.deepEqual(registered.body, { ok: true, registered: 'get_weather', affected_roles: ['A', 'B'], failed_roles: [] })
+  const one = await httpJson(`${url}/api/tools?role=B`, 'GET')
+  assert.deepEqual(one.body.tools_by_role.B.map((r: { name: string }) => r.name), ['get_weather'])
+  const missing = await httpJson(`${url}/api/tools?role=Nobody`, 'GET')
+  assert.equal(missing.statusCode, 404)
+  assert.equal(missing.body.code, 'TP_ERR_ROLE_NOT_FOUND')
+
+  cli.child.kill('SIGTERM')
+  assert.deepEqual(await cli.exited, { code: 0, signal: null })
+})
+
+test('CLI: serve with no --role creates one role named default, and exits 0 on SIGINT', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--port', '0', '--log-level', 'silent'])
+  const url = await listeningUrl(cli)
+  const listed = await httpJson(`${url}/api/tools`, 'GET')
+  assert.deepEqual(listed.body, { ok: true, tools_by_role: { default: [] } })
+  cli.child.kill('SIGINT')
+  assert.deepEqual(await cli.exited, { code: 0, signal: null })
+})
+
+test('CLI: TOOLPORT_ROLES sets the roles, and --role wins over it', SLOW, async (t) => {
+  const fromEnv = runCli(t, ['serve', '--port', '0', '--log-level', 'silent'], { TOOLPORT_ROLES: 'Lanlan, Mochi' })
+  const envUrl = await listeningUrl(fromEnv)
+  assert.deepEqual(Object.keys((await httpJson(`${envUrl}/api/tools`, 'GET')).body.tools_by_role), ['Lanlan', 'Mochi'])
+  fromEnv.child.kill('SIGTERM')
+  assert.equal((await fromEnv.exited).code, 0)
+
+  const flagWins = runCli(t, ['serve', '--port', '0', '--log-level', 'silent', '--role', 'Nova'], { TOOLPORT_ROLES: 'Lanlan' })
+  const flagUrl = await listeningUrl(flagWins)
+  assert.deepEqual(Object.keys((await httpJson(`${flagUrl}/api/tools`, 'GET')).body.tools_by_role), ['Nova'])
+  flagWins.child.kill('SIGTERM')
+  assert.equal((await flagWins.exited).code, 0)
+})
+
+test('CLI: --config reads a JSON options file', SLOW, async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const file = join(dir, 'toolport.json')
+  await writeFile(file, JSON.stringify({ roles: ['FromFile'], port: 0, logger: 'silent', dispatch: { mode: 'inline' } }))
+  const cli = runCli(t, ['serve', '--config', file])
+  const url = await listeningUrl(cli)
+  assert.deepEqual(Object.keys((await httpJson(`${url}/api/tools`, 'GET')).body.tools_by_role), ['FromFile'])
+  cli.child.kill('SIGTERM')
+  assert.equal((await cli.exited).code, 0)
+})
+
+test('CLI: an unknown flag prints an error and exits non-zero without serving', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--port', '0', '--bogus'])
+  const exit = await cli.exited
+  assert.notEqual(exit.code, 0)
+  assert.equal(exit.signal, null)
+  assert.notEqual(cli.stderr().trim(), '')
+  assert.ok(!cli.stdout.some((line) => URL_LINE.test(line)))
+})
+
+test('CLI: a port that is not a number prints an error and exits non-zero', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--port', 'eighty'])
+  const exit = await cli.exited
+  assert.notEqual(exit.code, 0)
+  assert.notEqual(cli.stderr().trim(), '')
+})
+
+test('CLI: an unknown command prints an error and exits non-zero', SLOW, async (t) => {
+  const cli = runCli(t, ['launch'])
+  const exit = await cli.exited
+  assert.notEqual(exit.code, 0)
+  assert.notEqual(cli.stderr().trim(), '')
+})
+
+test('CLI: a missing config file prints an error and exits non-zero', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--port', '0', '--config', join(tmpdir(), `toolport-missing-${process.pid}.json`)])
+  const exit = await cli.exited
+  assert.notEqual(exit.code, 0)
+  assert.notEqual(cli.stderr().trim(), '')
+})
+
+test('CLI: --host with a non-loopback address and no --allow-non-loopback-bind exits non-zero without binding', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--port', '0', '--host', '0.0.0.0'])
+  const exit = await cli.exited
+  assert.notEqual(exit.code, 0)
+  assert.notEqual(cli.stderr().trim(), '')
+  assert.ok(!cli.stdout.some((line) => /listening/i.test(line)))
+})
+
+test('CLI: --help prints the usage and exits 0', SLOW, async (t) => {
+  const cli = runCli(t, ['serve', '--help'])
+  const exit = await cli.exited
+  assert.equal(exit.code, 0)
+  assert.ok(cli.stdout.some((line) => line.includes('serve')))
+})

@@ -1,0 +1,224 @@
+// The embeddable library API of issue 2: createToolport, listen, roles, sessions, local tools,
+// register/unregister/clear/list with the same results as the routes, typed errors, the plugin.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import fastify from 'fastify'
+import { createToolport, isToolportError, toolportPlugin, type Toolport } from '../../src/main/index.js'
+import { assertError, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
+
+/** The JSON value of a result (list() keys tools_by_role on a null-prototype object). */
+function plain (value: unknown): unknown {
+  return JSON.parse(JSON.stringify(value))
+}
+
+test('library: createToolport returns a runtime that is not listening yet', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'], syncTimeoutMs: 10_000 })
+  assert.equal(tp.app.server.listening, false)
+  assert.deepEqual(tp.roles.names(), ['Lanlan', 'Mochi'])
+})
+
+test('library: listen({ host: "127.0.0.1", port: 0 }) answers the URL with the real port, and it serves the API', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const { url, port, host } = await tp.listen({ host: '127.0.0.1', port: 0 })
+  assert.equal(host, '127.0.0.1')
+  assert.ok(port > 0)
+  assert.equal(url, `http://127.0.0.1:${port}`)
+  const res = await httpJson(`${url}/api/tools`, 'GET')
+  assert.deepEqual(res.body, { ok: true, tools_by_role: { Lanlan: [] } })
+})
+
+test('library: listen() binds 127.0.0.1 by default', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], port: 0 })
+  const { url, host } = await tp.listen()
+  assert.equal(host, '127.0.0.1')
+  assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/)
+})
+
+test('library: listen() on a non-loopback address without security.allowNonLoopbackBind is refused before binding', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  await assert.rejects(tp.listen({ host: '0.0.0.0', port: 0 }), isCode('TP_ERR_CONFIG', 500))
+  assert.equal(tp.app.server.listening, false)
+})
+
+test('library: invalid options are refused with a typed TP_ERR_CONFIG error', async () => {
+  await assert.rejects(createToolport({ syncTimeoutMs: -1 }), isCode('TP_ERR_CONFIG', 500))
+  await assert.rejects(createToolport({ unknownOption: true } as never), isCode('TP_ERR_CONFIG', 500))
+})
+
+test('library: roles.add, roles.remove, roles.names and roles.get manage the current roles', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const nova = tp.roles.add('Nova')
+  assert.equal(nova.name, 'Nova')
+  assert.equal(tp.roles.get('Nova'), nova)
+  assert.deepEqual(tp.roles.names(), ['Lanlan', 'Nova'])
+  assert.equal(tp.roles.remove('Nova'), true)
+  assert.equal(tp.roles.remove('Nova'), false)
+  assert.deepEqual(tp.roles.names(), ['Lanlan'])
+})
+
+test('R6: roles.get of an unknown role throws a typed error with code TP_ERR_ROLE_NOT_FOUND', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  assert.throws(() => tp.roles.get('Nobody'), isCode('TP_ERR_ROLE_NOT_FOUND', 404))
+  assert.throws(() => tp.roles.get('Nobody'), (err: unknown) => isToolportError(err))
+})
+
+test('library: adding a role that exists throws TP_ERR_ROLE_EXISTS', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  assert.throws(() => tp.roles.add('Lanlan'), isCode('TP_ERR_ROLE_EXISTS', 409))
+})
+
+test('library: attachSession returns a detach function; after it the session gets no more syncs', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const s = session('realtime-1', 'instant')
+  const detach = tp.roles.get('Lanlan').attachSession(s)
+  assert.equal(typeof detach, 'function')
+  await tp.register(tool('a'))
+  assert.deepEqual(s.currentNames, ['a'])
+  detach()
+  const calls = s.calls
+  await tp.register(tool('b'))
+  assert.equal(s.calls, calls)
+  assert.deepEqual(tp.roles.get('Lanlan').sessions(), [])
+})
+
+test('library: registerLocalTool adds an in-process tool, listed with is_remote false and callback_url null', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const outcome = await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'get_time',
+    description: 'Current time',
+    parameters: { type: 'object', properties: {} },
+    source: 'host:clock',
+    handler: async () => new Date().toISOString()
+  })
+  assert.equal(outcome.ok, true)
+  assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan, [
+    { name: 'get_time', description: 'Current time', source: 'host:clock', callback_url: null, is_remote: false }
+  ])
+})
+
+test('library: registerLocalTool with an invalid name or handler throws a typed error and registers nothing', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const role = tp.roles.get('Lanlan')
+  await assert.rejects(role.registerLocalTool({ name: '', handler: () => 1 }), (err: unknown) => isToolportError(err))
+  await assert.rejects(role.registerLocalTool({ name: 'x'.repeat(65), handler: () => 1 }), (err: unknown) => isToolportError(err))
+  await assert.rejects(role.registerLocalTool({ name: 'x', handler: 'nope' as never }), (err: unknown) => isToolportError(err))
+  assert.deepEqual(names(tp, 'Lanlan'), [])
+})
+
+/** Runs the same steps through the library on one Toolport and through the routes on another. */
+test('library: register, unregister, clear and list give the same result objects as the routes', async (t) => {
+  const viaLibrary = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
+  const viaRoutes = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
+  const steps: Array<['register' | 'unregister' | 'clear', Record<string, unknown>]> = [
+    ['register', tool('get_weather', { source: 'plugin:weather', description: 'Weather.' })],
+    ['register', tool('get_news', { source: 'plugin:news', role: 'Mochi' })],
+    ['register', tool('get_weather', { source: 'plugin:weather', description: 'Weather v2.' })],
+    ['unregister', { name: 'get_news', role: 'Lanlan' }],
+    ['unregister', { name: 'get_news' }],
+    ['register', tool('x', { source: 'plugin:weather', role: 'Lanlan' })],
+    ['unregister', { name: 'x', expected_source: 'plugin:other' }],
+    ['clear', { source: 'plugin:weather', role: 'Mochi' }],
+    ['clear', { source: 'plugin:weather' }],
+    ['clear', { source: 'plugin:none' }]
+  ]
+  for (const [action, body] of steps) {
+    const fromLibrary = await viaLibrary[action](body)
+    const fromRoute = await inject(viaRoutes, 'POST', `/api/tools/${action}`, body)
+    assert.equal(fromRoute.statusCode, 200)
+    assert.deepEqual(fromLibrary, fromRoute.body, `${action} ${JSON.stringify(body)}`)
+    assert.deepEqual(plain(viaLibrary.list()), (await inject(viaRoutes, 'GET', '/api/tools')).body)
+    assert.deepEqual(plain(viaLibrary.list('Mochi')), (await inject(viaRoutes, 'GET', '/api/tools?role=Mochi')).body)
+  }
+})
+
+test('library: with no roles, register gives the same ok false result as the route', async (t) => {
+  const viaLibrary = await createTestToolport(t, { roles: [] })
+  const viaRoutes = await createTestToolport(t, { roles: [] })
+  assert.deepEqual(await viaLibrary.register(tool('x')), (await inject(viaRoutes, 'POST', '/api/tools/register', tool('x'))).body)
+})
+
+test('library: list is synchronous', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  await tp.register(tool('x'))
+  const result = tp.list()
+  assert.equal(typeof (result as unknown as { then?: unknown }).then, 'undefined')
+  assert.deepEqual(result.tools_by_role.Lanlan?.map((r) => r.name), ['x'])
+})
+
+test('R6: library register, unregister and clear with an unknown role reject with TP_ERR_ROLE_NOT_FOUND', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  await assert.rejects(tp.register(tool('x', { role: 'Nobody' })), isCode('TP_ERR_ROLE_NOT_FOUND', 404))
+  await assert.rejects(tp.unregister({ name: 'x', role: 'Nobody' }), isCode('TP_ERR_ROLE_NOT_FOUND', 404))
+  await assert.rejects(tp.clear({ source: 'x', role: 'Nobody' }), isCode('TP_ERR_ROLE_NOT_FOUND', 404))
+})
+
+test('R18: library list of an unknown role throws TP_ERR_ROLE_NOT_FOUND synchronously', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  assert.throws(() => tp.list('Nobody'), isCode('TP_ERR_ROLE_NOT_FOUND', 404))
+})
+
+test('R7: library register with an invalid body rejects with TP_ERR_VALIDATION and details', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  await assert.rejects(tp.register({ name: '', callback_url: 'http://10.0.0.1/' }), (err: unknown) => {
+    isCode('TP_ERR_VALIDATION', 422)(err)
+    const details = (err as { details: Array<{ path: string }> }).details
+    assert.deepEqual(details.map((d) => d.path).sort(), ['callback_url', 'name'])
+    return true
+  })
+  await assert.rejects(tp.register(null), isCode('TP_ERR_VALIDATION', 422))
+  await assert.rejects(tp.unregister({}), isCode('TP_ERR_VALIDATION', 422))
+  await assert.rejects(tp.clear({}), isCode('TP_ERR_VALIDATION', 422))
+})
+
+test('library: close() stops the server, can be called twice, and later mutations reject with TP_ERR_CLOSED', async () => {
+  const tp: Toolport = await createToolport({ roles: ['Lanlan'], dispatch: { mode: 'inline' } })
+  await tp.listen({ host: '127.0.0.1', port: 0 })
+  await tp.close()
+  await tp.close()
+  assert.equal(tp.app.server.listening, false)
+  await assert.rejects(tp.register(tool('x')), isCode('TP_ERR_CLOSED', 503))
+})
+
+test('library: the default dispatch pool starts and closes cleanly', async () => {
+  const tp = await createToolport({ roles: ['Lanlan'] })
+  assert.equal(tp.dispatchMode, 'pool')
+  await tp.register(tool('x'))
+  await tp.close()
+})
+
+test('library: toolportPlugin mounts the routes in a host app, guarded, without guarding the host\'s own routes', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const host = fastify()
+  t.after(() => host.close())
+  host.get('/health', async () => ({ up: true }))
+  await host.register(toolportPlugin, { runtime: tp })
+  await host.ready()
+
+  const registered = await host.inject({ method: 'POST', url: '/api/tools/register', payload: tool('x') })
+  assert.equal(registered.statusCode, 200)
+  assert.equal(registered.json().ok, true)
+  assert.deepEqual(names(tp, 'Lanlan'), ['x'])
+
+  const listed = await host.inject({ method: 'GET', url: '/api/tools' })
+  assert.deepEqual(listed.json(), plain(tp.list()))
+
+  const remote = await host.inject({ method: 'GET', url: '/api/tools', remoteAddress: '10.1.2.3' })
+  assertError({ statusCode: remote.statusCode, headers: remote.headers, body: remote.json() }, 403, 'TP_ERR_NOT_LOOPBACK')
+  const remoteHealth = await host.inject({ method: 'GET', url: '/health', remoteAddress: '10.1.2.3' })
+  assert.equal(remoteHealth.statusCode, 200)
+
+  const unknownRole = await host.inject({ method: 'GET', url: '/api/tools?role=Nobody' })
+  assertError({ statusCode: unknownRole.statusCode, headers: unknownRole.headers, body: unknownRole.json() }, 404, 'TP_ERR_ROLE_NOT_FOUND')
+  const form = await host.inject({ method: 'POST', url: '/api/tools/clear', payload: 'source=x', headers: { 'content-type': 'application/x-www-form-urlencoded' } })
+  assertError({ statusCode: form.statusCode, headers: form.headers, body: form.json() }, 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+})
+
+test('library: toolportPlugin also mounts under a prefix', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const host = fastify()
+  t.after(() => host.close())
+  await host.register(toolportPlugin, { runtime: tp, prefix: '/toolport' })
+  const res = await host.inject({ method: 'GET', url: '/toolport/api/tools' })
+  assert.equal(res.statusCode, 200)
+  assert.deepEqual(res.json(), { ok: true, tools_by_role: { Lanlan: [] } })
+})
