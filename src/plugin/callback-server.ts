@@ -1,0 +1,279 @@
+// The plugin's own callback server (SPEC R9–R12, R14): node:http on a loopback address.
+//
+// node:http rather than fastify: one route, no plugins, and the SDK must not pull a logger or
+// a framework into every plugin process. The server answers every call that reaches a tool with
+// HTTP 200 and the `{output, is_error}` envelope (SPEC R10, R11): an HTTP error would also become a
+// tool error (R12), but a worse one for the model ("returned HTTP 500" instead of the reason).
+// HTTP errors are kept for requests that are not Toolport calls at all.
+//
+// Calls carry the user's conversation (R14), so the server only answers Toolport: it is bound to
+// loopback, every tool path carries a random secret segment a web page cannot guess, the Host
+// header must name loopback (a DNS-rebound page sends its own name), a browser's Origin header is
+// refused, and bodies must be `application/json` (a cross-site "simple" request cannot be).
+import { randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { createServer } from 'node:http'
+import type { IncomingMessage, Server, ServerResponse } from 'node:http'
+import type { AddressInfo, Socket } from 'node:net'
+import { z } from 'zod'
+import { isLoopbackHostname } from '../shared/loopback.js'
+import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
+
+export interface CallbackServerOptions {
+  host: string
+  port: number
+  maxBodyBytes: number
+  tools: ReadonlyMap<string, ResolvedTool>
+  logger: PluginLogger
+}
+
+/** The `{output, is_error}` / `{error, is_error}` envelope (SPEC R10, R11), as JSON text. */
+type Envelope = string
+
+// Reasons the handler's signal gives; DOMException names match what fetch and timers use.
+const DEADLINE_NAME = 'TimeoutError'
+const DISCONNECT_NAME = 'AbortError'
+
+export class CallbackServer {
+  readonly #server: Server
+  readonly #options: CallbackServerOptions
+  /** `/<secret>/tools/`: every callback path starts with it. */
+  readonly #prefix: string
+  readonly #sockets = new Set<Socket>()
+  #url = ''
+
+  constructor (options: CallbackServerOptions) {
+    this.#options = options
+    // 128 bits: unguessable by a page probing loopback ports, and URL-safe as it is.
+    this.#prefix = `/${randomBytes(16).toString('base64url')}/tools/`
+    this.#server = createServer({ requireHostHeader: true }, (req, res) => { this.#onRequest(req, res) })
+    // Below Toolport's 4 s client keep-alive would race it; Node's default 5 s (with the
+    // Keep-Alive hint it sends) lets Toolport's pool close idle sockets first.
+    this.#server.keepAliveTimeout = 5000
+    this.#server.on('connection', (socket: Socket) => {
+      this.#sockets.add(socket)
+      socket.once('close', () => { this.#sockets.delete(socket) })
+    })
+  }
+
+  /** `http://host:port` once listening, e.g. `http://127.0.0.1:41234`. */
+  get url (): string { return this.#url }
+
+  /** The callback URL of one tool (the canonical form Toolport stores and lists). */
+  callbackUrl (name: string): string {
+    return new URL(this.#prefix + encodeURIComponent(name), this.#url).href
+  }
+
+  async listen (): Promise<string> {
+    this.#server.listen({ host: this.#options.host, port: this.#options.port })
+    await once(this.#server, 'listening')
+    const { port } = this.#server.address() as AddressInfo
+    const host = this.#options.host.includes(':') ? `[${this.#options.host}]` : this.#options.host
+    this.#url = `http://${host}:${port}`
+    return this.#url
+  }
+
+  /**
+   * Stops accepting connections and waits up to `graceMs` for calls in flight; then closes every
+   * socket, which aborts the remaining handlers' signals (they see Toolport disconnect).
+   */
+  async close (graceMs: number): Promise<void> {
+    if (!this.#server.listening) return
+    const closed = new Promise<void>((resolve) => { this.#server.close(() => { resolve() }) })
+    // close() already drops idle keep-alive sockets (Node ≥ 19); busy ones finish their call.
+    this.#server.closeIdleConnections()
+    let timer: NodeJS.Timeout | undefined
+    const grace = new Promise<void>((resolve) => { timer = setTimeout(resolve, graceMs) })
+    await Promise.race([closed, grace])
+    clearTimeout(timer)
+    for (const socket of this.#sockets) socket.destroy()
+    await closed
+  }
+
+  #onRequest (req: IncomingMessage, res: ServerResponse): void {
+    const refusal = this.#refusal(req)
+    if (refusal !== null) {
+      req.resume()
+      sendPlain(res, refusal[0], refusal[1])
+      return
+    }
+    const path = (req.url ?? '').split('?', 1)[0] as string
+    let name: string
+    try {
+      name = decodeURIComponent(path.slice(this.#prefix.length))
+    } catch {
+      name = ''
+    }
+    const tool = this.#options.tools.get(name)
+    if (tool === undefined) {
+      req.resume()
+      sendPlain(res, 404, 'no such tool')
+      return
+    }
+    readBody(req, this.#options.maxBodyBytes).then((body) => {
+      if (body === null) {
+        sendPlain(res, 413, `the body is larger than ${this.#options.maxBodyBytes} bytes`, true)
+        return
+      }
+      this.#call(tool, body, req, res).catch((err: unknown) => {
+        // #call answers every outcome itself; reaching this is a bug in the SDK, not the tool.
+        this.#options.logger.error?.(`internal error answering a call of '${tool.name}': ${(err as Error)?.message}`)
+        if (!res.headersSent) sendPlain(res, 500, 'internal error in the plugin SDK')
+      })
+    }, () => { res.destroy() })
+  }
+
+  /** [status, text] when the request is not a Toolport call, else null. */
+  #refusal (req: IncomingMessage): [number, string] | null {
+    if (!isLoopbackHost(req.headers.host)) return [403, 'the Host header must name a loopback address']
+    if (req.headers.origin !== undefined) return [403, 'browser requests are not accepted']
+    const path = (req.url ?? '').split('?', 1)[0] as string
+    if (!path.startsWith(this.#prefix)) return [404, 'not found']
+    if (req.method !== 'POST') return [405, 'only POST']
+    const type = (req.headers['content-type'] ?? '').split(';', 1)[0]?.trim().toLowerCase()
+    if (type !== 'application/json') return [415, 'the body must be application/json']
+    return null
+  }
+
+  async #call (tool: ResolvedTool, bodyText: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    let body: { arguments?: unknown, raw_arguments?: unknown, call_id?: unknown }
+    try {
+      body = JSON.parse(bodyText)
+    } catch {
+      sendPlain(res, 400, 'the body is not valid JSON')
+      return
+    }
+    if (typeof body !== 'object' || body === null) {
+      sendPlain(res, 400, 'the body must be a JSON object (SPEC R9)')
+      return
+    }
+    const headerCallId = req.headers['x-toolport-call-id']
+    const callId = typeof body.call_id === 'string' ? body.call_id : typeof headerCallId === 'string' ? headerCallId : ''
+    const deadlineMs = deadlineOf(req.headers['x-toolport-deadline-ms'], tool.timeoutSeconds)
+
+    let args: unknown = body.arguments
+    if (args === undefined && typeof body.raw_arguments === 'string') {
+      try {
+        args = JSON.parse(body.raw_arguments === '' ? '{}' : body.raw_arguments)
+      } catch {
+        send(res, errorEnvelope('arguments are not valid JSON'))
+        return
+      }
+    }
+    args ??= {}
+    if (tool.schema !== null) {
+      // Validated here even though Toolport checked the JSON Schema: refinements, transforms and
+      // defaults exist only in zod, and the handler is typed with the schema's output.
+      const parsed = await z.safeParseAsync(tool.schema, args)
+      if (!parsed.success) {
+        send(res, errorEnvelope(`invalid arguments: ${z.prettifyError(parsed.error)}`))
+        return
+      }
+      args = parsed.data
+    } else if (typeof args !== 'object' || args === null || Array.isArray(args)) {
+      send(res, errorEnvelope('arguments must be a JSON object'))
+      return
+    }
+
+    const controller = new AbortController()
+    const timer = setTimeout(() => {
+      controller.abort(new DOMException(`the call's deadline of ${deadlineMs} ms passed`, DEADLINE_NAME))
+    }, deadlineMs)
+    // 'close' on the response fires when the socket goes away; before the reply is finished that
+    // means Toolport gave up on the call (cancelled, or its own deadline ran out first).
+    const onClose = (): void => {
+      if (!res.writableFinished) controller.abort(new DOMException('Toolport closed the connection', DISCONNECT_NAME))
+    }
+    res.once('close', onClose)
+    const ctx: ToolCallContext = { name: tool.name, callId, deadlineMs, signal: controller.signal }
+    let envelope: Envelope
+    try {
+      envelope = outputEnvelope(await tool.handler(args, ctx))
+    } catch (err) {
+      this.#options.logger.debug?.(`tool '${tool.name}' (call ${callId}) threw: ${messageOf(err)}`)
+      envelope = errorEnvelope(messageOf(err))
+    } finally {
+      clearTimeout(timer)
+    }
+    res.removeListener('close', onClose)
+    // Nobody is listening any more: the connection is gone.
+    if (res.destroyed) return
+    send(res, envelope)
+  }
+}
+
+function outputEnvelope (output: unknown): Envelope {
+  try {
+    // undefined (a handler that returns nothing) is sent as null: the key must be there (R10).
+    return JSON.stringify({ output: output === undefined ? null : output, is_error: false })
+  } catch (err) {
+    // BigInt, a cycle, or too deep: the model gets a readable error, not a broken reply.
+    return errorEnvelope(`the tool's output could not be encoded as JSON: ${messageOf(err)}`)
+  }
+}
+
+function errorEnvelope (error: string): Envelope {
+  return JSON.stringify({ error, is_error: true })
+}
+
+function messageOf (err: unknown): string {
+  if (err instanceof Error) return err.message === '' ? err.name : err.message
+  if (typeof err === 'string') return err
+  try {
+    return JSON.stringify(err) ?? String(err)
+  } catch {
+    return String(err)
+  }
+}
+
+function send (res: ServerResponse, envelope: Envelope): void {
+  res.writeHead(200, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(envelope),
+    'cache-control': 'no-store'
+  })
+  res.end(envelope)
+}
+
+function sendPlain (res: ServerResponse, status: number, text: string, isClosing = false): void {
+  res.writeHead(status, {
+    'content-type': 'text/plain; charset=utf-8',
+    'content-length': Buffer.byteLength(text),
+    ...(isClosing ? { connection: 'close' } : {})
+  })
+  res.end(text)
+}
+
+/** The handler's budget: Toolport's header when it is a positive integer, else the tool's timeout. */
+function deadlineOf (header: string | string[] | undefined, timeoutSeconds: number): number {
+  const value = typeof header === 'string' && /^\d+$/.test(header) ? Number(header) : 0
+  return value > 0 ? value : Math.round(timeoutSeconds * 1000)
+}
+
+function isLoopbackHost (host: string | undefined): boolean {
+  if (host === undefined || host === '') return false
+  let hostname: string
+  try {
+    hostname = new URL(`http://${host}/`).hostname
+  } catch {
+    return false
+  }
+  return isLoopbackHostname(hostname)
+}
+
+/**
+ * The body as text; null when its declared length passes `maxBytes` (nothing is read, and the 413
+ * closes the connection). A chunked body that grows past it rejects, and the socket is dropped.
+ */
+async function readBody (req: IncomingMessage, maxBytes: number): Promise<string | null> {
+  const declared = Number(req.headers['content-length'])
+  if (Number.isFinite(declared) && declared > maxBytes) return null
+  const chunks: Buffer[] = []
+  let size = 0
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length
+    if (size > maxBytes) throw new Error(`the body is larger than ${maxBytes} bytes`)
+    chunks.push(chunk)
+  }
+  return Buffer.concat(chunks).toString('utf8')
+}

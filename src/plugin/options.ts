@@ -1,0 +1,327 @@
+// The options of `createPlugin`, checked once, up front, into a fixed-shape `ResolvedPluginOptions`.
+//
+// Everything Toolport would refuse with a 422 (SPEC R7) is checked here first, so a plugin fails
+// at construction with every problem named instead of at `start()` with the first one. Zod
+// parameter schemas are converted to JSON Schema here, once per tool.
+import { z } from 'zod'
+import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
+import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
+
+/** A JSON Schema object, as Toolport shows it to the model. */
+export type JsonSchemaObject = Record<string, unknown>
+
+/** A tool's parameters: a JSON Schema object, or a zod object schema (converted to JSON Schema). */
+export type ToolParameters = JsonSchemaObject | z.core.$ZodType
+
+/**
+ * The arguments a handler receives: the zod schema's output for a zod schema (validated before the
+ * handler runs), else a JSON object (Toolport checked it against the JSON Schema, SPEC "Callback").
+ */
+export type ToolArguments<P> = P extends z.core.$ZodType ? z.core.output<P> : Record<string, unknown>
+
+/** What a handler gets besides its arguments. */
+export interface ToolCallContext {
+  /** The tool's name. */
+  name: string
+  /** The model's call id (`call_id` of the callback body, SPEC R9). */
+  callId: string
+  /**
+   * How long the handler has, in ms, counted from when the call arrived: Toolport's
+   * `x-toolport-deadline-ms` header (or the tool's `timeoutSeconds` when the header is absent).
+   * Past it Toolport has already answered the model with a timeout.
+   */
+  deadlineMs: number
+  /**
+   * Aborted at the deadline (reason: a `TimeoutError` DOMException) or when Toolport closes the
+   * connection, e.g. because the model's call was cancelled (reason: an `AbortError`). Pass it on to
+   * `fetch`, child processes, timers… so abandoned work stops.
+   */
+  signal: AbortSignal
+}
+
+/**
+ * One tool of a plugin. `P` is the type of its `parameters`, inferred from them; it is left
+ * unconstrained (the `& ToolParameters` below does the checking) because a tool without
+ * `parameters` infers `unknown`, and a constraint would make that one tool spoil the inference
+ * of every other tool of the same `createPlugin` call.
+ */
+export interface PluginTool<P = ToolParameters | undefined> {
+  /** Shown to the model (default `''`). */
+  description?: string | undefined
+  /**
+   * A JSON Schema object, or a zod object schema. A zod schema is converted to JSON Schema for the
+   * model, and the SDK validates every call's arguments with it before the handler runs (refinements
+   * and transforms included, which JSON Schema cannot express). Default: no arguments.
+   */
+  parameters?: P & ToolParameters
+  /**
+   * Runs the call. Its return value (any JSON value) is the tool's output (SPEC R10); a throw
+   * becomes a tool error the model reads (SPEC R11), with the error's message.
+   */
+  handler: (args: ToolArguments<P>, ctx: ToolCallContext) => unknown
+  /** Toolport's deadline for one call, > 0 and ≤ 300 (default 30). */
+  timeoutSeconds?: number | undefined
+}
+
+/** Where the SDK writes what it does; `console` and pino loggers both fit. */
+export interface PluginLogger {
+  debug?: (message: string) => void
+  info?: (message: string) => void
+  warn?: (message: string) => void
+  error?: (message: string) => void
+}
+
+/** Options of `createPlugin`; `T` maps each tool name to its parameters' type (inferred). */
+export interface PluginOptions<T extends Record<string, unknown> = Record<string, ToolParameters | undefined>> {
+  /** Base URL of Toolport's HTTP API, on a loopback address, e.g. `http://127.0.0.1:3917`. */
+  toolportUrl: string
+  /** The plugin's lifecycle tag, `plugin:<id>`: `stop()` clears it, and eviction applies to it (SPEC R13). */
+  source: string
+  /** The tools, by name (1–64 characters each). */
+  tools: { [K in keyof T]: PluginTool<T[K]> }
+  /** One role to register with; `null` (default) means every role Toolport has, see the README. */
+  role?: string | null | undefined
+  /** Token mode of Toolport: sent as `Authorization: Bearer <token>`. */
+  token?: string | undefined
+  /** Address of the plugin's callback server: a loopback address (default `127.0.0.1`). */
+  host?: string | undefined
+  /** Port of the plugin's callback server (default 0: any free port). */
+  port?: number | undefined
+  /** How often the SDK checks that its tools are still registered, in ms (default 2000). */
+  pollIntervalMs?: number | undefined
+  /** Longest wait between checks while Toolport is down, in ms (default 30000). */
+  maxBackoffMs?: number | undefined
+  /** Budget of one request to Toolport's API, in ms (default 10000). */
+  requestTimeoutMs?: number | undefined
+  /**
+   * How long `start()` keeps retrying while Toolport is unreachable or busy, in ms (default 30000;
+   * 0 = fail on the first such failure). An answer that says the request is wrong fails at once.
+   */
+  startTimeoutMs?: number | undefined
+  /** Largest callback body the server reads, in bytes (default 8 MiB). */
+  maxBodyBytes?: number | undefined
+  /** Where to log (default: warnings and errors to the console); `false` for silence. */
+  logger?: PluginLogger | false | undefined
+}
+
+/** A tool with everything worked out at construction, as the callback server and the poll use it. */
+export interface ResolvedTool {
+  name: string
+  description: string
+  /** The JSON Schema registered with Toolport. */
+  parameters: JsonSchemaObject
+  /** The zod schema the arguments are validated with, or null for a JSON Schema tool. */
+  schema: z.core.$ZodType | null
+  handler: (args: any, ctx: ToolCallContext) => unknown
+  timeoutSeconds: number
+}
+
+export interface ResolvedPluginOptions {
+  /** The API base, ending in `/` so `api/tools/...` resolves under a host's prefix, if any. */
+  toolportUrl: URL
+  source: string
+  role: string | null
+  token: string | null
+  host: string
+  port: number
+  pollIntervalMs: number
+  maxBackoffMs: number
+  requestTimeoutMs: number
+  startTimeoutMs: number
+  maxBodyBytes: number
+  logger: PluginLogger
+  tools: Map<string, ResolvedTool>
+}
+
+// Mirrors of Toolport's limits (SPEC R7 and src/main/schemas.ts), checked early for clear errors.
+const MAX_TIMEOUT_SECONDS = 300
+const MAX_SOURCE_CHARS = 256
+const MAX_TIMER_MS = 2_147_483_647
+
+const EMPTY_PARAMETERS: JsonSchemaObject = Object.freeze({ type: 'object', properties: {} })
+
+const CONSOLE_LOGGER: PluginLogger = {
+  warn: (message) => { console.warn(`toolport/plugin: ${message}`) },
+  error: (message) => { console.error(`toolport/plugin: ${message}`) }
+}
+const SILENT_LOGGER: PluginLogger = {}
+
+/** Checks `options`; throws one TP_ERR_PLUGIN_OPTIONS naming every problem. */
+export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOptions {
+  if (!isPlainObject(options)) {
+    throw new PluginError(PLUGIN_ERROR_CODES.options, 'createPlugin needs an options object')
+  }
+  const problems: PluginErrorDetail[] = []
+  const problem = (path: string, message: string): void => { problems.push({ path, message }) }
+
+  let toolportUrl: URL | null = null
+  if (typeof options.toolportUrl !== 'string') {
+    problem('toolportUrl', 'must be a URL string, e.g. http://127.0.0.1:3917')
+  } else {
+    // The API accepts loopback clients only (SPEC R1) and a token must never leave the machine,
+    // so the SDK insists on the same loopback rule callback URLs follow (SPEC R2).
+    const verdict = checkCallbackUrl(options.toolportUrl)
+    if (!verdict.ok) {
+      problem('toolportUrl', `${verdict.problem} (got ${JSON.stringify(options.toolportUrl)})`)
+    } else {
+      toolportUrl = new URL(verdict.parts.href)
+      toolportUrl.search = ''
+      toolportUrl.hash = ''
+      if (!toolportUrl.pathname.endsWith('/')) toolportUrl.pathname += '/'
+    }
+  }
+
+  const source = options.source
+  if (typeof source !== 'string' || !source.startsWith('plugin:') || source.length === 'plugin:'.length) {
+    problem('source', `must be 'plugin:<id>' (got ${JSON.stringify(source)})`)
+  } else if (source.length > MAX_SOURCE_CHARS) {
+    problem('source', `must be at most ${MAX_SOURCE_CHARS} characters`)
+  }
+
+  const role = options.role ?? null
+  if (role !== null && (typeof role !== 'string' || role === '')) problem('role', 'must be a non-empty string or null')
+
+  const token = options.token ?? null
+  if (token !== null && (typeof token !== 'string' || token.trim() === '')) problem('token', 'must be a non-empty string')
+
+  const host = options.host ?? '127.0.0.1'
+  // An address literal, not a name: the server binds it and the callback URL carries it.
+  if (typeof host !== 'string' || !isLoopbackAddress(host)) {
+    problem('host', `must be a loopback address such as 127.0.0.1 or ::1 (got ${JSON.stringify(host)})`)
+  }
+  const port = options.port ?? 0
+  if (!Number.isInteger(port) || port < 0 || port > 65535) problem('port', 'must be an integer from 0 to 65535')
+
+  const pollIntervalMs = milliseconds(options.pollIntervalMs, 2000, 10, 'pollIntervalMs', problem)
+  const maxBackoffMs = milliseconds(options.maxBackoffMs, 30_000, 10, 'maxBackoffMs', problem)
+  const requestTimeoutMs = milliseconds(options.requestTimeoutMs, 10_000, 1, 'requestTimeoutMs', problem)
+  const startTimeoutMs = milliseconds(options.startTimeoutMs, 30_000, 0, 'startTimeoutMs', problem)
+  const maxBodyBytes = options.maxBodyBytes ?? 8 * 1024 * 1024
+  if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1) problem('maxBodyBytes', 'must be a positive integer')
+
+  const logger = resolveLogger(options.logger, problem)
+
+  const tools = new Map<string, ResolvedTool>()
+  if (!isPlainObject(options.tools)) {
+    problem('tools', 'must be an object of tools by name')
+  } else {
+    for (const [name, tool] of Object.entries(options.tools)) {
+      const resolved = resolveTool(name, tool, problem)
+      if (resolved !== null) tools.set(name, resolved)
+    }
+    if (Object.keys(options.tools).length === 0) problem('tools', 'must name at least one tool')
+  }
+
+  if (problems.length > 0) {
+    const list = problems.map((p) => `${p.path}: ${p.message}`).join('; ')
+    throw new PluginError(PLUGIN_ERROR_CODES.options, `invalid plugin options: ${list}`, { details: problems })
+  }
+  return {
+    toolportUrl: toolportUrl as URL,
+    source,
+    role,
+    token,
+    host,
+    port,
+    pollIntervalMs,
+    maxBackoffMs: Math.max(maxBackoffMs, pollIntervalMs),
+    requestTimeoutMs,
+    startTimeoutMs,
+    maxBodyBytes,
+    logger,
+    tools
+  }
+}
+
+function resolveTool (name: string, tool: unknown, problem: (path: string, message: string) => void): ResolvedTool | null {
+  const at = `tools.${name}`
+  const length = codePointLength(name)
+  if (length < 1 || length > 64) problem(at, 'a tool name must be 1 to 64 characters')
+  if (!isPlainObject(tool)) {
+    problem(at, 'must be an object with a handler')
+    return null
+  }
+  const { description = '', parameters, handler, timeoutSeconds = 30 } = tool as Partial<PluginTool>
+  if (typeof handler !== 'function') problem(`${at}.handler`, 'must be a function')
+  if (typeof description !== 'string') problem(`${at}.description`, 'must be a string')
+  if (typeof timeoutSeconds !== 'number' || !(timeoutSeconds > 0) || timeoutSeconds > MAX_TIMEOUT_SECONDS) {
+    problem(`${at}.timeoutSeconds`, `must be a number greater than 0 and at most ${MAX_TIMEOUT_SECONDS}`)
+  }
+  let jsonSchema: JsonSchemaObject = EMPTY_PARAMETERS
+  let schema: z.core.$ZodType | null = null
+  if (parameters === undefined) {
+    // no arguments
+  } else if (isZodSchema(parameters)) {
+    schema = parameters
+    const converted = toJsonSchema(parameters)
+    if (typeof converted === 'string') problem(`${at}.parameters`, converted)
+    else jsonSchema = converted
+  } else if (isPlainObject(parameters)) {
+    if (parameters.type !== undefined && parameters.type !== 'object') {
+      problem(`${at}.parameters`, 'must describe an object (type: "object"): tool arguments are a JSON object')
+    }
+    jsonSchema = parameters
+  } else {
+    problem(`${at}.parameters`, 'must be a JSON Schema object or a zod schema')
+  }
+  return {
+    name,
+    description: typeof description === 'string' ? description : '',
+    parameters: jsonSchema,
+    schema,
+    handler: handler as ResolvedTool['handler'],
+    timeoutSeconds: typeof timeoutSeconds === 'number' ? timeoutSeconds : 30
+  }
+}
+
+/**
+ * A zod schema as the JSON Schema the model sees, or a message saying why it cannot be one.
+ * `io: 'input'` describes what the model must send (before transforms and defaults); draft-07 is
+ * what Toolport's argument checker (ajv) and most model APIs read, and `$schema` is dropped because
+ * several model APIs refuse unknown keywords at the top level.
+ */
+function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
+  let converted: Record<string, unknown>
+  try {
+    converted = z.toJSONSchema(schema, { target: 'draft-07', io: 'input' }) as Record<string, unknown>
+  } catch (err) {
+    return `the zod schema has no JSON Schema form: ${(err as Error).message}`
+  }
+  delete converted.$schema
+  if (converted.type !== 'object') return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
+  return converted
+}
+
+function resolveLogger (logger: PluginLogger | false | undefined, problem: (path: string, message: string) => void): PluginLogger {
+  if (logger === undefined) return CONSOLE_LOGGER
+  if (logger === false) return SILENT_LOGGER
+  if (typeof logger !== 'object' || logger === null) {
+    problem('logger', 'must be a logger object (console, pino) or false')
+    return SILENT_LOGGER
+  }
+  return logger
+}
+
+function milliseconds (value: number | undefined, fallback: number, min: number, path: string,
+  problem: (path: string, message: string) => void): number {
+  if (value === undefined) return fallback
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > MAX_TIMER_MS) {
+    problem(path, `must be a number of milliseconds from ${min} to ${MAX_TIMER_MS}`)
+    return fallback
+  }
+  return value
+}
+
+/** A zod 4 schema (classic or mini): every one carries its internals under `_zod`. */
+function isZodSchema (value: unknown): value is z.core.$ZodType {
+  return typeof value === 'object' && value !== null && '_zod' in value
+}
+
+function isPlainObject (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+/** Length in code points, as Toolport counts a name: a surrogate pair is one character. */
+function codePointLength (s: string): number {
+  return Array.from(s).length
+}

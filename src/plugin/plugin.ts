@@ -1,0 +1,365 @@
+// A plugin's life: serve callbacks, register, keep the registrations alive, clear them on stop.
+//
+// Registrations are runtime-only (SPEC R3) and a plugin's tools also vanish when Toolport evicts
+// its origin (R13) or someone unregisters them (R15). Toolport does not tell anyone, so the plugin
+// asks: one poll of `GET /api/tools` at a time, every `pollIntervalMs` (jittered, so many plugins
+// restarted together do not poll in step), backing off exponentially (with jitter) while Toolport
+// is down. Whatever of ours is missing is registered again. The poll timer is unref'd: it never
+// keeps a process alive on its own.
+//
+// State machine: idle → starting → running → stopping → stopped (start failure: starting →
+// stopped). Only one check or start attempt talks to Toolport at a time, and `stop()` waits for it
+// before clearing, so a registration can never land after the clear that should have removed it.
+import { EventEmitter } from 'node:events'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { CallbackServer } from './callback-server.js'
+import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
+import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
+import { ToolportClient, type RegisterBody } from './toolport-client.js'
+
+/** Why tools were registered: the first registration, or a check that found them missing. */
+export type RegisteredReason = 'start' | 'restored'
+
+/** Payload of the `registered` event. */
+export interface RegisteredEvent {
+  /** Names of the tools just registered. */
+  names: string[]
+  /** Roles that accepted them (`affected_roles`, SPEC R8). */
+  roles: string[]
+  reason: RegisteredReason
+}
+
+/** Event name → listener arguments, for `EventEmitter<PluginEvents>`. */
+export interface PluginEvents {
+  registered: [RegisteredEvent]
+  /**
+   * A background failure: a check or re-registration failed (it is retried with backoff), or
+   * `stop()` could not clear. Emitted only while someone listens; otherwise it is logged.
+   */
+  error: [PluginError]
+}
+
+/** What `start()` resolves to. */
+export interface StartResult {
+  /** Base URL of the callback server, e.g. `http://127.0.0.1:41234`. */
+  url: string
+  names: string[]
+  roles: string[]
+}
+
+/** What `stop()` resolves to; it never rejects. */
+export interface StopResult {
+  /** True when Toolport confirmed the clear (SPEC R16). */
+  isCleared: boolean
+  /** How many registrations the clear removed. */
+  removed: number
+  /** Why the clear failed (Toolport down, …), or null. */
+  error: PluginError | null
+}
+
+export interface StopOptions {
+  /** How long calls in flight may finish before their connections are closed, in ms (default 5000). */
+  graceMs?: number
+}
+
+type State = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped'
+
+/** A Toolport plugin, made by `createPlugin`. */
+export class Plugin extends EventEmitter<PluginEvents> {
+  /** The plugin's `source` tag (`plugin:<id>`). */
+  readonly source: string
+  /** The role it registers with; null for every role. */
+  readonly role: string | null
+  readonly #options: ResolvedPluginOptions
+  readonly #client: ToolportClient
+  readonly #server: CallbackServer
+  // Aborted by stop(): ends start()'s retries, a check's pending GET and any backoff wait.
+  readonly #stopController = new AbortController()
+  #state: State = 'idle'
+  #starting: Promise<StartResult> | null = null
+  #stopping: Promise<StopResult> | null = null
+  #timer: NodeJS.Timeout | null = null
+  /** The check running now, if any; stop() waits for it. */
+  #check: Promise<void> | null = null
+  /** Consecutive failed checks: drives the backoff and the log level. */
+  #failures = 0
+  #hasRegistered = false
+  /** `role\0name\0source\0url` of tools held by someone else, warned about once each. */
+  readonly #conflicts = new Set<string>()
+
+  constructor (options: ResolvedPluginOptions) {
+    super()
+    this.#options = options
+    this.source = options.source
+    this.role = options.role
+    this.#client = new ToolportClient({
+      baseUrl: options.toolportUrl,
+      token: options.token,
+      requestTimeoutMs: options.requestTimeoutMs
+    })
+    this.#server = new CallbackServer({
+      host: options.host,
+      port: options.port,
+      maxBodyBytes: options.maxBodyBytes,
+      tools: options.tools,
+      logger: options.logger
+    })
+  }
+
+  /** Base URL of the callback server (`http://127.0.0.1:<port>`); `''` until `start()` listens. */
+  get url (): string { return this.#server.url }
+
+  /** The names of the plugin's tools. */
+  get toolNames (): string[] { return [...this.#options.tools.keys()] }
+
+  /** True between a successful `start()` and `stop()`. */
+  get isRunning (): boolean { return this.#state === 'running' }
+
+  /** The callback URL a tool is registered with (empty before `start()`). */
+  callbackUrl (name: string): string {
+    return this.#server.url === '' ? '' : this.#server.callbackUrl(name)
+  }
+
+  /**
+   * Starts the callback server and registers every tool; resolves once all are registered.
+   * While Toolport is unreachable or busy it retries (with backoff) for up to `startTimeoutMs`;
+   * an answer that says the registration is wrong (4xx) rejects at once. On rejection the
+   * plugin is stopped (anything it registered is cleared) and cannot be started again.
+   */
+  async start (): Promise<StartResult> {
+    if (this.#state !== 'idle') {
+      throw new PluginError(PLUGIN_ERROR_CODES.state, `start() needs a new plugin (this one is ${this.#state}); create another with createPlugin`)
+    }
+    this.#state = 'starting'
+    this.#starting = this.#start()
+    return await this.#starting
+  }
+
+  /**
+   * Stops checking, clears the plugin's source from Toolport (SPEC R16) so no new call arrives,
+   * then closes the callback server, letting calls in flight finish for `graceMs`. Never
+   * rejects: a failed clear is reported in the result (and as an `error` event).
+   */
+  async stop (options: StopOptions = {}): Promise<StopResult> {
+    this.#stopping ??= this.#stop(options.graceMs ?? 5000)
+    return await this.#stopping
+  }
+
+  async #start (): Promise<StartResult> {
+    let result: StartResult
+    try {
+      const url = await this.#server.listen()
+      const { names, roles } = await this.#registerAtStart()
+      // stop() may have come while the last registration was in flight; it clears after us.
+      if (this.#state !== 'starting') throw stoppedDuringStart()
+      result = { url, names, roles }
+    } catch (err) {
+      if (this.#state === 'starting') {
+        // Not stop()'s doing: undo what was done, then report the failure. #stop must not wait
+        // for this very promise, hence #starting is dropped first.
+        this.#starting = null
+        this.#stopping ??= this.#stop(0)
+        await this.#stopping
+      }
+      throw err
+    }
+    this.#state = 'running'
+    this.#schedule(this.#nextDelay())
+    this.#options.logger.info?.(`registered ${result.names.length} tool(s) of ${this.source} (roles: ${result.roles.join(', ') || 'none'}); callbacks at ${result.url}`)
+    // Last, outside the try: a listener that throws is the listener's bug, not a failed start.
+    this.emit('registered', { names: result.names, roles: result.roles, reason: 'start' })
+    return result
+  }
+
+  async #registerAtStart (): Promise<{ names: string[], roles: string[] }> {
+    const { startTimeoutMs } = this.#options
+    const giveUpAt = Date.now() + startTimeoutMs
+    const signal = this.#stopController.signal
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.#registerTools([...this.#options.tools.values()], this.role)
+      } catch (err) {
+        if (signal.aborted) throw stoppedDuringStart()
+        if (!isTransient(err)) throw err
+        const leftMs = giveUpAt - Date.now()
+        if (startTimeoutMs === 0) throw err
+        if (leftMs <= 0) {
+          throw new PluginError(PLUGIN_ERROR_CODES.startTimeout,
+            `could not register with Toolport within ${startTimeoutMs} ms: ${(err as Error).message}`, { cause: err })
+        }
+        this.#options.logger.debug?.(`start: attempt ${attempt} failed, retrying: ${(err as Error).message}`)
+        try {
+          await sleep(Math.min(leftMs, this.#backoffMs(attempt)), undefined, { signal })
+        } catch {
+          throw stoppedDuringStart()
+        }
+      }
+    }
+  }
+
+  /**
+   * Registers `tools` with `role`, one request each (Toolport syncs every role's sessions before
+   * it answers, so there is nothing to gain from a burst). Stops early once stop() has begun.
+   */
+  async #registerTools (tools: ResolvedTool[], role: string | null): Promise<{ names: string[], roles: string[] }> {
+    const names: string[] = []
+    const roles = new Set<string>()
+    for (const tool of tools) {
+      if (this.#stopController.signal.aborted) break
+      const answer = await this.#client.register(this.#registration(tool, role))
+      this.#hasRegistered = true
+      names.push(tool.name)
+      for (const r of answer.affected_roles) roles.add(r)
+      if (answer.failed_roles.length > 0) {
+        // SPEC R8: the registry has it; the role's next successful sync carries it to the model.
+        this.#options.logger.warn?.(`'${tool.name}' registered, but ${answer.failed_roles.length} role(s) failed to sync it to their sessions`)
+      }
+    }
+    return { names, roles: [...roles] }
+  }
+
+  #registration (tool: ResolvedTool, role: string | null): RegisterBody {
+    return {
+      name: tool.name,
+      description: tool.description,
+      parameters: tool.parameters,
+      callback_url: this.#server.callbackUrl(tool.name),
+      role,
+      source: this.source,
+      timeout_seconds: tool.timeoutSeconds
+    }
+  }
+
+  #schedule (delayMs: number): void {
+    this.#timer = setTimeout(() => {
+      this.#timer = null
+      this.#check = this.#runCheck()
+    }, delayMs)
+    this.#timer.unref()
+  }
+
+  async #runCheck (): Promise<void> {
+    try {
+      await this.#checkRegistrations()
+      if (this.#failures > 0) this.#options.logger.info?.(`Toolport answers again after ${this.#failures} failed check(s)`)
+      this.#failures = 0
+    } catch (err) {
+      if (this.#state !== 'running') return
+      this.#failures++
+      this.#report(asPluginError(err), this.#failures === 1 ? 'warn' : 'debug')
+    } finally {
+      this.#check = null
+      if (this.#state === 'running') this.#schedule(this.#nextDelay())
+    }
+  }
+
+  /**
+   * One check: list the tools, find ours that a role lacks, register them again. A name held by
+   * another source or at another URL is left alone (and warned about once): re-registering would
+   * start a tug of war with whoever replaced it (SPEC R5 lets anyone replace a name).
+   */
+  async #checkRegistrations (): Promise<void> {
+    const listed = await this.#client.list(this.role, this.#stopController.signal)
+    if (this.#state !== 'running') return
+    const missing = new Map<ResolvedTool, string[]>()
+    for (const [roleName, rows] of listed) {
+      const byName = new Map(rows.map((row) => [row.name, row]))
+      for (const tool of this.#options.tools.values()) {
+        const row = byName.get(tool.name)
+        if (row === undefined) {
+          const roles = missing.get(tool)
+          if (roles === undefined) missing.set(tool, [roleName])
+          else roles.push(roleName)
+        } else {
+          this.#noteConflict(roleName, tool, row.source, row.callback_url)
+        }
+      }
+    }
+    if (missing.size === 0) return
+
+    const names: string[] = []
+    const roles = new Set<string>()
+    try {
+      for (const [tool, missingRoles] of missing) {
+        // With a fixed role, or missing everywhere (a restart): one registration as at start.
+        // Otherwise only the roles that lack it, so a role where another source holds the name
+        // keeps it; with `role: null` this also reaches roles created after start (beyond R4).
+        const targets = this.role !== null || missingRoles.length === listed.size ? [this.role] : missingRoles
+        for (const target of targets) {
+          const done = await this.#registerTools([tool], target)
+          for (const r of done.roles) roles.add(r)
+          if (done.names.length > 0 && !names.includes(tool.name)) names.push(tool.name)
+        }
+      }
+    } finally {
+      if (names.length > 0) {
+        this.#options.logger.info?.(`registered again (they were missing): ${names.join(', ')}`)
+        this.emit('registered', { names, roles: [...roles], reason: 'restored' })
+      }
+    }
+  }
+
+  #noteConflict (role: string, tool: ResolvedTool, source: string | undefined, url: string | undefined): void {
+    if (source === this.source && url === this.#server.callbackUrl(tool.name)) return
+    const key = `${role}\0${tool.name}\0${source ?? ''}\0${url ?? ''}`
+    if (this.#conflicts.has(key)) return
+    this.#conflicts.add(key)
+    const owner = source === this.source ? `another callback (${url ?? 'a local tool'})` : `source ${JSON.stringify(source ?? 'local')}`
+    this.#options.logger.warn?.(`'${tool.name}' in role ${JSON.stringify(role)} now belongs to ${owner}; leaving it alone`)
+  }
+
+  /** The next check's delay: the interval ±20 %, or exponential backoff with equal jitter. */
+  #nextDelay (): number {
+    if (this.#failures === 0) return this.#options.pollIntervalMs * (0.8 + 0.4 * Math.random())
+    return this.#backoffMs(this.#failures)
+  }
+
+  #backoffMs (failures: number): number {
+    const { pollIntervalMs, maxBackoffMs } = this.#options
+    const ceiling = Math.min(maxBackoffMs, pollIntervalMs * 2 ** Math.min(failures, 30))
+    return ceiling / 2 + Math.random() * ceiling / 2
+  }
+
+  async #stop (graceMs: number): Promise<StopResult> {
+    this.#state = 'stopping'
+    this.#stopController.abort()
+    if (this.#timer !== null) clearTimeout(this.#timer)
+    this.#timer = null
+    // Let the one exchange in flight finish, so no registration can land after the clear.
+    await this.#check
+    if (this.#starting !== null) await this.#starting.catch(() => {})
+
+    let result: StopResult = { isCleared: false, removed: 0, error: null }
+    // Nothing of ours can be registered if no registration ever succeeded; another instance's
+    // tools under the same source are then none of our business.
+    if (this.#hasRegistered) {
+      try {
+        const removed = await this.#client.clear(this.source, this.role)
+        result = { isCleared: true, removed, error: null }
+      } catch (err) {
+        const error = asPluginError(err)
+        result = { isCleared: false, removed: 0, error }
+        this.#report(error, 'warn')
+      }
+    }
+    await this.#server.close(graceMs)
+    await this.#client.close()
+    this.#state = 'stopped'
+    return result
+  }
+
+  /** Emits `error` when someone listens (an unheard 'error' would crash the process), else logs. */
+  #report (err: PluginError, level: 'warn' | 'debug'): void {
+    if (this.listenerCount('error') > 0) this.emit('error', err)
+    else this.#options.logger[level]?.(err.message)
+  }
+}
+
+function stoppedDuringStart (): PluginError {
+  return new PluginError(PLUGIN_ERROR_CODES.state, 'stop() was called before start() finished')
+}
+
+function asPluginError (err: unknown): PluginError {
+  if (err instanceof PluginError) return err
+  return new PluginError(PLUGIN_ERROR_CODES.unreachable, `unexpected failure: ${(err as Error)?.message ?? String(err)}`, { cause: err })
+}

@@ -1,0 +1,173 @@
+// The SDK's client of Toolport's HTTP API (SPEC "Routes"): register, clear, list.
+//
+// One dedicated undici `Pool` for the one Toolport origin, never the global dispatcher: the
+// plugin's host application may have configured that one (proxy, mocks), and a proxy must never see
+// this loopback traffic or its bearer token. Every failure becomes a `PluginError` so callers can
+// tell "try again later" (unreachable, 5xx, no role took it) from "this request is wrong" (4xx).
+import { Pool } from 'undici'
+import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
+
+/** The wire form of a registration (SPEC "Register"). */
+export interface RegisterBody {
+  name: string
+  description: string
+  parameters: Record<string, unknown>
+  callback_url: string
+  role: string | null
+  source: string
+  timeout_seconds: number
+}
+
+/** The parts of `POST /api/tools/register`'s answer the SDK uses (SPEC R8). */
+export interface RegisterAnswer {
+  registered: string
+  affected_roles: string[]
+  failed_roles: unknown[]
+}
+
+/** One row of `GET /api/tools` (SPEC R18). */
+export interface ListedTool {
+  name: string
+  source?: string
+  callback_url?: string
+  is_remote?: boolean
+}
+
+export interface ToolportClientOptions {
+  /** The API base, ending in `/`. */
+  baseUrl: URL
+  token: string | null
+  requestTimeoutMs: number
+}
+
+// A list of every role's tools can be large, but not this large; past it the answer is refused
+// rather than buffered without bound.
+const MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+export class ToolportClient {
+  readonly #pool: Pool
+  readonly #base: URL
+  readonly #headers: Record<string, string>
+  readonly #timeoutMs: number
+
+  constructor (options: ToolportClientOptions) {
+    this.#base = options.baseUrl
+    this.#timeoutMs = options.requestTimeoutMs
+    // Two connections: a poll and a registration may overlap with a `stop()`'s clear.
+    this.#pool = new Pool(options.baseUrl.origin, {
+      connections: 2,
+      connectTimeout: Math.min(options.requestTimeoutMs, 10_000),
+      // Toolport closes idle API sockets after fastify's default 72 s; ours go first, so a poll
+      // never writes into a socket the server is closing.
+      keepAliveTimeout: 4000,
+      keepAliveMaxTimeout: 4000
+    })
+    this.#headers = { accept: 'application/json', 'user-agent': 'toolport-plugin' }
+    if (options.token !== null) this.#headers.authorization = `Bearer ${options.token}`
+  }
+
+  async register (body: RegisterBody): Promise<RegisterAnswer> {
+    const answer = await this.#request('POST', 'api/tools/register', body) as Partial<RegisterAnswer> & { ok?: unknown, error?: unknown }
+    if (answer.ok !== true) {
+      // SPEC R8: a well-formed registration no role accepted (e.g. Toolport has no role yet).
+      const reason = typeof answer.error === 'string' ? answer.error : 'no role accepted it'
+      throw new PluginError(PLUGIN_ERROR_CODES.refused, `Toolport did not register '${body.name}': ${reason}`)
+    }
+    return {
+      registered: String(answer.registered ?? body.name),
+      affected_roles: Array.isArray(answer.affected_roles) ? answer.affected_roles.map(String) : [],
+      failed_roles: Array.isArray(answer.failed_roles) ? answer.failed_roles : []
+    }
+  }
+
+  /** `POST /api/tools/clear` (SPEC R16); resolves to the number of tools removed. */
+  async clear (source: string, role: string | null): Promise<number> {
+    const answer = await this.#request('POST', 'api/tools/clear', { source, role }) as { removed?: unknown }
+    return typeof answer.removed === 'number' ? answer.removed : 0
+  }
+
+  /** `GET /api/tools` (SPEC R18): every current role's tools, or one role's. */
+  async list (role: string | null, signal?: AbortSignal): Promise<Map<string, ListedTool[]>> {
+    const path = role === null ? 'api/tools' : `api/tools?role=${encodeURIComponent(role)}`
+    const answer = await this.#request('GET', path, undefined, signal) as { tools_by_role?: unknown }
+    const byRole = new Map<string, ListedTool[]>()
+    const raw = answer.tools_by_role
+    if (typeof raw !== 'object' || raw === null) {
+      throw new PluginError(PLUGIN_ERROR_CODES.refused, 'Toolport listed no tools_by_role: is this a Toolport API?')
+    }
+    for (const [name, rows] of Object.entries(raw)) {
+      byRole.set(name, Array.isArray(rows) ? rows as ListedTool[] : [])
+    }
+    return byRole
+  }
+
+  async close (): Promise<void> {
+    await this.#pool.close()
+  }
+
+  async #request (method: 'GET' | 'POST', relative: string, body?: unknown, signal?: AbortSignal): Promise<Record<string, unknown>> {
+    const url = new URL(relative, this.#base)
+    const timeout = AbortSignal.timeout(this.#timeoutMs)
+    let text: string
+    let statusCode: number
+    try {
+      const res = await this.#pool.request({
+        method,
+        path: url.pathname + url.search,
+        headers: body === undefined ? this.#headers : { ...this.#headers, 'content-type': 'application/json' },
+        body: body === undefined ? null : JSON.stringify(body),
+        signal: signal === undefined ? timeout : AbortSignal.any([signal, timeout]),
+        headersTimeout: this.#timeoutMs,
+        bodyTimeout: this.#timeoutMs
+      })
+      statusCode = res.statusCode
+      text = await readCapped(res.body, MAX_ANSWER_BYTES)
+    } catch (err) {
+      const what = timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : describe(err)
+      throw new PluginError(PLUGIN_ERROR_CODES.unreachable,
+        `cannot reach Toolport at ${this.#base.href} (${method} /${relative}): ${what}`, { cause: err })
+    }
+    let parsed: unknown
+    try {
+      parsed = text === '' ? {} : JSON.parse(text)
+    } catch {
+      parsed = undefined
+    }
+    const answer = (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed)) ? parsed as Record<string, unknown> : null
+    if (statusCode >= 300 || answer === null) {
+      // Toolport's error body: { ok: false, statusCode, code, error, message, details? }.
+      const code = typeof answer?.code === 'string' ? answer.code : undefined
+      const message = typeof answer?.message === 'string' ? answer.message : `HTTP ${statusCode}`
+      const details = Array.isArray(answer?.details)
+        ? (answer.details as Array<{ path?: unknown, message?: unknown }>).map((d) => ({ path: String(d.path ?? ''), message: String(d.message ?? '') }))
+        : undefined
+      const detailText = details === undefined || details.length === 0 ? '' : ` (${details.map((d) => `${d.path}: ${d.message}`).join('; ')})`
+      throw new PluginError(PLUGIN_ERROR_CODES.refused,
+        `Toolport refused ${method} /${relative}: ${message}${code === undefined ? '' : ` [${code}]`}${detailText}`,
+        { statusCode, toolportCode: code, details })
+    }
+    return answer
+  }
+}
+
+async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error) => unknown }, maxBytes: number): Promise<string> {
+  const chunks: Buffer[] = []
+  let size = 0
+  for await (const chunk of body) {
+    size += chunk.length
+    if (size > maxBytes) {
+      const err = new Error(`the answer is larger than ${maxBytes} bytes`)
+      body.destroy(err)
+      throw err
+    }
+    chunks.push(chunk)
+  }
+  return Buffer.concat(chunks).toString('utf8')
+}
+
+function describe (err: unknown): string {
+  const e = err as { code?: unknown, message?: unknown, cause?: { code?: unknown } }
+  const code = typeof e?.code === 'string' ? e.code : typeof e?.cause?.code === 'string' ? e.cause.code : ''
+  const message = typeof e?.message === 'string' ? e.message : String(err)
+  return code === '' ? message : `${code}: ${message}`
+}

@@ -1,0 +1,338 @@
+// The plugin SDK (`toolport/plugin`) against a real Toolport process: registration, the callback
+// protocol (SPEC R9–R12), and re-registration after a restart (R3) or a removal, with no action by
+// the plugin's code. Toolport runs as `toolport serve` in a child process so it can be SIGKILLed
+// and restarted on the same port; everything listens on 127.0.0.1 only.
+import { test, type TestContext } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { EventEmitter, once } from 'node:events'
+import { createServer } from 'node:net'
+import type { AddressInfo } from 'node:net'
+import { fileURLToPath } from 'node:url'
+import { Agent, request } from 'undici'
+import { z } from 'zod'
+import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url))
+const SOURCE = 'plugin:sdk-test'
+// Generous bounds on waits for real processes; never part of an assertion.
+const PROCESS_START_MS = 30_000
+const REREGISTER_MS = 30_000
+
+/** A port nothing listens on right now: bind port 0, note it, close. */
+async function freePort (): Promise<number> {
+  const server = createServer()
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  const { port } = server.address() as AddressInfo
+  server.close()
+  await once(server, 'close')
+  return port
+}
+
+/** `toolport serve` as a child process; resolves once it printed its listening line. */
+async function spawnToolport (port: number): Promise<ChildProcess> {
+  const env = { ...process.env }
+  for (const key of Object.keys(env)) if (key.startsWith('TOOLPORT_')) delete env[key]
+  const child = spawn(process.execPath, [
+    '--import', 'tsx', 'src/main/cli.ts', 'serve', '--port', String(port), '--role', 'A', '--log-level', 'warn'
+  ], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
+  let stdout = ''
+  let stderr = ''
+  child.stderr!.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
+  child.stdout!.setEncoding('utf8')
+  const signal = AbortSignal.timeout(PROCESS_START_MS)
+  await new Promise<void>((resolve, reject) => {
+    const onData = (chunk: string): void => {
+      stdout += chunk
+      if (stdout.includes('Toolport listening on')) finish()
+    }
+    const onExit = (code: number | null): void => { finish(new Error(`toolport exited (${code}) before listening: ${stderr}`)) }
+    const onAbort = (): void => { finish(new Error(`toolport did not listen within ${PROCESS_START_MS} ms: ${stderr}`)) }
+    function finish (err?: Error): void {
+      child.stdout!.off('data', onData)
+      child.off('exit', onExit)
+      signal.removeEventListener('abort', onAbort)
+      if (err === undefined) resolve()
+      else reject(err)
+    }
+    child.stdout!.on('data', onData)
+    child.once('exit', onExit)
+    signal.addEventListener('abort', onAbort, { once: true })
+  })
+  // Keep draining stdout so the child never blocks on a full pipe.
+  child.stdout!.resume()
+  return child
+}
+
+async function killHard (child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return
+  const exited = once(child, 'exit')
+  child.kill('SIGKILL')
+  await exited
+}
+
+interface Reply { statusCode: number, body: any }
+
+/** Resolves once `registered` events (from now on) have covered every name in `names`. */
+async function registeredAgain (plugin: Plugin, names: string[]): Promise<RegisteredEvent[]> {
+  const seen = new Set<string>()
+  const events: RegisteredEvent[] = []
+  const signal = AbortSignal.timeout(REREGISTER_MS)
+  return await new Promise((resolve, reject) => {
+    const onRegistered = (event: RegisteredEvent): void => {
+      events.push(event)
+      for (const name of event.names) seen.add(name)
+      if (names.every((n) => seen.has(n))) done()
+    }
+    const onAbort = (): void => { done(new Error(`not registered again within ${REREGISTER_MS} ms: ${names.join(', ')}`)) }
+    function done (err?: Error): void {
+      plugin.off('registered', onRegistered)
+      signal.removeEventListener('abort', onAbort)
+      if (err === undefined) resolve(events)
+      else reject(err)
+    }
+    plugin.on('registered', onRegistered)
+    signal.addEventListener('abort', onAbort, { once: true })
+  })
+}
+
+function toolsOf (listing: Reply, role: string): Map<string, { source: string, callback_url: string, is_remote: boolean }> {
+  assert.equal(listing.statusCode, 200)
+  const rows = listing.body.tools_by_role[role] as Array<{ name: string, source: string, callback_url: string, is_remote: boolean }>
+  return new Map(rows.map((row) => [row.name, row]))
+}
+
+test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PLUGIN_OPTIONS)', () => {
+  const handler = (): null => null
+  assert.throws(() => createPlugin({
+    toolportUrl: 'http://192.0.2.1:3917',
+    source: 'weather',
+    role: '',
+    tools: {
+      '': { handler },
+      ok: { handler, timeoutSeconds: 301 },
+      list: { handler, parameters: z.array(z.string()) },
+      nohandler: {} as never
+    }
+  }), (err: unknown) => {
+    assert.ok(err instanceof PluginError)
+    assert.equal(err.code, 'TP_ERR_PLUGIN_OPTIONS')
+    assert.deepEqual(err.details.map((d) => d.path).sort(), [
+      'role', 'source', 'toolportUrl', 'tools.', 'tools.list.parameters', 'tools.nohandler.handler', 'tools.ok.timeoutSeconds'
+    ])
+    return true
+  })
+  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:', tools: { a: { handler } } }),
+    { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', tools: {} }),
+    { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', host: '0.0.0.0', tools: { a: { handler } } }),
+    { code: 'TP_ERR_PLUGIN_OPTIONS' })
+})
+
+test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and startTimeoutMs is 0', async () => {
+  const port = await freePort()
+  const plugin = createPlugin({
+    toolportUrl: `http://127.0.0.1:${port}`,
+    source: SOURCE,
+    logger: false,
+    startTimeoutMs: 0,
+    tools: { noop: { handler: () => null } }
+  })
+  await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_UNREACHABLE' })
+  assert.equal(plugin.isRunning, false)
+  // A failed start leaves a stopped plugin behind: its server is closed, and it cannot start again.
+  await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_STATE' })
+})
+
+test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t: TestContext) => {
+  const port = await freePort()
+  const toolportUrl = `http://127.0.0.1:${port}`
+  let toolport: ChildProcess | null = null
+  const agent = new Agent({ keepAliveTimeout: 10, keepAliveMaxTimeout: 10 })
+
+  const http = async (method: 'GET' | 'POST', url: string, body?: unknown, headers: Record<string, string> = {}): Promise<Reply> => {
+    const res = await request(url, {
+      dispatcher: agent,
+      method,
+      headers: body === undefined ? headers : { 'content-type': 'application/json', ...headers },
+      ...(body === undefined ? {} : { body: typeof body === 'string' ? body : JSON.stringify(body) })
+    })
+    const text = await res.body.text()
+    let parsed: unknown = text
+    try { parsed = JSON.parse(text) } catch {}
+    return { statusCode: res.statusCode, body: parsed }
+  }
+  const api = async (method: 'GET' | 'POST', path: string, body?: unknown): Promise<Reply> => await http(method, toolportUrl + path, body)
+  const call = async (name: string, args: unknown, callId?: string): Promise<any> => {
+    const reply = await api('POST', '/api/tools/call', { role: 'A', name, arguments: args, ...(callId === undefined ? {} : { call_id: callId }) })
+    assert.equal(reply.statusCode, 200)
+    return reply.body
+  }
+
+  // What the handlers saw, so tests can tell whether a handler ran.
+  const weatherCalls: Array<{ args: unknown, callId: string, deadlineMs: number }> = []
+  const aborts = new EventEmitter()
+  // Background failures are retried by the plugin; listening keeps them out of the log.
+  const backgroundErrors: PluginError[] = []
+
+  const plugin = createPlugin({
+    toolportUrl,
+    source: SOURCE,
+    logger: false,
+    pollIntervalMs: 100,
+    maxBackoffMs: 400,
+    tools: {
+      get_weather: {
+        description: 'Get weather for a location.',
+        // The refinement has no JSON Schema form: only the SDK can enforce it.
+        parameters: z.object({ location: z.string().min(1), unit: z.enum(['c', 'f']).default('c') })
+          .refine((v) => v.location !== 'Atlantis', { message: 'Atlantis is not on the map' }),
+        handler: ({ location, unit }, ctx) => {
+          weatherCalls.push({ args: { location, unit }, callId: ctx.callId, deadlineMs: ctx.deadlineMs })
+          if (location === 'Nowhere') throw new Error('location not found')
+          return { location, unit, temperature: 28, call_id: ctx.callId }
+        }
+      },
+      wait_for_abort: {
+        description: 'Waits until its call is abandoned.',
+        parameters: { type: 'object', properties: {} },
+        timeoutSeconds: 1,
+        handler: async (_args, { signal }) => {
+          if (!signal.aborted) await once(signal, 'abort')
+          aborts.emit('aborted', (signal.reason as Error).name)
+          // Throw rather than return: a reply racing Toolport's own deadline could still be taken.
+          throw signal.reason
+        }
+      }
+    }
+  })
+  plugin.on('error', (err) => { backgroundErrors.push(err) })
+
+  t.after(async () => {
+    await plugin.stop({ graceMs: 0 })
+    if (toolport !== null) await killHard(toolport)
+    await agent.close()
+  })
+
+  // The plugin starts first: start() keeps trying until Toolport is up (startTimeoutMs).
+  const starting = plugin.start()
+  toolport = await spawnToolport(port)
+  const started = await starting
+
+  await t.test('start() waits for Toolport, then registers every tool with callbacks on the plugin\'s own server', async () => {
+    assert.deepEqual(started.names.sort(), ['get_weather', 'wait_for_abort'])
+    assert.deepEqual(started.roles, ['A'])
+    assert.equal(started.url, plugin.url)
+    const tools = toolsOf(await api('GET', '/api/tools'), 'A')
+    for (const name of ['get_weather', 'wait_for_abort']) {
+      const row = tools.get(name)
+      assert.ok(row !== undefined, `${name} is listed`)
+      assert.equal(row.source, SOURCE)
+      assert.equal(row.is_remote, true)
+      assert.equal(row.callback_url, plugin.callbackUrl(name))
+      assert.ok(row.callback_url.startsWith(plugin.url + '/'))
+    }
+  })
+
+  await t.test('R9, R10: a call reaches the handler with parsed arguments, call id and deadline, and returns its output', async () => {
+    const result = await call('get_weather', { location: 'Shanghai' }, 'call_1')
+    assert.equal(result.is_error, false)
+    // unit: the zod default was applied before the handler ran.
+    assert.deepEqual(result.output, { location: 'Shanghai', unit: 'c', temperature: 28, call_id: 'call_1' })
+    const seen = weatherCalls.at(-1)!
+    assert.equal(seen.callId, 'call_1')
+    assert.ok(seen.deadlineMs > 0 && seen.deadlineMs <= 30_000)
+  })
+
+  await t.test('R11: a handler that throws gives is_error with the error\'s message', async () => {
+    const result = await call('get_weather', { location: 'Nowhere' })
+    assert.equal(result.is_error, true)
+    assert.equal(result.error, 'location not found')
+  })
+
+  await t.test('arguments the schema refuses are an error result, and the handler never runs', async () => {
+    const before = weatherCalls.length
+    // Refused by the SDK's zod check (a refinement JSON Schema cannot carry).
+    const refined = await call('get_weather', { location: 'Atlantis' })
+    assert.equal(refined.is_error, true)
+    assert.match(refined.error, /Atlantis is not on the map/)
+    // Refused by Toolport against the converted JSON Schema: it was registered, not dropped.
+    const mistyped = await call('get_weather', { location: 42 })
+    assert.equal(mistyped.is_error, true)
+    // And straight to the callback, bypassing Toolport: the SDK checks by itself.
+    const direct = await http('POST', plugin.callbackUrl('get_weather'), { name: 'get_weather', arguments: { location: 42 }, call_id: 'c' })
+    assert.equal(direct.statusCode, 200)
+    assert.equal(direct.body.is_error, true)
+    assert.match(direct.body.error, /^invalid arguments: /)
+    assert.equal(weatherCalls.length, before)
+  })
+
+  await t.test('R12: the handler\'s signal aborts once the call is abandoned at its deadline', async () => {
+    const aborted = once(aborts, 'aborted')
+    const result = await call('wait_for_abort', {})
+    assert.equal(result.is_error, true)
+    // Whichever comes first: the SDK's deadline timer, or Toolport hanging up at its own.
+    const [reason] = await aborted
+    assert.ok(reason === 'TimeoutError' || reason === 'AbortError', String(reason))
+  })
+
+  await t.test('R14: the callback server answers only what looks like Toolport', async () => {
+    const url = plugin.callbackUrl('get_weather')
+    const body = { name: 'get_weather', arguments: { location: 'Paris' } }
+    assert.equal((await http('POST', url, JSON.stringify(body), { 'content-type': 'text/plain' })).statusCode, 415)
+    assert.equal((await http('POST', url, body, { host: 'attacker.example' })).statusCode, 403)
+    assert.equal((await http('POST', url, body, { origin: 'http://attacker.example' })).statusCode, 403)
+    assert.equal((await http('POST', `${plugin.url}/tools/get_weather`, body)).statusCode, 404)
+    assert.equal((await http('GET', url)).statusCode, 405)
+  })
+
+  await t.test('start() of another plugin fails at once when Toolport refuses it (R6: unknown role)', async () => {
+    const other = createPlugin({ toolportUrl, source: 'plugin:other', role: 'Nobody', logger: false, tools: { x: { handler: () => null } } })
+    await assert.rejects(other.start(), (err: unknown) => {
+      assert.ok(err instanceof PluginError)
+      assert.equal(err.code, 'TP_ERR_PLUGIN_REFUSED')
+      assert.equal(err.statusCode, 404)
+      assert.equal(err.toolportCode, 'TP_ERR_ROLE_NOT_FOUND')
+      return true
+    })
+  })
+
+  await t.test('R3: after Toolport is killed and restarted on the same port, the tools come back by themselves', async () => {
+    const back = registeredAgain(plugin, ['get_weather', 'wait_for_abort'])
+    const checkFailed = once(plugin, 'error')
+    await killHard(toolport!)
+    // The plugin notices: its next check cannot reach Toolport (a background error, retried).
+    const [failure] = await checkFailed
+    assert.equal((failure as PluginError).code, 'TP_ERR_PLUGIN_UNREACHABLE')
+    toolport = await spawnToolport(port)
+    const events = await back
+    assert.ok(events.every((e) => e.reason === 'restored'))
+    const tools = toolsOf(await api('GET', '/api/tools'), 'A')
+    assert.equal(tools.get('get_weather')?.callback_url, plugin.callbackUrl('get_weather'))
+    assert.equal(tools.get('wait_for_abort')?.callback_url, plugin.callbackUrl('wait_for_abort'))
+    // The new Toolport reaches the same callback server.
+    const result = await call('get_weather', { location: 'Lisbon', unit: 'f' })
+    assert.deepEqual(result.output, { location: 'Lisbon', unit: 'f', temperature: 28, call_id: result.output.call_id })
+  })
+
+  await t.test('R15, R13: a tool removed behind the plugin\'s back (as by an eviction) is registered again', async () => {
+    const back = registeredAgain(plugin, ['wait_for_abort'])
+    const removed = await api('POST', '/api/tools/unregister', { name: 'wait_for_abort' })
+    assert.equal(removed.body.removed, true)
+    const [event] = await back
+    assert.deepEqual(event!.names, ['wait_for_abort'])
+    assert.ok(toolsOf(await api('GET', '/api/tools'), 'A').has('wait_for_abort'))
+  })
+
+  await t.test('R16: stop() clears the plugin\'s source and closes its callback server', async () => {
+    const callbackUrl = plugin.callbackUrl('get_weather')
+    const result = await plugin.stop()
+    assert.deepEqual(result, { isCleared: true, removed: 2, error: null })
+    assert.equal(plugin.isRunning, false)
+    const tools = toolsOf(await api('GET', '/api/tools'), 'A')
+    assert.equal(tools.size, 0)
+    await assert.rejects(http('POST', callbackUrl, { name: 'get_weather', arguments: { location: 'Paris' } }), { code: 'ECONNREFUSED' })
+  })
+})
