@@ -18,3 +18,12 @@ export type { ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvict
 export { ERROR_CODES, isToolportError } from './errors.js'
 export type { ToolportError, ErrorDetail } from './errors.js'
 export { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
+export { createRealtimeSession } from './sessions/realtime.js'
+export type {
+  RealtimeSession, RealtimeSessionOptions, RealtimeClientEvent, RealtimeDialect, RealtimeRateLimit
+} from './sessions/realtime.js'
+export { toolDefinitions } from './sessions/definitions.js'
+export type {
+  DefinitionFormat, DefinitionsByFormat, DefinitionSource, ObjectSchema, OpenAIChatTool, OpenAIRealtimeTool,
+  AnthropicTool, GeminiTool, GeminiFunctionDeclaration, McpTool
+} from './sessions/definitions.js'

@@ -9,8 +9,10 @@ const PUBLIC_VALUES = [
   'Runtime',
   'Toolport',
   'checkCallbackUrl',
+  'createRealtimeSession',
   'createToolport',
   'isLoopbackAddress',
+  'toolDefinitions',
   'isToolportError',
   'toolportPlugin'
 ]

@@ -160,6 +160,9 @@ function oracleUrl (input: string): boolean {
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') return false
   if (url.username !== '' || url.password !== '') return false
+  // The parser drops an empty userinfo ("http://:@host"); the rule refuses any userinfo syntax.
+  if (/^\s*[a-z][a-z0-9+.-]*:[/\\]*[^/\\?#]*@/i.test(input)) return false
+  if (url.port === '0') return false
   const host = url.hostname
   if (host === 'localhost') return true
   if (host.startsWith('[') && host.endsWith(']')) return oracleV6Host(host.slice(1, -1))

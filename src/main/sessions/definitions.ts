@@ -1,0 +1,167 @@
+// A role's tools in each provider's wire format (issue #5 §3), so a host's own LLM loop, a
+// Realtime session and the MCP endpoint all read the one registry.
+//
+// Every format is exactly what goes into that provider's `tools` field. The results are memoised
+// per registry snapshot (`registry.definitions()` returns one frozen array until the next change),
+// so a host that asks on every turn pays one WeakMap lookup, not a rebuild.
+import type { ToolDefinition } from '../roles/tool-registry.js'
+import type { JsonSchemaObject } from '../schemas.js'
+import { validationError } from '../errors.js'
+
+/** The formats `toolDefinitions` and `GET /api/tools/definitions` produce. */
+export const DEFINITION_FORMATS = ['openai-chat', 'openai-realtime', 'anthropic', 'gemini', 'mcp'] as const
+export type DefinitionFormat = typeof DEFINITION_FORMATS[number]
+
+/** A JSON Schema whose root is `type: 'object'`, as every provider requires for arguments. */
+export type ObjectSchema = JsonSchemaObject & { type: 'object' }
+
+/** OpenAI Chat Completions (and compatible APIs): `tools: [{ type: 'function', function }]`. */
+export interface OpenAIChatTool {
+  readonly type: 'function'
+  readonly function: { readonly name: string, readonly description: string, readonly parameters: ObjectSchema }
+}
+/** OpenAI Realtime / Azure / GLM `session.tools` (the flat dialect). */
+export interface OpenAIRealtimeTool {
+  readonly type: 'function'
+  readonly name: string
+  readonly description: string
+  readonly parameters: ObjectSchema
+}
+/** Anthropic Messages API `tools`. */
+export interface AnthropicTool {
+  readonly name: string
+  readonly description: string
+  readonly input_schema: ObjectSchema
+}
+/** One Gemini function declaration; `parametersJsonSchema` takes full JSON Schema. */
+export interface GeminiFunctionDeclaration {
+  readonly name: string
+  readonly description: string
+  readonly parametersJsonSchema: ObjectSchema
+}
+/** A Gemini `Tool` (the `tools` array holds one, or none when the role has no tools). */
+export interface GeminiTool {
+  readonly functionDeclarations: readonly GeminiFunctionDeclaration[]
+}
+/** An MCP `Tool` as `tools/list` returns it. */
+export interface McpTool {
+  readonly name: string
+  readonly description: string
+  readonly inputSchema: ObjectSchema
+}
+
+/** What each format produces. */
+export interface DefinitionsByFormat {
+  'openai-chat': readonly OpenAIChatTool[]
+  'openai-realtime': readonly OpenAIRealtimeTool[]
+  anthropic: readonly AnthropicTool[]
+  gemini: readonly GeminiTool[]
+  mcp: readonly McpTool[]
+}
+
+/** Anything that can give a registry snapshot: a `Role`, or the definitions themselves. */
+export type DefinitionSource = readonly ToolDefinition[] | { readonly registry: { definitions (): readonly ToolDefinition[] } }
+
+const BUILDERS: { [F in DefinitionFormat]: (tools: readonly ToolDefinition[]) => DefinitionsByFormat[F] } = {
+  'openai-chat': (tools) => tools.map((t) => Object.freeze({
+    type: 'function' as const,
+    function: Object.freeze({ name: t.name, description: t.description, parameters: objectSchema(t.parameters) })
+  })),
+  'openai-realtime': (tools) => tools.map((t) => Object.freeze({
+    type: 'function' as const, name: t.name, description: t.description, parameters: objectSchema(t.parameters)
+  })),
+  anthropic: (tools) => tools.map((t) => Object.freeze({
+    name: t.name, description: t.description, input_schema: objectSchema(t.parameters)
+  })),
+  gemini: (tools) => tools.length === 0
+    ? []
+    : [Object.freeze({
+        functionDeclarations: Object.freeze(tools.map((t) => Object.freeze({
+          name: t.name, description: t.description, parametersJsonSchema: objectSchema(t.parameters)
+        })))
+      })],
+  mcp: (tools) => tools.map((t) => Object.freeze({
+    name: t.name, description: t.description, inputSchema: objectSchema(t.parameters)
+  }))
+}
+
+const cache = new WeakMap<readonly ToolDefinition[], Map<DefinitionFormat, unknown>>()
+
+/**
+ * A role's tools in one provider's format, in registration order. The result is frozen and shared
+ * until the registry changes: copy it before editing. An unknown format throws TP_ERR_VALIDATION.
+ *
+ * @example
+ * const tools = toolDefinitions(tp.roles.get('Lanlan'), 'openai-chat')
+ * await openai.chat.completions.create({ model, messages, tools })
+ */
+export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionSource, format: F): DefinitionsByFormat[F] {
+  const tools = isDefinitionList(source) ? source : source.registry.definitions()
+  // hasOwn: a format such as 'toString' must not reach Object.prototype.
+  const build = Object.hasOwn(BUILDERS, format)
+    ? BUILDERS[format] as (tools: readonly ToolDefinition[]) => DefinitionsByFormat[F]
+    : undefined
+  if (build === undefined) {
+    throw validationError([{ path: 'format', code: 'invalid_value', message: `must be one of ${DEFINITION_FORMATS.join(', ')}` }])
+  }
+  let byFormat = cache.get(tools)
+  if (byFormat === undefined) {
+    byFormat = new Map()
+    // Only frozen snapshots (the registry's) are safe to memoise: a caller's own array may change.
+    if (Object.isFrozen(tools)) cache.set(tools, byFormat)
+  }
+  let built = byFormat.get(format) as DefinitionsByFormat[F] | undefined
+  if (built === undefined) {
+    built = Object.freeze(build(tools)) as DefinitionsByFormat[F]
+    byFormat.set(format, built)
+  }
+  return built
+}
+
+/** True for a format name `toolDefinitions` knows. */
+export function isDefinitionFormat (value: unknown): value is DefinitionFormat {
+  return typeof value === 'string' && (DEFINITION_FORMATS as readonly string[]).includes(value)
+}
+
+const objectSchemas = new WeakMap<JsonSchemaObject, ObjectSchema>()
+
+/**
+ * `parameters` with an object root, as every provider requires (MCP clients reject the whole
+ * `tools/list` if one `inputSchema` is not `type: 'object'`). A schema that already is one is
+ * returned as it is; otherwise a copy gets `type: 'object'` and loses a `properties` or `required`
+ * that is malformed. The plugin's schema still validates the arguments at call time.
+ */
+export function objectSchema (parameters: JsonSchemaObject): ObjectSchema {
+  if (isObjectSchema(parameters)) return parameters
+  let fixed = objectSchemas.get(parameters)
+  if (fixed === undefined) {
+    const copy: JsonSchemaObject = { ...parameters, type: 'object' }
+    if (!isPropertiesMap(copy.properties)) delete copy.properties
+    if (!isStringArray(copy.required)) delete copy.required
+    fixed = copy as ObjectSchema
+    objectSchemas.set(parameters, fixed)
+  }
+  return fixed
+}
+
+function isObjectSchema (schema: JsonSchemaObject): schema is ObjectSchema {
+  return schema.type === 'object' &&
+    (schema.properties === undefined || isPropertiesMap(schema.properties)) &&
+    (schema.required === undefined || isStringArray(schema.required))
+}
+
+function isPropertiesMap (value: unknown): boolean {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return false
+  for (const child of Object.values(value)) {
+    if (typeof child !== 'object' || child === null) return false
+  }
+  return true
+}
+
+function isStringArray (value: unknown): boolean {
+  return Array.isArray(value) && value.every((v) => typeof v === 'string')
+}
+
+function isDefinitionList (source: DefinitionSource): source is readonly ToolDefinition[] {
+  return Array.isArray(source)
+}

@@ -1,0 +1,174 @@
+// The stdio bridge (`toolport mcp --role NAME --url …`, issue #5 §1), spawned through the SDK's
+// StdioClientTransport exactly as Claude Desktop or Cursor would launch it, against a real
+// listening Toolport and real plugin callbacks.
+import { test, type TestContext } from 'node:test'
+import assert from 'node:assert/strict'
+import { EventEmitter, once } from 'node:events'
+import { spawn } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
+import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
+import { createToolport, type Toolport } from '../../src/main/index.js'
+import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { httpJson } from '../helpers.js'
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url))
+const CLI = fileURLToPath(new URL('../../src/main/cli.ts', import.meta.url))
+
+interface Bridged {
+  client: Client
+  notices: EventEmitter
+  /** What the bridge wrote to stderr (its diagnostics). */
+  stderr: () => string
+}
+
+async function startTp (t: TestContext, port = 0): Promise<{ tp: Toolport, url: string }> {
+  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], logger: false, dispatch: { mode: 'inline' } })
+  const { url } = await tp.listen({ host: '127.0.0.1', port })
+  t.after(() => tp.close())
+  return { tp, url }
+}
+
+/** Spawns `toolport mcp` and connects an SDK client to it over stdio; closed in t.after. */
+async function bridge (t: TestContext, role: string, url: string): Promise<Bridged> {
+  const transport = new StdioClientTransport({
+    command: process.execPath,
+    args: ['--import', 'tsx', CLI, 'mcp', '--role', role, '--url', url],
+    cwd: ROOT,
+    stderr: 'pipe'
+  })
+  let stderr = ''
+  transport.stderr?.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
+  const client = new Client({ name: 'bridge-test', version: '1.0.0' })
+  const notices = new EventEmitter()
+  client.setNotificationHandler(ToolListChangedNotificationSchema, () => { notices.emit('list-changed') })
+  // t.after hooks run in order, so a Toolport started earlier closes first: the bridge copes.
+  t.after(() => client.close())
+  await client.connect(transport)
+  return { client, notices, stderr: () => stderr }
+}
+
+async function callbacks (t: TestContext): Promise<CallbackServer> {
+  const server = await startCallbackServer()
+  t.after(() => server.close())
+  return server
+}
+
+async function register (url: string, body: Record<string, unknown>): Promise<void> {
+  const reply = await httpJson(`${url}/api/tools/register`, 'POST', body)
+  assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
+}
+
+test('issue #5 §1: through the stdio bridge, list → register over HTTP → list_changed forwarded → list → call → result', async (t) => {
+  const { url } = await startTp(t)
+  const server = await callbacks(t)
+  const { client, notices } = await bridge(t, 'Lanlan', url)
+  assert.deepEqual((await client.listTools()).tools, [])
+
+  const changed = once(notices, 'list-changed')
+  await register(url, {
+    name: 'get_weather',
+    description: 'Get weather for a location.',
+    role: 'Lanlan',
+    parameters: { type: 'object', properties: { location: { type: 'string' } } },
+    callback_url: `${server.url}/raw-output`
+  })
+  await changed
+  assert.deepEqual((await client.listTools()).tools, [{
+    name: 'get_weather',
+    description: 'Get weather for a location.',
+    inputSchema: { type: 'object', properties: { location: { type: 'string' } } }
+  }])
+
+  const result = await client.callTool({ name: 'get_weather', arguments: { location: 'Shanghai' } }) as CallToolResult
+  assert.equal(result.isError, false)
+  assert.deepEqual(result.content, [{ type: 'text', text: '{"temperature_c":28}' }])
+  assert.deepEqual(result.structuredContent, { temperature_c: 28 })
+  assert.deepEqual(JSON.parse(server.requests[0]!.body).arguments, { location: 'Shanghai' })
+})
+
+test('issue #5 §1: cancelling a call at the bridge cancels it in Toolport', async (t) => {
+  const { tp, url } = await startTp(t)
+  const server = await callbacks(t)
+  const { client } = await bridge(t, 'Lanlan', url)
+  await register(url, { name: 'slow', role: 'Lanlan', callback_url: `${server.url}/sleep/60000` })
+
+  const controller = new AbortController()
+  const arrived = once(server.events, 'request')
+  const finished = once(tp, 'call-finished')
+  const call = client.callTool({ name: 'slow', arguments: {} }, undefined, { signal: controller.signal })
+  await arrived
+  controller.abort(new Error('cancelled by the user'))
+  await assert.rejects(call)
+  assert.equal((await finished)[0].outcome, 'cancelled')
+})
+
+test('issue #5 §1: when its client goes away the bridge ends its upstream session, which detaches from the role', async (t) => {
+  const { tp, url } = await startTp(t)
+  const { client } = await bridge(t, 'Lanlan', url)
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
+  assert.equal(tp.roles.get('Mochi').sessions().length, 0)
+  // StdioClientTransport.close ends the bridge's stdin and waits for the process to exit.
+  await client.close()
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
+})
+
+test('issue #5 §1: the bridge re-initializes after Toolport restarts (runtime-only registrations, R3) and asks the client to re-list', async (t) => {
+  const first = await startTp(t)
+  const port = Number(new URL(first.url).port)
+  const { client, notices } = await bridge(t, 'Lanlan', first.url)
+  await register(first.url, { name: 'before', callback_url: 'http://127.0.0.1:9333/before' })
+  assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['before'])
+
+  await first.tp.close()
+  const second = await startTp(t, port)
+  await register(second.url, { name: 'after', callback_url: 'http://127.0.0.1:9333/after' })
+  const changed = once(notices, 'list-changed')
+  assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['after'])
+  await changed
+  assert.equal(second.tp.roles.get('Lanlan').sessions().length, 1)
+})
+
+test('issue #5 §1: a bridge started before Toolport lists nothing, answers calls with an error, and connects once Toolport is up', async (t) => {
+  const port = await closedPort()
+  const url = `http://127.0.0.1:${port}`
+  const { client, notices, stderr } = await bridge(t, 'Lanlan', url)
+  assert.deepEqual((await client.listTools()).tools, [])
+  const early = await client.callTool({ name: 'anything', arguments: {} }) as CallToolResult
+  assert.equal(early.isError, true)
+  assert.match(stderr(), /cannot reach/)
+
+  const changed = once(notices, 'list-changed')
+  const { tp } = await startTp(t, port)
+  await register(url, { name: 'late', callback_url: 'http://127.0.0.1:9333/late' })
+  await changed
+  assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['late'])
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
+})
+
+test('issue #5 §1 / R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
+  const { url } = await startTp(t)
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp', '--role', 'Nobody', '--url', url], {
+    cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe']
+  })
+  t.after(() => { child.kill() })
+  let stderr = ''
+  let stdout = ''
+  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
+  child.stdout.on('data', (chunk: Buffer) => { stdout += chunk.toString('utf8') })
+  const [code] = await once(child, 'close')
+  assert.equal(code, 1)
+  assert.match(stderr, /TP_ERR_ROLE_NOT_FOUND/)
+  assert.equal(stdout, '', 'stdout carries the protocol only')
+})
+
+test('issue #5 §1: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
+  t.after(() => { child.kill() })
+  let stderr = ''
+  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
+  const [code] = await once(child, 'close')
+  assert.equal(code, 2)
+  assert.match(stderr, /--role/)
+})

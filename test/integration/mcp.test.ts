@@ -1,0 +1,400 @@
+// The per-role MCP endpoint (issue #5 §1) with the official SDK's Client over Streamable HTTP,
+// against a real listening Toolport on 127.0.0.1 and real plugin callbacks (node:http).
+import { test, type TestContext } from 'node:test'
+import assert from 'node:assert/strict'
+import { EventEmitter, once } from 'node:events'
+import fastify from 'fastify'
+import { request as httpRequest } from 'undici'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
+import { createToolport, type Toolport } from '../../src/main/index.js'
+import { registerMcpRoutes } from '../../src/main/http/mcp.js'
+import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
+import { startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { assertError, httpJson } from '../helpers.js'
+
+const WEATHER_PARAMS = {
+  type: 'object',
+  properties: { location: { type: 'string' } },
+  required: ['location']
+}
+
+interface Connected {
+  client: Client
+  transport: StreamableHTTPClientTransport
+  /** Emits 'list-changed' for every notifications/tools/list_changed the client receives. */
+  notices: EventEmitter
+  /** How many list_changed notifications arrived so far. */
+  readonly noticeCount: number
+}
+
+interface Setup {
+  tp: Toolport
+  url: string
+  connect: (role: string, base?: string) => Promise<Connected>
+}
+
+/** A Toolport on 127.0.0.1:0 with roles Lanlan and Mochi; clients close before it does. */
+async function setup (t: TestContext): Promise<Setup> {
+  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], logger: false, dispatch: { mode: 'inline' } })
+  const { url } = await tp.listen({ host: '127.0.0.1', port: 0 })
+  const clients: Client[] = []
+  t.after(async () => {
+    for (const client of clients) await client.close()
+    await tp.close()
+  })
+  async function connect (role: string, base = url): Promise<Connected> {
+    const client = new Client({ name: 'toolport-test', version: '1.0.0' })
+    const notices = new EventEmitter()
+    let noticeCount = 0
+    client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
+      noticeCount++
+      notices.emit('list-changed')
+    })
+    const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp/${encodeURIComponent(role)}`))
+    clients.push(client)
+    await client.connect(transport)
+    return { client, transport, notices, get noticeCount () { return noticeCount } }
+  }
+  return { tp, url, connect }
+}
+
+async function callbacks (t: TestContext): Promise<CallbackServer> {
+  const server = await startCallbackServer()
+  t.after(() => server.close())
+  return server
+}
+
+async function register (url: string, body: Record<string, unknown>): Promise<void> {
+  const reply = await httpJson(`${url}/api/tools/register`, 'POST', body)
+  assert.equal(reply.statusCode, 200)
+  assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
+  assert.deepEqual(reply.body.failed_roles, [])
+}
+
+function textOf (result: CallToolResult): string {
+  const first = result.content[0]
+  assert.ok(first !== undefined && first.type === 'text')
+  return first.text
+}
+
+const INITIALIZE = {
+  jsonrpc: '2.0',
+  id: 1,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } }
+}
+
+async function rawMcp (url: string, method: 'POST' | 'GET' | 'DELETE', body?: unknown, headers: Record<string, string> = {}) {
+  const res = await httpRequest(url, {
+    method,
+    headers: {
+      accept: 'application/json, text/event-stream',
+      ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+      ...headers
+    },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) })
+  })
+  const text = await res.body.text()
+  return { statusCode: res.statusCode, headers: res.headers, body: text === '' ? undefined : JSON.parse(text) }
+}
+
+test('issue #5 §1: tools/list, then a registration over HTTP sends list_changed, and the next tools/list has the tool', async (t) => {
+  const { url, connect } = await setup(t)
+  const { client, notices } = await connect('Lanlan')
+  assert.deepEqual((await client.listTools()).tools, [])
+
+  const changed = once(notices, 'list-changed')
+  await register(url, {
+    name: 'get_weather',
+    description: 'Get weather for a location.',
+    parameters: WEATHER_PARAMS,
+    callback_url: 'http://127.0.0.1:9333/tools/get_weather',
+    role: 'Lanlan'
+  })
+  await changed
+  const { tools } = await client.listTools()
+  assert.deepEqual(tools, [{ name: 'get_weather', description: 'Get weather for a location.', inputSchema: WEATHER_PARAMS }])
+})
+
+test('issue #5 §1: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {
+  const { url, connect } = await setup(t)
+  const { client, notices } = await connect('Lanlan')
+  await client.listTools()
+  for (const name of ['alpha', 'beta', 'gamma']) {
+    const changed = once(notices, 'list-changed')
+    await register(url, { name, callback_url: `http://127.0.0.1:9333/${name}` })
+    await changed
+    await client.listTools()
+  }
+  const changed = once(notices, 'list-changed')
+  await register(url, { name: 'alpha', description: 'new', callback_url: 'http://127.0.0.1:9333/alpha' })
+  await changed
+  assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['beta', 'gamma', 'alpha'])
+})
+
+test('issue #5 §1: unregister and clear over HTTP send list_changed too (SPEC R15, R16)', async (t) => {
+  const { url, connect } = await setup(t)
+  const { client, notices } = await connect('Lanlan')
+  await register(url, { name: 'a', source: 'plugin:x', callback_url: 'http://127.0.0.1:9333/a' })
+  await register(url, { name: 'b', source: 'plugin:x', callback_url: 'http://127.0.0.1:9333/b' })
+  await register(url, { name: 'c', callback_url: 'http://127.0.0.1:9333/c' })
+  assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['a', 'b', 'c'])
+
+  let changed = once(notices, 'list-changed')
+  assert.equal((await httpJson(`${url}/api/tools/unregister`, 'POST', { name: 'c' })).body.removed, true)
+  await changed
+  assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['a', 'b'])
+
+  changed = once(notices, 'list-changed')
+  // Two tools in each of the two roles (registered with role: null).
+  assert.equal((await httpJson(`${url}/api/tools/clear`, 'POST', { source: 'plugin:x' })).body.removed, 4)
+  await changed
+  assert.deepEqual((await client.listTools()).tools, [])
+})
+
+test('issue #5 §1: a parameters schema without type "object" is listed with one, so the client accepts the whole list', async (t) => {
+  const { url, connect } = await setup(t)
+  const { client } = await connect('Lanlan')
+  await register(url, { name: 'loose', parameters: { properties: { q: { type: 'string' } } }, callback_url: 'http://127.0.0.1:9333/l' })
+  await register(url, { name: 'plain', callback_url: 'http://127.0.0.1:9333/p' })
+  const { tools } = await client.listTools()
+  assert.deepEqual(tools.map((tool) => [tool.name, tool.inputSchema]), [
+    ['loose', { type: 'object', properties: { q: { type: 'string' } } }],
+    ['plain', { type: 'object', properties: {} }]
+  ])
+})
+
+test('issue #5 §1 / R9-R10: tools/call POSTs to the plugin callback and answers text, isError false and structuredContent', async (t) => {
+  const { url, connect } = await setup(t)
+  const server = await callbacks(t)
+  const { client } = await connect('Lanlan')
+  await register(url, { name: 'get_weather', parameters: WEATHER_PARAMS, callback_url: `${server.url}/raw-output` })
+
+  const result = await client.callTool({ name: 'get_weather', arguments: { location: 'Shanghai' } }) as CallToolResult
+  assert.equal(result.isError, false)
+  assert.equal(textOf(result), '{"temperature_c":28}')
+  assert.deepEqual(result.structuredContent, { temperature_c: 28 })
+  assert.equal(server.requests.length, 1)
+  const sent = JSON.parse(server.requests[0]!.body)
+  assert.equal(sent.name, 'get_weather')
+  assert.deepEqual(sent.arguments, { location: 'Shanghai' })
+  assert.deepEqual(JSON.parse(sent.raw_arguments), { location: 'Shanghai' })
+})
+
+test('issue #5 §1 / R11: a tool-level error is isError true with the error as text, and no structuredContent', async (t) => {
+  const { url, connect } = await setup(t)
+  const server = await callbacks(t)
+  const { client } = await connect('Lanlan')
+  await register(url, { name: 'get_weather', callback_url: `${server.url}/tool-error` })
+  const result = await client.callTool({ name: 'get_weather', arguments: {} }) as CallToolResult
+  assert.equal(result.isError, true)
+  assert.deepEqual(JSON.parse(textOf(result)), { error: 'location not found' })
+  assert.equal(result.structuredContent, undefined)
+})
+
+test('issue #5 §1 / R12: a text reply is text content without structuredContent; arguments failing the schema are an isError result', async (t) => {
+  const { url, connect } = await setup(t)
+  const server = await callbacks(t)
+  const { client } = await connect('Lanlan')
+  await register(url, { name: 'texty', callback_url: `${server.url}/text` })
+  await register(url, { name: 'strict', parameters: WEATHER_PARAMS, callback_url: `${server.url}/echo` })
+
+  const text = await client.callTool({ name: 'texty', arguments: {} }) as CallToolResult
+  assert.equal(text.isError, false)
+  assert.equal(textOf(text), 'plain text reply, not JSON')
+  assert.equal(text.structuredContent, undefined)
+
+  const invalid = await client.callTool({ name: 'strict', arguments: { location: 42 } }) as CallToolResult
+  assert.equal(invalid.isError, true)
+  assert.deepEqual(server.requests.map((r) => r.path), ['/text'], 'the plugin is not called with invalid arguments')
+})
+
+test('issue #5 §1: an unknown tool is an isError result naming the available tools', async (t) => {
+  const { url, connect } = await setup(t)
+  const { client } = await connect('Lanlan')
+  await register(url, { name: 'get_weather', callback_url: 'http://127.0.0.1:9333/x' })
+  const result = await client.callTool({ name: 'nope', arguments: {} }) as CallToolResult
+  assert.equal(result.isError, true)
+  assert.match(textOf(result), /get_weather/)
+})
+
+test('issue #5 §1: notifications/cancelled aborts the running call, and the session keeps working', async (t) => {
+  const { tp, url, connect } = await setup(t)
+  const server = await callbacks(t)
+  const { client } = await connect('Lanlan')
+  await register(url, { name: 'slow', callback_url: `${server.url}/sleep/60000` })
+  await register(url, { name: 'fast', callback_url: `${server.url}/raw-output` })
+
+  const controller = new AbortController()
+  const arrived = once(server.events, 'request')
+  const finished = once(tp, 'call-finished')
+  const call = client.callTool({ name: 'slow', arguments: {} }, undefined, { signal: controller.signal })
+  await arrived
+  controller.abort(new Error('the user changed their mind'))
+  await assert.rejects(call)
+  const [event] = await finished
+  assert.equal(event.name, 'slow')
+  assert.equal(event.outcome, 'cancelled')
+
+  const next = await client.callTool({ name: 'fast', arguments: {} }) as CallToolResult
+  assert.equal(next.isError, false)
+  assert.deepEqual(next.structuredContent, { temperature_c: 28 })
+})
+
+test('issue #5 §1: sessions of two roles are isolated: each lists, calls and is notified for its own role only', async (t) => {
+  const { tp, url, connect } = await setup(t)
+  const server = await callbacks(t)
+  const lanlan = await connect('Lanlan')
+  const mochi = await connect('Mochi')
+  await lanlan.client.listTools()
+  await mochi.client.listTools()
+
+  const lanlanChanged = once(lanlan.notices, 'list-changed')
+  await register(url, { name: 'lanlan_tool', role: 'Lanlan', callback_url: `${server.url}/raw-output` })
+  await lanlanChanged
+  const lanlanSyncs = tp.roles.get('Lanlan').syncCount
+  const mochiChanged = once(mochi.notices, 'list-changed')
+  await register(url, { name: 'mochi_tool', role: 'Mochi', callback_url: `${server.url}/raw-output` })
+  await mochiChanged
+
+  assert.equal(tp.roles.get('Lanlan').syncCount, lanlanSyncs, "Mochi's registration does not sync Lanlan's sessions")
+  assert.deepEqual((await lanlan.client.listTools()).tools.map((tool) => tool.name), ['lanlan_tool'])
+  assert.deepEqual((await mochi.client.listTools()).tools.map((tool) => tool.name), ['mochi_tool'])
+  const crossed = await mochi.client.callTool({ name: 'lanlan_tool', arguments: {} }) as CallToolResult
+  assert.equal(crossed.isError, true)
+  assert.equal(server.requests.length, 0)
+  assert.equal(lanlan.noticeCount, 1)
+})
+
+test('issue #5 §1: each MCP session is a ModelSession of its role from initialize on', async (t) => {
+  const { tp, connect } = await setup(t)
+  const role = tp.roles.get('Lanlan')
+  assert.equal(role.sessions().length, 0)
+  const first = await connect('Lanlan')
+  const second = await connect('Lanlan')
+  assert.deepEqual(role.sessions().map((s) => s.id).sort(),
+    [`mcp-${first.transport.sessionId}`, `mcp-${second.transport.sessionId}`].sort())
+  assert.equal(tp.roles.get('Mochi').sessions().length, 0)
+})
+
+test('issue #5 §1: every listing session of the role is notified of one registration', async (t) => {
+  const { url, connect } = await setup(t)
+  const first = await connect('Lanlan')
+  const second = await connect('Lanlan')
+  await first.client.listTools()
+  await second.client.listTools()
+  const both = Promise.all([once(first.notices, 'list-changed'), once(second.notices, 'list-changed')])
+  await register(url, { name: 'shared', callback_url: 'http://127.0.0.1:9333/s' })
+  await both
+})
+
+test('issue #5 §1: DELETE ends the session and detaches it from its role; its id is then unknown (404)', async (t) => {
+  const { tp, url, connect } = await setup(t)
+  const { transport } = await connect('Lanlan')
+  const sessionId = transport.sessionId as string
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
+  await transport.terminateSession()
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
+  const again = await rawMcp(`${url}/mcp/Lanlan`, 'POST', { jsonrpc: '2.0', id: 2, method: 'tools/list' },
+    { 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
+  assert.equal(again.statusCode, 404)
+  assert.equal(again.body.error.code, -32001)
+})
+
+test('issue #5 §1 / R6: an unknown role is 404 TP_ERR_ROLE_NOT_FOUND, for raw requests and for the SDK client', async (t) => {
+  const { url, connect } = await setup(t)
+  assertError(await rawMcp(`${url}/mcp/Nobody`, 'POST', INITIALIZE), 404, 'TP_ERR_ROLE_NOT_FOUND')
+  assertError(await rawMcp(`${url}/mcp/Nobody`, 'GET', undefined, { accept: 'text/event-stream' }), 404, 'TP_ERR_ROLE_NOT_FOUND')
+  await assert.rejects(connect('Nobody'), (err: unknown) => err instanceof StreamableHTTPError && err.code === 404)
+})
+
+test('issue #5 §1: a request without a session that is not initialize is 400; a session of another role is 404', async (t) => {
+  const { url, connect } = await setup(t)
+  const list = await rawMcp(`${url}/mcp/Lanlan`, 'POST', { jsonrpc: '2.0', id: 1, method: 'tools/list' })
+  assert.equal(list.statusCode, 400)
+  assert.equal(list.body.jsonrpc, '2.0')
+  const { transport } = await connect('Lanlan')
+  const crossed = await rawMcp(`${url}/mcp/Mochi`, 'POST', { jsonrpc: '2.0', id: 1, method: 'tools/list' },
+    { 'mcp-session-id': transport.sessionId as string, 'mcp-protocol-version': '2025-06-18' })
+  assert.equal(crossed.statusCode, 404)
+})
+
+test('issue #5 §1 / R1: the guard covers /mcp: a foreign Origin, a rebinding Host and a non-JSON body are refused', async (t) => {
+  const { url } = await setup(t)
+  const endpoint = `${url}/mcp/Lanlan`
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { origin: 'https://evil.example' }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { host: 'evil.example' }), 403, 'TP_ERR_HOST_FORBIDDEN')
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { 'content-type': 'text/plain' }), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+})
+
+/** A fastify app with only the MCP routes, with session options a test can shorten. */
+async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOptions): Promise<{ url: string, sessions: McpSessions, close: () => Promise<void> }> {
+  const app = fastify({ forceCloseConnections: true })
+  const sessions = registerMcpRoutes(app, tp, options)
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  const address = app.server.address()
+  const port = typeof address === 'object' && address !== null ? address.port : 0
+  let isClosed = false
+  const close = async (): Promise<void> => {
+    if (isClosed) return
+    isClosed = true
+    await app.close()
+  }
+  t.after(close)
+  return { url: `http://127.0.0.1:${port}`, sessions, close }
+}
+
+test('issue #5 §1: a client that disconnects (event stream closed, not reopened) is detached after the grace period', async (t) => {
+  const { tp, url, connect } = await setup(t)
+  const mcpOnly = await mcpOnlyApp(t, tp, { reconnectGraceMs: 0 })
+  const { client, notices } = await connect('Lanlan', mcpOnly.url)
+  await client.listTools()
+  // A list_changed can only travel on the event stream: once one arrives, the stream is open.
+  const changed = once(notices, 'list-changed')
+  await register(url, { name: 'x', callback_url: 'http://127.0.0.1:9333/x' })
+  await changed
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
+
+  const closed = once(mcpOnly.sessions, 'session-closed')
+  await client.close()
+  const [event] = await closed
+  assert.equal(event.role, 'Lanlan')
+  assert.equal(event.reason, 'idle')
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
+})
+
+test('issue #5 §1: closing the server ends every session, aborts its running calls and detaches it', async (t) => {
+  const { tp, url, connect } = await setup(t)
+  const server = await callbacks(t)
+  const mcpOnly = await mcpOnlyApp(t, tp, {})
+  const { client } = await connect('Lanlan', mcpOnly.url)
+  await register(url, { name: 'slow', callback_url: `${server.url}/sleep/60000` })
+  const arrived = once(server.events, 'request')
+  const finished = once(tp, 'call-finished')
+  const call = client.callTool({ name: 'slow', arguments: {} })
+  call.catch(() => {})
+  await arrived
+
+  const closed = once(mcpOnly.sessions, 'session-closed')
+  await mcpOnly.close()
+  const [event] = await closed
+  assert.equal(event.reason, 'closed')
+  assert.equal((await finished)[0].outcome, 'cancelled')
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
+  assert.equal(mcpOnly.sessions.size, 0)
+})
+
+test('issue #5 §1 / R6: after its role is removed, a session answers 404 TP_ERR_ROLE_NOT_FOUND and ends', async (t) => {
+  const { tp, connect } = await setup(t)
+  const mcpOnly = await mcpOnlyApp(t, tp, {})
+  const { client } = await connect('Mochi', mcpOnly.url)
+  const closed = once(mcpOnly.sessions, 'session-closed')
+  tp.roles.remove('Mochi')
+  await assert.rejects(client.listTools(), (err: unknown) => err instanceof StreamableHTTPError && err.code === 404)
+  const [event] = await closed
+  assert.equal(event.role, 'Mochi')
+  assert.equal(event.reason, 'role-removed')
+  assert.equal(mcpOnly.sessions.size, 0)
+})
