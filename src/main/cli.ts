@@ -2,14 +2,17 @@
 // The `toolport` command. The only module that reads argv, installs signal handlers or exits.
 import { parseArgs } from 'node:util'
 import { readFileSync, statSync } from 'node:fs'
-import { createToolport } from './toolport.js'
-import { optionsFromEnv, ENVIRONMENT } from './config.js'
+import { Toolport } from './toolport.js'
+import { createLogger } from './runtime.js'
+import { optionsFromEnv, parseOptions, ENVIRONMENT } from './config.js'
 import { isToolportError } from './errors.js'
+import { startBridge } from './bridge.js'
 
 const USAGE = `Usage: toolport <command> [options]
 
 Commands:
   serve     run the Toolport server
+  mcp       a stdio MCP server with one role's tools, bridged to a running Toolport
 
 Options for serve:
   --host ADDRESS   address to bind (default 127.0.0.1; env TOOLPORT_HOST)
@@ -23,6 +26,11 @@ Options for serve:
   --token-file FILE  token mode: every request needs "Authorization: Bearer <token>"; FILE holds the
                    token (>= 32 bytes) and must not be readable by group or others (chmod 600)
   -h, --help       show this help
+
+Options for mcp:
+  --role NAME      the role whose tools the MCP client gets (required)
+  --url URL        the running Toolport (default http://127.0.0.1:3917; env TOOLPORT_URL)
+  --token-file FILE  the token, when that Toolport runs in token mode (env TOOLPORT_TOKEN_FILE)
 
 Environment: ${Object.keys(ENVIRONMENT).join(', ')}
 `
@@ -38,8 +46,53 @@ async function main (argv: string[]): Promise<number> {
     process.stdout.write(USAGE)
     return command === undefined ? 2 : 0
   }
+  if (command === 'mcp') return await mcp(rest)
   if (command !== 'serve') throw new UsageError(`unknown command '${command}'`)
   return await serve(rest)
+}
+
+/** `toolport mcp`: stdout carries the MCP protocol, so every message goes to stderr. */
+async function mcp (args: string[]): Promise<number> {
+  let parsed
+  try {
+    parsed = parseArgs({
+      args,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        role: { type: 'string' },
+        url: { type: 'string' },
+        'token-file': { type: 'string' },
+        help: { type: 'boolean', short: 'h' }
+      }
+    })
+  } catch (err) {
+    throw new UsageError((err as Error).message)
+  }
+  const flags = parsed.values
+  if (flags.help === true) {
+    process.stderr.write(USAGE)
+    return 0
+  }
+  if (flags.role === undefined || flags.role === '') throw new UsageError('mcp needs --role NAME')
+  const url = flags.url ?? (process.env.TOOLPORT_URL !== undefined && process.env.TOOLPORT_URL !== '' ? process.env.TOOLPORT_URL : 'http://127.0.0.1:3917')
+  const tokenFile = flags['token-file'] ?? process.env.TOOLPORT_TOKEN_FILE
+  const headers: Record<string, string> = {}
+  if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${readTokenFile(tokenFile)}`
+  let bridge
+  try {
+    bridge = await startBridge({ role: flags.role, url, headers, log: (line) => process.stderr.write(`${line}\n`) })
+  } catch (err) {
+    if (err instanceof TypeError) throw new UsageError(err.message)
+    throw err
+  }
+  const stop = (): void => { bridge.close().catch(() => {}) }
+  process.once('SIGINT', stop)
+  process.once('SIGTERM', stop)
+  await bridge.closed
+  process.off('SIGINT', stop)
+  process.off('SIGTERM', stop)
+  return 0
 }
 
 async function serve (args: string[]): Promise<number> {
@@ -87,7 +140,9 @@ async function serve (args: string[]): Promise<number> {
   if (!Array.isArray(options.roles) || options.roles.length === 0) options.roles = ['default']
   options.logger ??= 'info'
 
-  const tp = await createToolport(options)
+  // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
+  const settings = parseOptions(options)
+  const tp = new Toolport(settings, createLogger(settings.logger, process.stdout.isTTY === true))
   const { url } = await tp.listen()
   process.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp.dispatchMode})\n`)
 

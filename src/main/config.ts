@@ -82,6 +82,8 @@ export const optionsSchema = z.strictObject({
   /** Consecutive connection failures at one origin that evict its `plugin:` tools (SPEC R13). */
   evictionThreshold: z.number().int().min(1).max(1000).default(3),
   /** fastify/pino logger: false (silent), true (info) or a level name. */
+  /** Serve Prometheus metrics at GET /metrics (and count them). */
+  metrics: z.boolean().default(true),
   logger: z.union([z.boolean(), z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])])
     .default(false),
   dispatch: dispatchSchema.prefault({}),
@@ -111,7 +113,8 @@ export const ENVIRONMENT = Object.freeze({
   TOOLPORT_CONFIG: 'a JSON options file',
   TOOLPORT_LOG_LEVEL: 'logger',
   TOOLPORT_DISPATCH_MODE: 'dispatch.mode',
-  TOOLPORT_TOKEN_FILE: 'security.token, read from this file (CLI only)'
+  TOOLPORT_TOKEN_FILE: 'security.token, read from this file (CLI only)',
+  TOOLPORT_URL: 'the server `toolport mcp` bridges to (default http://127.0.0.1:3917)'
 } as const)
 
 /** Maps TOOLPORT_* variables onto an options object (strings only; the schema validates). */

@@ -25,6 +25,8 @@ export interface CallFinishedEvent {
   durationMs: number
 }
 export interface SyncFailedEvent { role: string, error: string }
+/** Every sync that ran (the role had sessions), once, however many mutations shared it. */
+export interface SyncFinishedEvent { role: string, ok: boolean, error: string, durationMs: number, sessions: number }
 
 /** Event name → listener arguments, for `EventEmitter<ToolportEvents>`. */
 export interface ToolportEvents {
@@ -33,4 +35,5 @@ export interface ToolportEvents {
   'origin-evicted': [OriginEvictedEvent]
   'call-finished': [CallFinishedEvent]
   'sync-failed': [SyncFailedEvent]
+  'sync-finished': [SyncFinishedEvent]
 }

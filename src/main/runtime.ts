@@ -18,6 +18,8 @@ import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
 import { errorText } from './roles/sync.js'
 import type { CallOutcome } from '../workers/protocol.js'
+import { Metrics } from './metrics.js'
+import { VERSION } from './version.js'
 
 /**
  * A role that did not take a change (DESIGN: objects): its sessions failed to sync, or (ownership
@@ -57,6 +59,17 @@ export interface ListResult {
   tools_by_role: Record<string, readonly ToolListing[]>
 }
 
+/** GET /api/health. */
+export interface HealthReport {
+  ok: boolean
+  status: 'ready' | 'starting' | 'closed'
+  version: string
+  uptime_seconds: number
+  roles: number
+  tools: number
+  dispatch: { mode: 'pool' | 'inline', threads: number, in_flight: number, queued: number, utilization: number }
+}
+
 /** A model's tool call (DESIGN "Core contracts"). */
 export interface ToolCall {
   name: string
@@ -86,6 +99,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #dispatcher: Dispatcher
   readonly #health: OriginHealth
   readonly #background = new Set<Promise<unknown>>()
+  readonly #startedAt = Date.now()
+  /** Prometheus metrics, or null when `metrics: false`. */
+  readonly metrics: Metrics | null
   #closed = false
 
   constructor (options: ToolportOptions = {}, logger?: Logger) {
@@ -94,7 +110,17 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     this.log = logger ?? createLogger(this.options.logger)
     this.roles = new RoleManager({ syncTimeoutMs: this.options.syncTimeoutMs, events: this })
     for (const name of this.options.roles) this.roles.add(name)
-    this.#dispatcher = new Dispatcher(this.options.dispatch)
+    this.metrics = this.options.metrics
+      ? new Metrics({
+        events: this,
+        pendingCalls: () => this.#dispatcher.pending,
+        queuedCalls: () => this.#dispatcher.queued,
+        poolUtilization: () => this.#dispatcher.utilization,
+        poolThreads: () => this.#dispatcher.threads.length,
+        registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size])
+      })
+      : null
+    this.#dispatcher = new Dispatcher(this.options.dispatch, this.metrics?.observeDispatch ?? null)
     this.#health = new OriginHealth(this.options.evictionThreshold)
   }
 
@@ -106,6 +132,29 @@ export class Runtime extends EventEmitter<ToolportEvents> {
 
   /** Calls admitted and not yet answered by a callback. */
   get pendingCalls (): number { return this.#dispatcher.pending }
+
+  /** Liveness and readiness: ready while open and (pool mode) with a worker thread. */
+  health (): HealthReport {
+    const threads = this.#dispatcher.threads.length
+    const ready = !this.#closed && (this.#dispatcher.mode === 'inline' || threads > 0)
+    let tools = 0
+    for (const role of this.roles.list()) tools += role.registry.size
+    return {
+      ok: ready,
+      status: this.#closed ? 'closed' : ready ? 'ready' : 'starting',
+      version: VERSION,
+      uptime_seconds: Math.round((Date.now() - this.#startedAt) / 1000),
+      roles: this.roles.size,
+      tools,
+      dispatch: {
+        mode: this.#dispatcher.mode,
+        threads,
+        in_flight: this.#dispatcher.pending,
+        queued: this.#dispatcher.queued,
+        utilization: this.#dispatcher.utilization
+      }
+    }
+  }
 
   /** Consecutive connection failures currently counted at an origin (for operators and tests). */
   originFailures (origin: string): number {
@@ -397,8 +446,11 @@ async function runLocalTool (entry: ToolEntry, args: unknown, role: string, call
   }
 }
 
-/** The logger the runtime and fastify share; pino `redact` is a safety net for private data. */
-export function createLogger (setting: ResolvedOptions['logger']): Logger {
+/**
+ * The logger the runtime and fastify share; pino `redact` is a safety net for private data.
+ * `pretty` renders human-readable lines through pino-pretty (the CLI uses it on a terminal).
+ */
+export function createLogger (setting: ResolvedOptions['logger'], pretty = false): Logger {
   const level = setting === true ? 'info' : setting === false ? 'silent' : setting
   return pino({
     level,
@@ -406,7 +458,8 @@ export function createLogger (setting: ResolvedOptions['logger']): Logger {
       paths: ['arguments', 'raw_arguments', 'output', 'body', '*.arguments', '*.raw_arguments', '*.output', '*.body',
         'req.headers.authorization', 'req.headers.cookie'],
       censor: '[redacted]'
-    }
+    },
+    ...(pretty ? { transport: { target: 'pino-pretty', options: { colorize: true, translateTime: 'HH:MM:ss.l', ignore: 'pid,hostname' } } } : {})
   })
 }
 

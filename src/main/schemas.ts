@@ -37,14 +37,16 @@ const callbackUrl = z.string().transform((value, ctx): CallbackUrlParts => {
 
 /** POST /api/tools/register (SPEC "Register"). */
 export const registerSchema = z.object({
-  name: toolName,
+  name: toolName.describe('the tool name the model calls, 1–64 characters'),
   // The configurable, tighter cap (limits.maxDescriptionChars) is checked in registrationProblems.
-  description: z.string().max(1024 * 1024, { message: 'must be at most 1048576 characters' }).default(''),
-  parameters: parametersField.default(() => ({ type: 'object', properties: {} })),
-  callback_url: callbackUrl,
-  role: roleField,
-  source: sourceField.default('external'),
-  timeout_seconds: timeoutSeconds.default(30)
+  description: z.string().max(1024 * 1024, { message: 'must be at most 1048576 characters' }).default('')
+    .describe('shown to the model'),
+  parameters: parametersField.default(() => ({ type: 'object', properties: {} }))
+    .describe('JSON Schema object of the arguments'),
+  callback_url: callbackUrl.describe('http(s) URL on localhost, 127.0.0.0/8, [::1] or [::ffff:127.x.y.z]'),
+  role: roleField.describe('an existing role, or null for every current role'),
+  source: sourceField.default('external').describe('lifecycle tag for clear; plugins use plugin:<id>'),
+  timeout_seconds: timeoutSeconds.default(30).describe('greater than 0 and at most 300')
 })
 export type RegisterInput = z.input<typeof registerSchema>
 export type RegisterRequest = z.output<typeof registerSchema>
@@ -150,8 +152,85 @@ export function isPlainObject (value: unknown): value is Record<string, unknown>
 }
 
 function codePointLength (s: string): number {
-  let n = 0
   // The string iterator walks code points, so a surrogate pair counts once.
-  for (const _ of s) n++
-  return n
+  return [...s].length
 }
+
+// Response shapes. They document the API (OpenAPI at /openapi.json) and give fastify the JSON
+// Schemas it compiles into fast serializers; the Runtime's result types are the source of truth
+// for the code, and a test checks that real answers match these.
+const failedRole = z.object({
+  role: z.string(),
+  error: z.string(),
+  owned_by: z.string().optional().describe('the source that owns the tool, when the role refused the change')
+})
+const roleNames = z.array(z.string())
+
+export const registerResultSchema = z.object({
+  ok: z.boolean().describe('true when at least one role accepted the registration (SPEC R8)'),
+  registered: z.string(),
+  affected_roles: roleNames.describe('roles that took the change, sessions synced'),
+  failed_roles: z.array(failedRole).describe('roles that did not take it, with the reason'),
+  error: z.string().optional().describe('why nothing accepted it, when ok is false')
+})
+
+export const unregisterResultSchema = z.object({
+  ok: z.boolean(),
+  removed: z.boolean(),
+  affected_roles: roleNames,
+  failed_roles: z.array(failedRole),
+  refused_roles: z.array(z.object({ role: z.string(), owned_by: z.string() }))
+    .describe('roles skipped because the tool belongs to another source (expected_source) or is local')
+})
+
+export const clearResultSchema = z.object({
+  ok: z.boolean(),
+  removed: z.number().int().describe('tools removed, summed over roles'),
+  affected_roles: roleNames,
+  failed_roles: z.array(failedRole)
+})
+
+const toolListing = z.object({
+  name: z.string(),
+  description: z.string(),
+  source: z.string(),
+  callback_url: z.string().nullable(),
+  is_remote: z.boolean()
+})
+
+export const listResultSchema = z.object({
+  ok: z.literal(true),
+  tools_by_role: z.record(z.string(), z.array(toolListing)).describe('each role\'s tools in registration order')
+})
+
+export const toolResultSchema = z.object({
+  is_error: z.boolean(),
+  output: z.unknown().describe('the JSON value the callback returned (or its text); null for errors'),
+  error: z.string().optional(),
+  text: z.string().describe('what a text-only model reads: the output as text, or {"error": …}')
+})
+
+export const errorBodySchema = z.object({
+  ok: z.literal(false),
+  statusCode: z.number().int(),
+  code: z.string().describe('a stable TP_ERR_* code'),
+  error: z.string(),
+  message: z.string(),
+  details: z.array(z.object({ path: z.string(), code: z.string(), message: z.string() })).optional()
+})
+
+export const healthSchema = z.object({
+  ok: z.boolean().describe('ready to serve (HTTP 200); false answers 503'),
+  status: z.enum(['ready', 'starting', 'closed']),
+  version: z.string(),
+  uptime_seconds: z.number().int(),
+  roles: z.number().int(),
+  tools: z.number().int().describe('registrations summed over roles'),
+  dispatch: z.object({
+    mode: z.enum(['pool', 'inline']),
+    threads: z.number().int(),
+    in_flight: z.number().int(),
+    queued: z.number().int(),
+    utilization: z.number()
+  })
+})

@@ -308,6 +308,63 @@ for (const mode of MODES) {
       assert.deepEqual(order, ['fast', 'slow'])
     })
 
+    test('close() lets an in-flight call finish within the grace period, then refuses new calls', async (t) => {
+      const tp = await createToolport({ roles: ['Lanlan'], dispatch: { mode, closeGraceMs: 10_000 } })
+      const s = await server(t)
+      await register(tp, { name: 'slow', callback_url: `${s.url}/sleep/300` })
+      const pending = tp.callTool('Lanlan', { name: 'slow' })
+      await once(s.events, 'request')
+      await tp.close()
+      assert.equal((await pending).is_error, false)
+      const after = await tp.callTool('Lanlan', { name: 'slow' })
+      assert.equal(after.is_error, true)
+      assert.equal(s.requests.length, 1)
+    })
+
+    test('close() cancels calls still running after the grace period', async (t) => {
+      const tp = await createToolport({ roles: ['Lanlan'], dispatch: { mode, closeGraceMs: 100 } })
+      const s = await server(t)
+      await register(tp, { name: 'stuck', callback_url: `${s.url}/sleep/30000` })
+      const pending = tp.callTool('Lanlan', { name: 'stuck' })
+      await once(s.events, 'request')
+      await tp.close()
+      const result = await pending
+      assert.equal(result.is_error, true)
+      assert.match(result.error ?? '', /cancelled/)
+    })
+
+    test('R13: a call in flight when its origin is evicted still finishes normally', async (t) => {
+      const tp = await setup(t, mode)
+      // A plugin that stops accepting connections while one call is still being answered on an
+      // open socket: new calls are refused (and evict the origin), the running one completes.
+      const { createServer } = await import('node:http')
+      let answer: () => void = () => {}
+      const srv = createServer((req, res) => {
+        req.resume()
+        answer = () => {
+          res.writeHead(200, { 'content-type': 'application/json' })
+          res.end('{"output":"finished","is_error":false}')
+        }
+        srv.close()
+        srv.emit('first-request')
+      })
+      await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve))
+      t.after(() => srv.closeAllConnections())
+      const port = (srv.address() as { port: number }).port
+      await register(tp, { name: 'slow', callback_url: `http://127.0.0.1:${port}/slow`, source: 'plugin:p' })
+      await register(tp, { name: 'other', callback_url: `http://127.0.0.1:${port}/other`, source: 'plugin:p' })
+      const running = tp.callTool('Lanlan', { name: 'slow' })
+      await once(srv, 'first-request')
+      const evicted = once(tp, 'origin-evicted')
+      for (let i = 0; i < 3; i++) assert.equal((await tp.callTool('Lanlan', { name: 'other' })).is_error, true)
+      await evicted
+      assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan, [])
+      answer()
+      const result = await running
+      assert.equal(result.is_error, false)
+      assert.equal(result.output, 'finished')
+    })
+
     test('local tools run in-process with the same deadline and error capture', async (t) => {
       const tp = await setup(t, mode)
       const role = tp.roles.get('Lanlan')

@@ -29,13 +29,23 @@ interface PendingCall {
   onAbort: (() => void) | null
   /** True once the call has left the main-thread queue for a worker. */
   sent: boolean
+  /** performance.now() when admitted, and when handed to the pool (inline: the same). */
+  dispatchedAt: number
+  sentAt: number
 }
+
+/**
+ * Told how long each answered call waited on the main thread before it was handed to the pool
+ * (batching turn; 0 inline) and how long it took from there (postMessage, worker, callback).
+ */
+export type DispatchObserver = (queueMs: number, callbackMs: number, kind: OutcomeKind) => void
 
 /** Everything the dispatcher needs to build a call; `id` is assigned by the dispatcher. */
 export type CallRequest = Omit<CallTask, 'id'>
 
 export class Dispatcher {
   readonly #options: DispatchOptions
+  readonly #observer: DispatchObserver | null
   readonly #pending = new Map<number, PendingCall>()
   #queue: CallTask[] = []
   #flushScheduled = false
@@ -51,8 +61,9 @@ export class Dispatcher {
   /** Inline mode: the AbortController of each running call. */
   readonly #controllers = new Map<number, AbortController>()
 
-  constructor (options: DispatchOptions) {
+  constructor (options: DispatchOptions, observer: DispatchObserver | null = null) {
     this.#options = options
+    this.#observer = observer
     if (options.mode === 'inline') {
       this.#client = new CallbackClient({
         connectionsPerOrigin: options.connectionsPerOrigin,
@@ -100,6 +111,16 @@ export class Dispatcher {
   /** Calls admitted and not yet answered. */
   get pending (): number { return this.#pending.size }
 
+  /** Calls waiting to be handed to a worker (this turn's batch plus piscina's queue). */
+  get queued (): number {
+    return this.#queue.length + (this.#pool?.queueSize ?? 0)
+  }
+
+  /** The pool's utilisation (0–1, piscina's measure); 0 inline. */
+  get utilization (): number {
+    return this.#pool?.utilization ?? 0
+  }
+
   /**
    * Performs one callback call. Never rejects: every failure is an outcome. An aborted `signal`
    * answers `cancelled` at once and tells the worker to stop the request.
@@ -123,7 +144,8 @@ export class Dispatcher {
       maxResponseBytes: request.maxResponseBytes
     }
     return new Promise<CallOutcome>((resolve) => {
-      const call: PendingCall = { task, resolve, signal, onAbort: null, sent: false }
+      const now = performance.now()
+      const call: PendingCall = { task, resolve, signal, onAbort: null, sent: false, dispatchedAt: now, sentAt: now }
       this.#pending.set(id, call)
       if (signal !== undefined) {
         call.onAbort = () => { this.#abort(id) }
@@ -181,9 +203,13 @@ export class Dispatcher {
     const pool = this.#pool
     if (pool === null) return
     let latest = 0
+    const now = performance.now()
     for (const task of calls) {
       const call = this.#pending.get(task.id)
-      if (call !== undefined) call.sent = true
+      if (call !== undefined) {
+        call.sent = true
+        call.sentAt = now
+      }
       if (task.deadline > latest) latest = task.deadline
     }
     const batch: BatchTask = { calls }
@@ -240,6 +266,10 @@ export class Dispatcher {
     if (call === undefined) return
     this.#pending.delete(outcome.id)
     if (call.onAbort !== null) call.signal?.removeEventListener('abort', call.onAbort)
+    if (this.#observer !== null) {
+      const now = performance.now()
+      this.#observer(call.sentAt - call.dispatchedAt, now - call.sentAt, outcome.kind)
+    }
     call.resolve(outcome)
     if (this.#drained !== null && this.#pending.size === 0) this.#drained()
   }

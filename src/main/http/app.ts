@@ -5,6 +5,9 @@ import { buildGuard } from './guard.js'
 import { handleError, handleNotFound } from './errors.js'
 import { buildJsonParser } from './json-body.js'
 import { registerToolRoutes } from './tools.js'
+import { registerOperationRoutes } from './operations.js'
+import { noValidation, registerDocs } from './openapi.js'
+import { registerDefinitionRoutes, registerMcpRoutes } from './mcp.js'
 
 export interface ToolportPluginOptions {
   /** The runtime whose registry the routes serve. */
@@ -30,13 +33,19 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit: runtime.options.limits.maxBodyBytes },
     buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(handleError)
+  app.setValidatorCompiler(noValidation)
   registerToolRoutes(app, runtime)
+  registerOperationRoutes(app, runtime)
+  registerDefinitionRoutes(app, runtime)
+  registerMcpRoutes(app, runtime)
   done()
 }
 
 /** Builds the standalone app: the guard on every request, the routes, JSON errors everywhere. */
 export function buildApp (runtime: Runtime): FastifyInstance {
-  const app = fastify({
+  // Typed as the default instance: the pino Logger type is wider than FastifyBaseLogger, and the
+  // routes only use the base logger's methods.
+  const app: FastifyInstance = fastify({
     loggerInstance: runtime.log,
     // R1: the socket's peer decides; X-Forwarded-For is never trusted.
     trustProxy: false,
@@ -50,13 +59,15 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     return503OnClosing: true,
     // Calls are logged by the runtime (metadata only, at debug); per-request lines would be noise.
     logController: new LogController({ disableRequestLogging: true })
-  })
+  }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
   app.addHook('onRequest', buildGuard(runtime.options.security))
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'string' }, buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(handleError)
   app.setNotFoundHandler(handleNotFound)
+  // Docs first: @fastify/swagger collects the routes registered after it.
+  registerDocs(app)
   app.register(toolportPlugin, { runtime, guard: false })
-  return app as unknown as FastifyInstance
+  return app
 }

@@ -2,27 +2,28 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
+import { ROUTE_SCHEMAS } from './openapi.js'
 
 /** Registers the routes on `app`, answering from `runtime`. */
 export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
-  app.post('/api/tools/register', async function registerRoute (request) {
+  app.post('/api/tools/register', { schema: ROUTE_SCHEMAS.register }, async function registerRoute (request) {
     return await runtime.register(request.body)
   })
 
-  app.post('/api/tools/unregister', async function unregisterRoute (request) {
+  app.post('/api/tools/unregister', { schema: ROUTE_SCHEMAS.unregister }, async function unregisterRoute (request) {
     return await runtime.unregister(request.body)
   })
 
-  app.post('/api/tools/clear', async function clearRoute (request) {
+  app.post('/api/tools/clear', { schema: ROUTE_SCHEMAS.clear }, async function clearRoute (request) {
     return await runtime.clear(request.body)
   })
 
-  app.get('/api/tools', function listRoute (request: FastifyRequest, reply: FastifyReply) {
+  app.get('/api/tools', { schema: ROUTE_SCHEMAS.list }, function listRoute (request: FastifyRequest, reply: FastifyReply) {
     const query = parseOrThrow(listQuerySchema, request.query ?? {})
     reply.send(runtime.list(query.role))
   })
 
-  app.post('/api/tools/call', async function callRoute (request: FastifyRequest, reply: FastifyReply) {
+  app.post('/api/tools/call', { schema: ROUTE_SCHEMAS.call }, async function callRoute (request: FastifyRequest, reply: FastifyReply) {
     const call = parseOrThrow(callSchema, request.body)
     // A client that hangs up cancels its call (the worker stops the callback request).
     const controller = new AbortController()

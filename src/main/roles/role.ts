@@ -45,7 +45,7 @@ export class Role {
     this.#sync = new RoleSync({
       definitions: () => this.registry.definitions(),
       sessions: () => this.#sessionList
-    }, options.syncTimeoutMs)
+    }, options.syncTimeoutMs, (outcome, durationMs, sessions) => { this.#onSyncFinished(outcome, durationMs, sessions) })
   }
 
   /** Syncs started so far (sessions present); for tests and metrics. */
@@ -69,12 +69,18 @@ export class Role {
   }
 
   /** Pushes the current tools to every session (coalesced with concurrent requests). */
-  async sync (): Promise<SyncOutcome> {
-    const outcome = await this.#sync.request()
+  sync (): Promise<SyncOutcome> {
+    return this.#sync.request()
+  }
+
+  /** Once per sync that ran (however many callers shared it). */
+  #onSyncFinished (outcome: SyncOutcome, durationMs: number, sessions: number): void {
+    if (this.#events.listenerCount('sync-finished') > 0) {
+      this.#events.emit('sync-finished', { role: this.name, ok: outcome.ok, error: outcome.error, durationMs, sessions })
+    }
     if (!outcome.ok && this.#events.listenerCount('sync-failed') > 0) {
       this.#events.emit('sync-failed', { role: this.name, error: outcome.error })
     }
-    return outcome
   }
 
   /**

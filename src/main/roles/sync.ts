@@ -34,16 +34,21 @@ export interface SyncSource {
   sessions (): readonly ModelSession[]
 }
 
+/** Told about every sync that actually ran (sessions present), once, with its duration. */
+export type SyncObserver = (outcome: SyncOutcome, durationMs: number, sessions: number) => void
+
 export class RoleSync {
   readonly #source: SyncSource
   readonly #timeoutMs: number
+  readonly #observer: SyncObserver | null
   #running: Promise<SyncOutcome> | null = null
   #next: Promise<SyncOutcome> | null = null
   #count = 0
 
-  constructor (source: SyncSource, timeoutMs: number) {
+  constructor (source: SyncSource, timeoutMs: number, observer: SyncObserver | null = null) {
     this.#source = source
     this.#timeoutMs = timeoutMs
+    this.#observer = observer
   }
 
   /** Syncs started so far (for tests and metrics). */
@@ -76,6 +81,13 @@ export class RoleSync {
     // A role with no session syncs trivially and counts as accepted (DESIGN).
     if (sessions.length === 0) return SYNC_OK
     this.#count++
+    const started = performance.now()
+    const outcome = await this.#push(sessions)
+    this.#observer?.(outcome, performance.now() - started, sessions.length)
+    return outcome
+  }
+
+  async #push (sessions: readonly ModelSession[]): Promise<SyncOutcome> {
     const tools = this.#source.definitions()
     const controller = new AbortController()
     let timer: NodeJS.Timeout | undefined

@@ -1,0 +1,108 @@
+// Route schemas for OpenAPI and for fastify's response serializers, generated from the same zod
+// schemas the Runtime validates requests with (zod 4's own `toJSONSchema`), so the docs at
+// /openapi.json cannot drift from the code.
+import { z } from 'zod'
+import type { FastifyInstance, FastifySchema } from 'fastify'
+import swagger from '@fastify/swagger'
+import swaggerUi from '@fastify/swagger-ui'
+import {
+  callSchema, clearResultSchema, clearSchema, errorBodySchema, listQuerySchema, listResultSchema,
+  registerResultSchema, registerSchema, toolResultSchema, unregisterResultSchema, unregisterSchema
+} from '../schemas.js'
+import { VERSION } from '../version.js'
+
+/** A zod schema as a draft-7 JSON Schema without the `$schema` key (fastify and OpenAPI embed it). */
+export function jsonSchema (schema: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {
+  const out = z.toJSONSchema(schema, { io, target: 'draft-7', unrepresentable: 'any' }) as Record<string, unknown>
+  delete out.$schema
+  return out
+}
+
+const errorBody = jsonSchema(errorBodySchema, 'output')
+
+/** The error statuses every route can answer, with the guard's 401/403 and body errors. */
+function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
+  const out: Record<number, Record<string, unknown>> = {}
+  for (const status of [401, 403, ...statuses]) out[status] = { ...errorBody, description: ERROR_DESCRIPTIONS[status] }
+  return out
+}
+
+const ERROR_DESCRIPTIONS: Record<number, string> = {
+  400: 'malformed JSON or request (TP_ERR_BAD_JSON, TP_ERR_BAD_REQUEST)',
+  401: 'token mode: missing or wrong bearer token (TP_ERR_UNAUTHORIZED)',
+  403: 'not a loopback client, or a foreign Host/Origin (TP_ERR_NOT_LOOPBACK, TP_ERR_HOST_FORBIDDEN, TP_ERR_ORIGIN_FORBIDDEN)',
+  404: 'unknown role (TP_ERR_ROLE_NOT_FOUND)',
+  413: 'body too large or too deep (TP_ERR_BODY_TOO_LARGE, TP_ERR_JSON_TOO_DEEP)',
+  415: 'the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)',
+  422: 'a field failed validation, or a tool cap was reached (TP_ERR_VALIDATION, TP_ERR_LIMIT_EXCEEDED)'
+}
+
+const BODY_ERRORS = [400, 404, 413, 415, 422]
+
+/** fastify route schemas of the tool routes, keyed by route. */
+export const ROUTE_SCHEMAS: Record<string, FastifySchema> = {
+  register: {
+    summary: 'Register or replace one remote tool (SPEC R5–R8)',
+    tags: ['tools'],
+    body: jsonSchema(registerSchema, 'input'),
+    response: { 200: jsonSchema(registerResultSchema, 'output'), ...errors(...BODY_ERRORS) }
+  },
+  unregister: {
+    summary: 'Remove a tool by name (SPEC R15, R17)',
+    tags: ['tools'],
+    body: jsonSchema(unregisterSchema, 'input'),
+    response: { 200: jsonSchema(unregisterResultSchema, 'output'), ...errors(...BODY_ERRORS) }
+  },
+  clear: {
+    summary: 'Remove every tool of a source (SPEC R16, R17)',
+    tags: ['tools'],
+    body: jsonSchema(clearSchema, 'input'),
+    response: { 200: jsonSchema(clearResultSchema, 'output'), ...errors(...BODY_ERRORS) }
+  },
+  list: {
+    summary: 'List the tools of every current role, or of one (SPEC R18)',
+    tags: ['tools'],
+    querystring: jsonSchema(listQuerySchema, 'input'),
+    response: { 200: jsonSchema(listResultSchema, 'output'), ...errors(404, 422) }
+  },
+  call: {
+    summary: 'Call a tool as a model would; answers the ToolResult (SPEC R9–R12)',
+    tags: ['tools'],
+    body: jsonSchema(callSchema, 'input'),
+    response: { 200: jsonSchema(toolResultSchema, 'output'), ...errors(...BODY_ERRORS) }
+  }
+}
+
+/**
+ * Validation happens in the Runtime with the zod schemas themselves (one parse, the library and
+ * the routes share it), so fastify's own validation of the documented schemas is switched off.
+ */
+export function noValidation (): (data: unknown) => { value: unknown } {
+  return passThrough
+}
+
+function passThrough (data: unknown): { value: unknown } {
+  return { value: data }
+}
+
+/**
+ * Registers @fastify/swagger, /openapi.json and the Swagger UI at /docs on `app` itself (not in a
+ * child context), before the routes, so swagger's onRoute hook sees every route.
+ */
+export function registerDocs (app: FastifyInstance): void {
+  app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'Toolport',
+        version: VERSION,
+        description: 'Runtime Tools API: local plugins register HTTP callbacks as tools a model can call. Loopback clients only.'
+      },
+      tags: [{ name: 'tools', description: 'the Runtime Tools API' }, { name: 'operations', description: 'health and metrics' }]
+    }
+  })
+  app.register(swaggerUi, { routePrefix: '/docs' })
+  app.get('/openapi.json', { schema: { hide: true } }, function openapiRoute (_request, reply) {
+    reply.send(app.swagger())
+  })
+}

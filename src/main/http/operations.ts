@@ -1,0 +1,36 @@
+// Operations routes: GET /api/health (liveness/readiness) and GET /metrics (Prometheus).
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Runtime } from '../runtime.js'
+import { errorBodySchema, healthSchema } from '../schemas.js'
+import { jsonSchema } from './openapi.js'
+
+const errorBody = jsonSchema(errorBodySchema, 'output')
+
+export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime): void {
+  const health = jsonSchema(healthSchema, 'output')
+  app.get('/api/health', {
+    schema: {
+      summary: 'Liveness and readiness, with the worker pool\'s state',
+      tags: ['operations'],
+      response: { 200: health, 503: health, 401: errorBody, 403: errorBody }
+    }
+  }, function healthRoute (_request: FastifyRequest, reply: FastifyReply) {
+    const report = runtime.health()
+    reply.code(report.ok ? 200 : 503).send(report)
+  })
+
+  const metrics = runtime.metrics
+  if (metrics === null) return
+  app.get('/metrics', {
+    schema: {
+      summary: 'Prometheus metrics: calls, dispatch latency (queue and callback), evictions, syncs, registry sizes, pool',
+      tags: ['operations'],
+      produces: ['text/plain'],
+      response: { 200: { type: 'string', description: 'Prometheus text exposition format' }, 401: errorBody, 403: errorBody }
+    }
+  }, async function metricsRoute (_request: FastifyRequest, reply: FastifyReply) {
+    const text = await metrics.text()
+    reply.type(metrics.contentType)
+    return text
+  })
+}

@@ -1,0 +1,146 @@
+// Prometheus metrics (prom-client), one Registry per Runtime so that two instances in one process
+// never share or clash. Labels are bounded: roles and registered tool names (capped by the
+// registry limits), outcome kinds, callback origins; never call ids or argument values.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
+import type { EventEmitter } from 'node:events'
+import type { ToolportEvents } from './events.js'
+import type { OutcomeKind } from '../workers/protocol.js'
+
+/** What the metrics read when scraped. */
+export interface MetricsSource {
+  events: EventEmitter<ToolportEvents>
+  pendingCalls: () => number
+  queuedCalls: () => number
+  poolUtilization: () => number
+  poolThreads: () => number
+  registrySizes: () => Iterable<[string, number]>
+}
+
+const LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
+
+export class Metrics {
+  readonly registry = new Registry()
+  readonly #queueSeconds: Histogram<'outcome'>
+  readonly #callbackSeconds: Histogram<'outcome'>
+
+  constructor (source: MetricsSource) {
+    const registers = [this.registry]
+    collectDefaultMetrics({ register: this.registry })
+    const calls = new Counter({
+      name: 'toolport_calls_total',
+      help: 'Tool calls answered, by role, tool and outcome',
+      labelNames: ['role', 'tool', 'outcome'] as const,
+      registers
+    })
+    const callSeconds = new Histogram({
+      name: 'toolport_call_duration_seconds',
+      help: 'Whole tool call, from callTool to the result',
+      labelNames: ['outcome'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers
+    })
+    this.#queueSeconds = new Histogram({
+      name: 'toolport_dispatch_queue_seconds',
+      help: 'Time a callback call waited on the main thread before it was handed to the worker pool',
+      labelNames: ['outcome'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers
+    })
+    this.#callbackSeconds = new Histogram({
+      name: 'toolport_dispatch_callback_seconds',
+      help: 'Time from handing a call to the pool (or inline client) to its outcome: worker and callback',
+      labelNames: ['outcome'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers
+    })
+    const evictions = new Counter({
+      name: 'toolport_evictions_total',
+      help: 'Callback origins whose plugin tools were evicted after consecutive connection failures',
+      labelNames: ['origin'] as const,
+      registers
+    })
+    const evictedTools = new Counter({
+      name: 'toolport_evicted_tools_total',
+      help: 'Tool registrations removed by evictions (summed over roles)',
+      registers
+    })
+    const syncSeconds = new Histogram({
+      name: 'toolport_sync_duration_seconds',
+      help: 'Duration of a role\'s sync to its model sessions',
+      labelNames: ['role'] as const,
+      buckets: LATENCY_BUCKETS,
+      registers
+    })
+    const syncFailures = new Counter({
+      name: 'toolport_sync_failures_total',
+      help: 'Role syncs that failed or timed out',
+      labelNames: ['role'] as const,
+      registers
+    })
+    // Gauges are read when scraped, so the hot path pays nothing for them.
+    new Gauge({ // eslint-disable-line no-new
+      name: 'toolport_calls_in_flight',
+      help: 'Callback calls admitted and not yet answered',
+      registers,
+      collect () { this.set(source.pendingCalls()) }
+    })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'toolport_dispatch_queue_depth',
+      help: 'Calls waiting to be handed to a worker',
+      registers,
+      collect () { this.set(source.queuedCalls()) }
+    })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'toolport_pool_utilization',
+      help: 'Worker pool utilisation (0-1, piscina); 0 in inline mode',
+      registers,
+      collect () { this.set(source.poolUtilization()) }
+    })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'toolport_pool_threads',
+      help: 'Worker threads in the pool; 0 in inline mode',
+      registers,
+      collect () { this.set(source.poolThreads()) }
+    })
+    new Gauge({ // eslint-disable-line no-new
+      name: 'toolport_registry_tools',
+      help: 'Tools registered per role',
+      labelNames: ['role'] as const,
+      registers,
+      collect () {
+        this.reset()
+        for (const [role, size] of source.registrySizes()) this.set({ role }, size)
+      }
+    })
+
+    source.events.on('call-finished', (event) => {
+      const outcome = event.outcome
+      // A name that matches no tool is the model's free text: unbounded, so not a label.
+      calls.inc({ role: event.role, tool: outcome === 'unknown_tool' ? '(unknown)' : event.name, outcome })
+      callSeconds.observe({ outcome }, event.durationMs / 1000)
+    })
+    source.events.on('origin-evicted', (event) => {
+      evictions.inc({ origin: event.origin })
+      evictedTools.inc(event.tools.length * Math.max(1, event.roles.length))
+    })
+    source.events.on('sync-finished', (event) => {
+      syncSeconds.observe({ role: event.role }, event.durationMs / 1000)
+      if (!event.ok) syncFailures.inc({ role: event.role })
+    })
+  }
+
+  /** The dispatcher's observer: queue and callback time of each answered callback call. */
+  readonly observeDispatch = (queueMs: number, callbackMs: number, kind: OutcomeKind): void => {
+    this.#queueSeconds.observe({ outcome: kind }, queueMs / 1000)
+    this.#callbackSeconds.observe({ outcome: kind }, callbackMs / 1000)
+  }
+
+  /** The Prometheus text exposition. */
+  async text (): Promise<string> {
+    return await this.registry.metrics()
+  }
+
+  get contentType (): string {
+    return this.registry.contentType
+  }
+}
