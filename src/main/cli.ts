@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // The `toolport` command. The only module that reads argv, installs signal handlers or exits.
-import { parseArgs } from 'node:util'
+import { parseArgs, type ParseArgsConfig } from 'node:util'
 import { readFileSync, statSync } from 'node:fs'
 import { Toolport } from './toolport.js'
 import { createLogger } from './runtime.js'
@@ -53,23 +53,12 @@ async function main (argv: string[]): Promise<number> {
 
 /** `toolport mcp`: stdout carries the MCP protocol, so every message goes to stderr. */
 async function mcp (args: string[]): Promise<number> {
-  let parsed
-  try {
-    parsed = parseArgs({
-      args,
-      strict: true,
-      allowPositionals: false,
-      options: {
-        role: { type: 'string' },
-        url: { type: 'string' },
-        'token-file': { type: 'string' },
-        help: { type: 'boolean', short: 'h' }
-      }
-    })
-  } catch (err) {
-    throw new UsageError((err as Error).message)
-  }
-  const flags = parsed.values
+  const flags = parseFlags(args, {
+    role: { type: 'string' },
+    url: { type: 'string' },
+    'token-file': { type: 'string' },
+    help: { type: 'boolean', short: 'h' }
+  })
   if (flags.help === true) {
     process.stderr.write(USAGE)
     return 0
@@ -96,28 +85,17 @@ async function mcp (args: string[]): Promise<number> {
 }
 
 async function serve (args: string[]): Promise<number> {
-  let parsed
-  try {
-    parsed = parseArgs({
-      args,
-      strict: true,
-      allowPositionals: false,
-      options: {
-        host: { type: 'string' },
-        port: { type: 'string' },
-        role: { type: 'string', multiple: true },
-        config: { type: 'string' },
-        inline: { type: 'boolean' },
-        'log-level': { type: 'string' },
-        'allow-non-loopback-bind': { type: 'boolean' },
-        'token-file': { type: 'string' },
-        help: { type: 'boolean', short: 'h' }
-      }
-    })
-  } catch (err) {
-    throw new UsageError((err as Error).message)
-  }
-  const flags = parsed.values
+  const flags = parseFlags(args, {
+    host: { type: 'string' },
+    port: { type: 'string' },
+    role: { type: 'string', multiple: true },
+    config: { type: 'string' },
+    inline: { type: 'boolean' },
+    'log-level': { type: 'string' },
+    'allow-non-loopback-bind': { type: 'boolean' },
+    'token-file': { type: 'string' },
+    help: { type: 'boolean', short: 'h' }
+  })
   if (flags.help === true) {
     process.stdout.write(USAGE)
     return 0
@@ -158,6 +136,15 @@ async function serve (args: string[]): Promise<number> {
   })
   await tp.close()
   return 0
+}
+
+/** Strict flag parsing; a bad flag is a usage error (printed with the usage text, exit 2). */
+function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (args: string[], options: T): ReturnType<typeof parseArgs<{ args: string[], strict: true, allowPositionals: false, options: T }>>['values'] {
+  try {
+    return parseArgs({ args, strict: true, allowPositionals: false, options }).values
+  } catch (err) {
+    throw new UsageError((err as Error).message)
+  }
 }
 
 /** Reads the token of token mode; the file must be private to its owner (0600 or stricter). */
