@@ -53,10 +53,10 @@ export class Metrics {
       buckets: LATENCY_BUCKETS,
       registers
     })
+    // No origin label: plugins restarting on fresh ports would grow it without bound.
     const evictions = new Counter({
       name: 'toolport_evictions_total',
       help: 'Callback origins whose plugin tools were evicted after consecutive connection failures',
-      labelNames: ['origin'] as const,
       registers
     })
     const evictedTools = new Counter({
@@ -120,7 +120,7 @@ export class Metrics {
       callSeconds.observe({ outcome }, event.durationMs / 1000)
     })
     source.events.on('origin-evicted', (event) => {
-      evictions.inc({ origin: event.origin })
+      evictions.inc()
       evictedTools.inc(event.tools.length * Math.max(1, event.roles.length))
     })
     source.events.on('sync-finished', (event) => {

@@ -21,6 +21,11 @@ import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
 import { VERSION } from './version.js'
 
+/** How often origin-health entries of origins without tools are forgotten. */
+const HEALTH_SWEEP_MS = 60_000
+/** Names listed in an "unknown tool" error (a role may hold thousands). */
+const UNKNOWN_TOOL_NAMES = 20
+
 /**
  * A role that did not take a change (DESIGN: objects): its sessions failed to sync, or (ownership
  * mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
@@ -100,6 +105,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #health: OriginHealth
   readonly #background = new Set<Promise<unknown>>()
   readonly #startedAt = Date.now()
+  readonly #sweeper: NodeJS.Timeout
+  /** Cancel functions of the local tool calls running now. */
+  readonly #localCalls = new Set<() => void>()
   /** Prometheus metrics, or null when `metrics: false`. */
   readonly metrics: Metrics | null
   #closed = false
@@ -122,6 +130,24 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       : null
     this.#dispatcher = new Dispatcher(this.options.dispatch, this.metrics?.observeDispatch ?? null)
     this.#health = new OriginHealth(this.options.evictionThreshold)
+    // One unref'd sweep (no timer per call) forgets the health of origins no tool uses any more.
+    this.#sweeper = setInterval(() => {
+      this.#health.forget((origin) => this.roles.list().some((role) => role.registry.hasOrigin(origin)))
+    }, HEALTH_SWEEP_MS)
+    this.#sweeper.unref()
+  }
+
+  /**
+   * Emits to host listeners; a listener that throws is logged and otherwise ignored, so host code
+   * can never break a sync, a registration or a tool call (which must never throw).
+   */
+  override emit<K extends keyof ToolportEvents> (eventName: K, ...args: ToolportEvents[K]): boolean {
+    try {
+      return (super.emit as (name: unknown, ...rest: unknown[]) => boolean)(eventName, ...args)
+    } catch (err) {
+      this.log.error({ event: String(eventName), error: errorText(err) }, 'an event listener threw; ignored')
+      return true
+    }
   }
 
   /** The dispatch mode in use. */
@@ -235,7 +261,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const affected = await syncAll(changed, failed)
     if (changed.length > 0) this.log.info({ tool: request.name, roles: affected, failed: failed.length }, 'tool unregistered')
     return {
-      ok: failed.length === 0 || affected.length > 0,
+      // DESIGN: no failures, or something was removed (the registry is authoritative).
+      ok: failed.length === 0 || changed.length > 0,
       removed: changed.length > 0,
       affected_roles: affected,
       failed_roles: failed,
@@ -260,7 +287,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
     if (removed > 0) this.log.info({ source: request.source, removed, roles: affected, failed: failed.length }, 'source cleared')
-    return { ok: failed.length === 0 || affected.length > 0, removed, affected_roles: affected, failed_roles: failed }
+    return { ok: failed.length === 0 || removed > 0, removed, affected_roles: affected, failed_roles: failed }
   }
 
   /** Lists the tools of every current role, or of one (SPEC R18), in registration order. */
@@ -282,10 +309,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const role = this.roles.get(roleName)
     const started = performance.now()
     const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
+    if (this.#closed) return this.#finish(role, call.name, callId, started, 'busy', errorResult('Toolport is shutting down; the tool was not called'))
     const entry = role.registry.get(call.name)
     if (entry === undefined) {
-      const names = role.registry.names()
-      const available = names.length === 0 ? 'this role has no tools' : `available tools: ${names.join(', ')}`
+      const available = describeAvailable(role.registry.names())
       return this.#finish(role, call.name, callId, started, 'unknown_tool', errorResult(`unknown tool '${call.name}'; ${available}`))
     }
     const args = readArguments(call.raw_arguments, call.arguments)
@@ -293,12 +320,13 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const problem = checkArguments(entry, args.value, this.#onBadSchema)
     if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem))
     if (entry.handler !== null) {
-      const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal)
+      const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal, this.#localCalls)
       return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result)
     }
     // The callback body is built once, here, as a string (R9). `args.raw` is JSON text that was
     // just parsed, so it is spliced in as-is instead of being encoded a second time.
     const body = `{"name":${JSON.stringify(entry.name)},"arguments":${args.raw},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(args.raw)}}`
+    const epoch = this.#health.epoch(entry.origin)
     const outcome = await this.#dispatcher.dispatch({
       url: entry.callbackUrl as string,
       origin: entry.origin,
@@ -309,7 +337,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       timeoutMs: entry.timeoutMs,
       maxResponseBytes: this.options.dispatch.maxResponseBytes
     }, options?.signal)
-    this.#recordHealth(entry, outcome)
+    this.#recordHealth(entry, outcome, epoch)
     const result = outcomeToResult(outcome, { name: entry.name, timeoutMs: entry.timeoutMs, maxResponseBytes: this.options.dispatch.maxResponseBytes })
     return this.#finish(role, entry.name, callId, started, outcome.kind, result)
   }
@@ -318,14 +346,17 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   async close (): Promise<void> {
     if (this.#closed) return
     this.#closed = true
+    clearInterval(this.#sweeper)
+    // Local handlers run on this thread and cannot be waited for safely: answer them now.
+    for (const cancel of [...this.#localCalls]) cancel()
     await this.#dispatcher.close()
     await Promise.allSettled([...this.#background])
   }
 
   get closed (): boolean { return this.#closed }
 
-  #recordHealth (entry: ToolEntry, outcome: CallOutcome): void {
-    if (!this.#health.record(entry.origin, outcome.kind, entry.isPlugin)) return
+  #recordHealth (entry: ToolEntry, outcome: CallOutcome, epoch: number): void {
+    if (!this.#health.record(entry.origin, outcome.kind, entry.isPlugin, epoch)) return
     this.#evict(entry.origin)
   }
 
@@ -342,6 +373,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         role.emitRemoved(entry, 'evicted')
       }
     }
+    // Concurrent failures can reach the threshold after the tools are already gone: say nothing.
+    if (roles.length === 0) return
     const names = [...tools]
     const roleNames = roles.map((r) => r.name)
     const failures = this.#health.threshold
@@ -392,6 +425,13 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 }
 
+/** The names a model may call instead, at most UNKNOWN_TOOL_NAMES of them. */
+function describeAvailable (names: string[]): string {
+  if (names.length === 0) return 'this role has no tools'
+  if (names.length <= UNKNOWN_TOOL_NAMES) return `available tools: ${names.join(', ')}`
+  return `available tools: ${names.slice(0, UNKNOWN_TOOL_NAMES).join(', ')} and ${names.length - UNKNOWN_TOOL_NAMES} more`
+}
+
 /** Awaits every role's sync in parallel; returns the roles that took it and adds the others to `failed`. */
 async function syncAll (roles: Role[], failed: FailedRole[]): Promise<string[]> {
   if (roles.length === 0) return []
@@ -410,27 +450,31 @@ function syncRole (role: Role): Promise<SyncOutcome> {
   return role.sync()
 }
 
-/** Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. */
-async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string, signal: AbortSignal | undefined): Promise<ToolResult> {
+/**
+ * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
+ * runs, its cancel function sits in `running`, so that `close()` can answer it as cancelled (which
+ * also clears its deadline timer, the one handle a stuck handler would otherwise keep alive).
+ */
+async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
+  signal: AbortSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
   const handler = entry.handler
   if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
   if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
   const controller = new AbortController()
   let timer: NodeJS.Timeout | undefined
-  let onAbort: (() => void) | undefined
+  let cancel: () => void = noop
   const stopped = new Promise<ToolResult>((resolve) => {
     timer = setTimeout(() => {
       controller.abort(new Error('deadline'))
       resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
     }, entry.timeoutMs)
-    if (signal !== undefined) {
-      onAbort = () => {
-        controller.abort(new Error('cancelled'))
-        resolve(errorResult(`tool '${entry.name}' call was cancelled`))
-      }
-      signal.addEventListener('abort', onAbort, { once: true })
+    cancel = () => {
+      controller.abort(new Error('cancelled'))
+      resolve(errorResult(`tool '${entry.name}' call was cancelled`))
     }
   })
+  running.add(cancel)
+  signal?.addEventListener('abort', cancel, { once: true })
   const ran = (async (): Promise<ToolResult> => {
     try {
       return outputResult(await handler(args, { role, callId, signal: controller.signal }))
@@ -442,7 +486,8 @@ async function runLocalTool (entry: ToolEntry, args: unknown, role: string, call
     return await Promise.race([ran, stopped])
   } finally {
     clearTimeout(timer)
-    if (onAbort !== undefined) signal?.removeEventListener('abort', onAbort)
+    running.delete(cancel)
+    signal?.removeEventListener('abort', cancel)
   }
 }
 

@@ -1,7 +1,7 @@
 // The piscina task: runs a batch of callback calls on this worker thread.
 //
 // Outcomes do not travel back as the task's return value: a batch's fast call must not wait for
-// its slow one, so each outcome is posted on the results BroadcastChannel as soon as it exists,
+// its slow one, so each outcome is posted on this thread's parentPort as soon as it exists,
 // coalesced per event-loop turn (one postMessage carries every outcome that finished in the same
 // turn, which matters at ~80 µs per message). The task itself resolves, with the number of calls,
 // only after all of its outcomes have been posted.
@@ -11,7 +11,7 @@
 //
 // Module-level state is per thread (STYLE §2): one CallbackClient, the in-flight controllers and
 // the outcomes waiting for the next flush.
-import { BroadcastChannel, workerData } from 'node:worker_threads'
+import { BroadcastChannel, parentPort, workerData, type MessagePort } from 'node:worker_threads'
 import { CallbackClient } from './callback-client.js'
 import type { BatchTask, CallOutcome, CallTask, WorkerOptions } from './protocol.js'
 
@@ -23,10 +23,10 @@ const client = new CallbackClient({
   connectTimeoutMs: options.connectTimeoutMs
 })
 
-const results = new BroadcastChannel(options.resultsChannel)
+// Point to point to the main thread (piscina re-emits it as the pool's 'message' event).
+const results = parentPort as MessagePort
 const cancels = new BroadcastChannel(options.cancelChannel)
-// Neither channel may keep the thread alive; piscina's own port does while the pool wants it.
-results.unref()
+// The cancel channel must not keep the thread alive; piscina's own port does while the pool wants it.
 cancels.unref()
 
 /** Calls running on this thread, by call id; the cancel channel aborts through them. */
@@ -83,10 +83,10 @@ async function runCall (task: CallTask): Promise<void> {
 
 /**
  * Runs every call of the batch concurrently and resolves with the number of calls once all of
- * their outcomes were posted on the results channel.
+ * their outcomes were posted to the main thread.
  *
  * @example
- * await pool.run({ calls: [task] }) // 1; the outcome arrives on `resultsChannel`
+ * await pool.run({ calls: [task] }) // 1; the outcome arrives as the pool's 'message' event
  */
 export default async function runBatch (batch: BatchTask): Promise<number> {
   const calls = batch.calls

@@ -68,15 +68,16 @@ export interface CallOutcome {
   bytes: number
 }
 
-/** A batch of calls for one piscina task; results stream back one by one on the results channel. */
+/**
+ * A batch of calls for one piscina task. Outcomes stream back as `CallOutcome[]` messages on the
+ * worker's parentPort (piscina emits them as the pool's 'message' event), not as the task result.
+ */
 export interface BatchTask {
   calls: CallTask[]
 }
 
 /** Options every worker thread receives through piscina's `workerData`. */
 export interface WorkerOptions {
-  /** BroadcastChannel name on which workers post `CallOutcome[]` arrays. */
-  resultsChannel: string
   /** BroadcastChannel name on which the main thread posts ids of calls to cancel. */
   cancelChannel: string
   /** Per-origin connection cap of each thread's undici pools. */

@@ -18,7 +18,7 @@ interface Harness {
   server: CallbackServer
   pool: Piscina
   cancels: BroadcastChannel
-  /** Resolves with the outcome of call `id` once it arrives on the results channel. */
+  /** Resolves with the outcome of call `id` once it arrives from the worker. */
   outcome: (id: number) => Promise<CallOutcome>
   /** Call ids in the order their outcomes arrived. */
   arrivals: number[]
@@ -27,7 +27,6 @@ interface Harness {
 async function setup (t: TestContext, serverOptions: CallbackServerOptions = {}): Promise<Harness> {
   const server = await startCallbackServer(serverOptions)
   const workerData: WorkerOptions = {
-    resultsChannel: `toolport-results-${randomUUID()}`,
     cancelChannel: `toolport-cancel-${randomUUID()}`,
     connectionsPerOrigin: 8,
     keepAliveTimeoutMs: 4000,
@@ -41,20 +40,18 @@ async function setup (t: TestContext, serverOptions: CallbackServerOptions = {})
     maxThreads: 1,
     minThreads: 1
   })
-  const results = new BroadcastChannel(workerData.resultsChannel)
   const cancels = new BroadcastChannel(workerData.cancelChannel)
   const arrived = new Map<number, CallOutcome>()
   const waiting = new Map<number, (outcome: CallOutcome) => void>()
   const arrivals: number[] = []
-  results.onmessage = (event: unknown) => {
-    for (const outcome of (event as { data: CallOutcome[] }).data) {
+  pool.on('message', (batch: CallOutcome[]) => {
+    for (const outcome of batch) {
       arrivals.push(outcome.id)
       arrived.set(outcome.id, outcome)
       waiting.get(outcome.id)?.(outcome)
     }
-  }
+  })
   t.after(async () => {
-    results.close()
     cancels.close()
     await pool.destroy()
     await server.close()
@@ -67,7 +64,7 @@ async function setup (t: TestContext, serverOptions: CallbackServerOptions = {})
   return { server, pool, cancels, outcome, arrivals }
 }
 
-test('R9: a batch posts every outcome on the results channel and resolves with its call count', async (t) => {
+test('R9: a batch posts every outcome to the main thread and resolves with its call count', async (t) => {
   const { server, pool, outcome } = await setup(t)
   const calls = [buildCallTask(server.url, '/echo'), buildCallTask(server.url, '/status/500'), buildCallTask(server.url, '/text')]
   const count = await pool.run({ calls })

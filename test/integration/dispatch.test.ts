@@ -241,6 +241,28 @@ for (const mode of MODES) {
       assert.equal(missing.json().code, 'TP_ERR_ROLE_NOT_FOUND')
     })
 
+    test('POST /api/tools/call answers valid JSON for every kind of output, a 100 000-deep reply included', async (t) => {
+      const tp = await setup(t, mode)
+      const s = await server(t)
+      await register(tp, { name: 'deep', callback_url: `${s.url}/deep/100000` })
+      await register(tp, { name: 'texty', callback_url: `${s.url}/text` })
+      await register(tp, { name: 'empty', callback_url: `${s.url}/empty` })
+      await register(tp, { name: 'broken', callback_url: `${s.url}/status/500` })
+      await tp.roles.get('Lanlan').registerLocalTool({ name: 'nothing', handler: () => undefined })
+      const answers: Record<string, unknown> = {}
+      for (const name of ['deep', 'texty', 'empty', 'broken', 'nothing']) {
+        const res = await tp.app.inject({ method: 'POST', url: '/api/tools/call', payload: { role: 'Lanlan', name } })
+        assert.equal(res.statusCode, 200, name)
+        if (name !== 'deep') answers[name] = res.json()
+        else assert.equal(res.body.length > 200_000, true)
+      }
+      assert.deepEqual(answers.texty, { is_error: false, output: 'plain text reply, not JSON', text: 'plain text reply, not JSON' })
+      assert.deepEqual(answers.empty, { is_error: false, output: '', text: '' })
+      assert.equal((answers.broken as { is_error: boolean }).is_error, true)
+      assert.equal((answers.broken as { output: unknown }).output, null)
+      assert.deepEqual(answers.nothing, { is_error: false, output: null, text: '' })
+    })
+
     test('keep-alive: 50 sequential calls reuse a few connections', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)

@@ -6,10 +6,13 @@
 // 2. The calls of one event-loop turn are flushed together on `setImmediate`, in batches of at
 //    most `maxBatch`, one piscina task per batch: one postMessage round trip (~80 µs measured)
 //    is shared by the whole turn instead of paid per call.
-// 3. The worker streams outcomes back per call on a BroadcastChannel as each finishes, coalesced
-//    per turn, so a fast call never waits for a slow one in the same batch.
-// 4. Cancellation is a message on a second BroadcastChannel, never piscina's abort signal:
-//    aborting a running task kills its thread and every keep-alive socket in it.
+// 3. The worker streams outcomes back per call on its parentPort (piscina re-emits them as the
+//    pool's 'message' event) as each finishes, coalesced per turn, so a fast call never waits
+//    for a slow one in the same batch. Point to point: a BroadcastChannel would copy every
+//    outcome into every other worker too.
+// 4. Cancellation is a message on a BroadcastChannel (the main thread does not know which
+//    thread runs a call), never piscina's abort signal: aborting a running task kills its thread
+//    and every keep-alive socket in it.
 // 5. Each batch also has a deadline on the main thread (its latest call's deadline plus a
 //    grace), so a stuck or dead worker can never leave a caller waiting forever.
 import { BroadcastChannel, type Worker } from 'node:worker_threads'
@@ -22,16 +25,37 @@ import type { DispatchOptions } from '../config.js'
 /** How long past a batch's latest deadline the main thread waits before declaring its calls lost. */
 const BATCH_GRACE_MS = 1_000
 
-interface PendingCall {
-  task: CallTask
-  resolve: (outcome: CallOutcome) => void
-  signal: AbortSignal | undefined
-  onAbort: (() => void) | null
-  /** True once the call has left the main-thread queue for a worker. */
-  sent: boolean
+/** The calls of one piscina task; the timer is cleared when the last of them is answered. */
+interface Batch {
+  calls: CallTask[]
+  remaining: number
+  timer: NodeJS.Timeout | undefined
+}
+
+/** A call admitted and not yet answered. It is its own abort listener (no closure per call). */
+class PendingCall {
+  readonly task: CallTask
+  readonly resolve: (outcome: CallOutcome) => void
+  readonly signal: AbortSignal | undefined
+  readonly owner: Dispatcher
+  /** Set once the call has left the main-thread queue for a worker. */
+  batch: Batch | null = null
   /** performance.now() when admitted, and when handed to the pool (inline: the same). */
-  dispatchedAt: number
+  readonly dispatchedAt: number
   sentAt: number
+
+  constructor (owner: Dispatcher, task: CallTask, resolve: (outcome: CallOutcome) => void, signal: AbortSignal | undefined) {
+    this.owner = owner
+    this.task = task
+    this.resolve = resolve
+    this.signal = signal
+    this.dispatchedAt = performance.now()
+    this.sentAt = this.dispatchedAt
+  }
+
+  handleEvent (): void {
+    this.owner.abort(this.task.id)
+  }
 }
 
 /**
@@ -54,12 +78,9 @@ export class Dispatcher {
   #drained: (() => void) | null = null
   // Pool mode
   readonly #pool: Piscina | null = null
-  readonly #results: BroadcastChannel | null = null
   readonly #cancel: BroadcastChannel | null = null
   // Inline mode
   readonly #client: CallbackClient | null = null
-  /** Inline mode: the AbortController of each running call. */
-  readonly #controllers = new Map<number, AbortController>()
 
   constructor (options: DispatchOptions, observer: DispatchObserver | null = null) {
     this.#options = options
@@ -72,17 +93,12 @@ export class Dispatcher {
       })
       return
     }
-    const id = randomUUID()
     const workerData: WorkerOptions = {
-      resultsChannel: `toolport:results:${id}`,
-      cancelChannel: `toolport:cancel:${id}`,
+      cancelChannel: `toolport:cancel:${randomUUID()}`,
       connectionsPerOrigin: options.connectionsPerOrigin,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       connectTimeoutMs: options.connectTimeoutMs
     }
-    this.#results = new BroadcastChannel(workerData.resultsChannel)
-    this.#results.onmessage = (event) => { this.#onResults((event as MessageEvent).data as CallOutcome[]) }
-    this.#results.unref()
     this.#cancel = new BroadcastChannel(workerData.cancelChannel)
     this.#cancel.unref()
     this.#pool = new Piscina({
@@ -99,6 +115,7 @@ export class Dispatcher {
       // Admission is bounded by maxPending above; piscina's own queue never needs to refuse.
       maxQueue: Infinity
     })
+    this.#pool.on('message', (outcomes: CallOutcome[]) => { this.#onResults(outcomes) })
   }
 
   get mode (): 'pool' | 'inline' { return this.#options.mode }
@@ -144,22 +161,21 @@ export class Dispatcher {
       maxResponseBytes: request.maxResponseBytes
     }
     return new Promise<CallOutcome>((resolve) => {
-      const now = performance.now()
-      const call: PendingCall = { task, resolve, signal, onAbort: null, sent: false, dispatchedAt: now, sentAt: now }
+      const call = new PendingCall(this, task, resolve, signal)
       this.#pending.set(id, call)
-      if (signal !== undefined) {
-        call.onAbort = () => { this.#abort(id) }
-        signal.addEventListener('abort', call.onAbort, { once: true })
-      }
+      signal?.addEventListener('abort', call, { once: true })
       if (this.#client !== null) {
-        call.sent = true
-        this.#runInline(call, this.#client)
-      } else {
-        this.#queue.push(task)
-        if (!this.#flushScheduled) {
-          this.#flushScheduled = true
-          setImmediate(flushDispatcher, this)
-        }
+        // The client stops the request on the caller's signal itself; `abort()` answers at once.
+        this.#client.call(task, signal).then(this.#onOutcome, (err: unknown) => {
+          // Unreachable (the client never rejects), but a bug must still answer the caller.
+          this.settle(failure(id, 'internal', (err as Error)?.message ?? 'unknown error'))
+        })
+        return
+      }
+      this.#queue.push(task)
+      if (!this.#flushScheduled) {
+        this.#flushScheduled = true
+        setImmediate(flushDispatcher, this)
       }
     })
   }
@@ -178,10 +194,9 @@ export class Dispatcher {
         new Promise<void>((resolve) => { timer = setTimeout(resolve, graceMs) })
       ])
       clearTimeout(timer)
-      for (const id of [...this.#pending.keys()]) this.#abort(id)
+      for (const id of [...this.#pending.keys()]) this.abort(id)
     }
     if (this.#pool !== null) await this.#pool.destroy()
-    this.#results?.close()
     this.#cancel?.close()
     if (this.#client !== null) await this.#client.close()
   }
@@ -194,81 +209,68 @@ export class Dispatcher {
     this.#queue = []
     const max = this.#options.maxBatch
     for (let start = 0; start < queue.length; start += max) {
-      const calls = queue.length <= max ? queue : queue.slice(start, start + max)
-      this.#runBatch(calls)
+      this.#runBatch(queue.length <= max ? queue : queue.slice(start, start + max))
     }
   }
 
   #runBatch (calls: CallTask[]): void {
     const pool = this.#pool
     if (pool === null) return
+    const batch: Batch = { calls, remaining: calls.length, timer: undefined }
     let latest = 0
     const now = performance.now()
     for (const task of calls) {
-      const call = this.#pending.get(task.id)
-      if (call !== undefined) {
-        call.sent = true
-        call.sentAt = now
-      }
+      const call = this.#pending.get(task.id) as PendingCall
+      call.batch = batch
+      call.sentAt = now
       if (task.deadline > latest) latest = task.deadline
     }
-    const batch: BatchTask = { calls }
     // The main thread's own deadline for the batch (see 5. above).
-    const timer = setTimeout(settleBatch, Math.max(0, latest - Date.now()) + BATCH_GRACE_MS,
+    batch.timer = setTimeout(settleBatch, Math.max(0, latest - Date.now()) + BATCH_GRACE_MS,
       this, calls, 'timeout', 'no answer from the worker by the deadline')
-    timer.unref()
+    batch.timer.unref()
+    const task: BatchTask = { calls }
     // The task's settlement and the outcomes travel on different ports with no order between
     // them (measured: 65% of single-call batches resolve before their outcome arrives), so a
-    // resolved task settles nothing; only the timer catches outcomes that never come.
-    pool.run(batch).then(() => {
-      if (!hasPending(this, calls)) clearTimeout(timer)
-    }, (err: unknown) => {
-      clearTimeout(timer)
+    // resolved task settles nothing; the outcomes (or the timer) do.
+    pool.run(task).then(noop, (err: unknown) => {
       // The worker died or threw (a bug): its calls may or may not have reached the plugin. Give
       // outcomes it posted before dying one turn to arrive before answering the rest.
       setImmediate(settleBatch, this, calls, 'internal', `worker failed: ${(err as Error)?.message ?? 'unknown error'}`)
     })
   }
 
-  #runInline (call: PendingCall, client: CallbackClient): void {
-    const controller = new AbortController()
-    this.#controllers.set(call.task.id, controller)
-    client.call(call.task, controller.signal).then((outcome) => {
-      this.#controllers.delete(call.task.id)
-      this.settle(outcome)
-    }, (err: unknown) => {
-      this.#controllers.delete(call.task.id)
-      this.settle(failure(call.task.id, 'internal', (err as Error)?.message ?? 'unknown error'))
-    })
-  }
-
   #onResults (outcomes: CallOutcome[]): void {
+    if (!Array.isArray(outcomes)) return
     for (let i = 0; i < outcomes.length; i++) this.settle(outcomes[i] as CallOutcome)
   }
 
-  #abort (id: number): void {
+  /** Answers a call as cancelled at once and tells whoever runs it to stop. */
+  abort (id: number): void {
     const call = this.#pending.get(id)
     if (call === undefined) return
-    if (!call.sent) {
+    if (call.batch === null && this.#client === null) {
       const index = this.#queue.indexOf(call.task)
       if (index !== -1) this.#queue.splice(index, 1)
     } else if (this.#cancel !== null) {
       this.#cancel.postMessage([id])
-    } else {
-      this.#controllers.get(id)?.abort()
     }
+    // Inline: the client listens to the caller's signal; on close() the client's pools are destroyed.
     this.settle(failure(id, 'cancelled', 'the caller aborted the call'))
   }
+
+  readonly #onOutcome = (outcome: CallOutcome): void => { this.settle(outcome) }
 
   /** Answers a pending call once; later outcomes for the same id are ignored. */
   settle (outcome: CallOutcome): void {
     const call = this.#pending.get(outcome.id)
     if (call === undefined) return
     this.#pending.delete(outcome.id)
-    if (call.onAbort !== null) call.signal?.removeEventListener('abort', call.onAbort)
+    call.signal?.removeEventListener('abort', call)
+    const batch = call.batch
+    if (batch !== null && --batch.remaining === 0) clearTimeout(batch.timer)
     if (this.#observer !== null) {
-      const now = performance.now()
-      this.#observer(call.sentAt - call.dispatchedAt, now - call.sentAt, outcome.kind)
+      this.#observer(call.sentAt - call.dispatchedAt, performance.now() - call.sentAt, outcome.kind)
     }
     call.resolve(outcome)
     if (this.#drained !== null && this.#pending.size === 0) this.#drained()
@@ -290,15 +292,12 @@ function settleBatch (dispatcher: Dispatcher, calls: CallTask[], kind: OutcomeKi
   }
 }
 
-function hasPending (dispatcher: Dispatcher, calls: CallTask[]): boolean {
-  for (const task of calls) if (dispatcher.isPending(task.id)) return true
-  return false
-}
-
 /** A flat outcome for a failure decided on the main thread. */
 export function failure (id: number, kind: OutcomeKind, message: string): CallOutcome {
   return { id, kind, status: 0, text: '', contentType: '', message, bytes: 0 }
 }
+
+function noop (): void {}
 
 /** The worker task file next to this module, with this module's extension (`.ts` under tsx). */
 function workerFile (): string {

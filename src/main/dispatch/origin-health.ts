@@ -3,41 +3,77 @@
 // Only calls to `plugin:` tools count. A connection-level failure (the connection could not be
 // established) increments; any HTTP response from the origin and any new registration there
 // reset. Read timeouts, broken replies and tool-level errors neither count nor reset. Reaching the
-// threshold returns true once and resets the counter, so the caller evicts exactly once.
+// threshold returns true once.
+//
+// Each origin has an epoch that a reset or an eviction advances; a call records its outcome
+// against the epoch it was dispatched in, so failures of calls sent before a re-registration (or
+// before an eviction) can never count against the tools registered after it.
 import type { OutcomeKind } from '../../workers/protocol.js'
 
+interface OriginState {
+  failures: number
+  epoch: number
+}
+
 export class OriginHealth {
-  readonly #failures = new Map<string, number>()
+  readonly #origins = new Map<string, OriginState>()
   readonly #threshold: number
 
   constructor (threshold: number) {
     this.#threshold = threshold
   }
 
+  /** The origin's current epoch; pass it back to `record` with the call's outcome. */
+  epoch (origin: string): number {
+    return this.#origins.get(origin)?.epoch ?? 0
+  }
+
   /** Records a call's outcome; true when the origin has just reached the eviction threshold. */
-  record (origin: string, kind: OutcomeKind, countsForEviction: boolean): boolean {
+  record (origin: string, kind: OutcomeKind, countsForEviction: boolean, epoch: number): boolean {
+    const state = this.#origins.get(origin)
     if (kind === 'connect') {
       if (!countsForEviction) return false
-      const failures = (this.#failures.get(origin) ?? 0) + 1
-      if (failures >= this.#threshold) {
-        this.#failures.delete(origin)
-        return true
+      if (state === undefined) {
+        if (epoch !== 0) return false
+        if (this.#threshold <= 1) {
+          this.#origins.set(origin, { failures: 0, epoch: 1 })
+          return true
+        }
+        this.#origins.set(origin, { failures: 1, epoch: 0 })
+        return false
       }
-      this.#failures.set(origin, failures)
-      return false
+      if (state.epoch !== epoch) return false
+      state.failures++
+      if (state.failures < this.#threshold) return false
+      // Evicting: later failures of calls already in flight belong to the old epoch.
+      state.failures = 0
+      state.epoch++
+      return true
     }
-    if (kind === 'ok' || kind === 'http') this.#failures.delete(origin)
+    if ((kind === 'ok' || kind === 'http') && state !== undefined && state.epoch === epoch) state.failures = 0
     return false
   }
 
   /** A new registration at the origin: start counting afresh. */
   reset (origin: string): void {
-    this.#failures.delete(origin)
+    const state = this.#origins.get(origin)
+    if (state === undefined) this.#origins.set(origin, { failures: 0, epoch: 1 })
+    else {
+      state.failures = 0
+      state.epoch++
+    }
+  }
+
+  /** Forgets origins that no registry uses any more (keeps the map bounded). */
+  forget (isInUse: (origin: string) => boolean): void {
+    for (const origin of this.#origins.keys()) {
+      if (!isInUse(origin)) this.#origins.delete(origin)
+    }
   }
 
   /** Current consecutive failures at an origin (0 when healthy). */
   failures (origin: string): number {
-    return this.#failures.get(origin) ?? 0
+    return this.#origins.get(origin)?.failures ?? 0
   }
 
   get threshold (): number { return this.#threshold }

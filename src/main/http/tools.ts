@@ -3,6 +3,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
 import { ROUTE_SCHEMAS } from './openapi.js'
+import type { ToolResult } from '../dispatch/result.js'
 
 /** Registers the routes on `app`, answering from `runtime`. */
 export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
@@ -31,10 +32,26 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
       if (!reply.raw.writableFinished) controller.abort()
     }
     reply.raw.once('close', onClose)
+    let result
     try {
-      return await runtime.callTool(call.role, call, { signal: controller.signal })
+      result = await runtime.callTool(call.role, call, { signal: controller.signal })
     } finally {
       reply.raw.removeListener('close', onClose)
     }
+    reply.type('application/json; charset=utf-8').send(serializeToolResult(result))
   })
+}
+
+/**
+ * The ToolResult as JSON text, reusing `text` as the output's JSON where it already is that (a
+ * non-string output's `text` is its JSON, often the callback's own body), so a reply is never
+ * parsed on the way in only to be encoded again on the way out (STYLE §4).
+ */
+export function serializeToolResult (result: ToolResult): string {
+  const output = result.output
+  const outputJson = typeof output === 'string'
+    ? JSON.stringify(output)
+    : result.is_error || output === null || output === undefined || result.text === '' ? 'null' : result.text
+  const error = result.error === undefined ? '' : `,"error":${JSON.stringify(result.error)}`
+  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(result.text)}}`
 }

@@ -37,10 +37,25 @@ export interface SyncSource {
 /** Told about every sync that actually ran (sessions present), once, with its duration. */
 export type SyncObserver = (outcome: SyncOutcome, durationMs: number, sessions: number) => void
 
+/**
+ * One session's pushes. A push that outlives its sync's timeout keeps running (a session may
+ * ignore the signal), so pushes are also serialised per session: the next one waits for it, and
+ * every sync that arrives meanwhile shares that one next push, which reads the newest tools when
+ * it starts. A session that honours its abort signal therefore never sees two pushes overlap,
+ * nor an older list after a newer one.
+ */
+interface SessionSlot {
+  running: Promise<string> | null
+  queued: Promise<string> | null
+  /** The signal of the newest sync waiting for the queued push. */
+  signal: AbortSignal | null
+}
+
 export class RoleSync {
   readonly #source: SyncSource
   readonly #timeoutMs: number
   readonly #observer: SyncObserver | null
+  readonly #slots = new WeakMap<ModelSession, SessionSlot>()
   #running: Promise<SyncOutcome> | null = null
   #next: Promise<SyncOutcome> | null = null
   #count = 0
@@ -59,10 +74,13 @@ export class RoleSync {
     if (this.#next !== null) return this.#next
     const running = this.#running
     if (running === null) return this.#start()
-    const next = running.then(() => {
+    const startNext = (): Promise<SyncOutcome> => {
       this.#next = null
       return this.#start()
-    })
+    }
+    // #run never rejects, but chain on both outcomes anyway: a rejected link here would wedge
+    // every later mutation of the role.
+    const next = running.then(startNext, startNext)
     this.#next = next
     return next
   }
@@ -70,9 +88,10 @@ export class RoleSync {
   #start (): Promise<SyncOutcome> {
     const run = this.#run()
     this.#running = run
-    run.then(() => {
+    const clear = (): void => {
       if (this.#running === run) this.#running = null
-    }, noop)
+    }
+    run.then(clear, clear)
     return run
   }
 
@@ -82,24 +101,36 @@ export class RoleSync {
     if (sessions.length === 0) return SYNC_OK
     this.#count++
     const started = performance.now()
-    const outcome = await this.#push(sessions)
-    this.#observer?.(outcome, performance.now() - started, sessions.length)
+    let outcome: SyncOutcome
+    try {
+      outcome = await this.#sync(sessions)
+    } catch (err) {
+      outcome = { ok: false, error: `sync failed: ${errorText(err)}` }
+    }
+    try {
+      this.#observer?.(outcome, performance.now() - started, sessions.length)
+    } catch {
+      // The observer emits events to host code; a throwing listener must not break the sync.
+    }
     return outcome
   }
 
-  async #push (sessions: readonly ModelSession[]): Promise<SyncOutcome> {
-    const tools = this.#source.definitions()
+  async #sync (sessions: readonly ModelSession[]): Promise<SyncOutcome> {
     const controller = new AbortController()
     let timer: NodeJS.Timeout | undefined
     const timedOut = new Promise<'timeout'>((resolve) => {
       timer = setTimeout(resolve, this.#timeoutMs, 'timeout')
     })
-    const pushes = sessions.map((session) => pushTo(session, tools, controller.signal))
+    const settled: boolean[] = new Array(sessions.length).fill(false)
+    const pushes = sessions.map((session, i) => this.#push(session, controller.signal).then((result) => {
+      settled[i] = true
+      return result
+    }))
     try {
       const result = await Promise.race([Promise.all(pushes), timedOut])
       if (result === 'timeout') {
         controller.abort(new Error(`sync timed out after ${this.#timeoutMs} ms`))
-        const pending = await pendingSessions(sessions, pushes)
+        const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
         return { ok: false, error: `sync timed out after ${this.#timeoutMs} ms (session ${pending.join(', ')})` }
       }
       const failures = result.filter((r) => r !== '')
@@ -108,9 +139,48 @@ export class RoleSync {
       clearTimeout(timer)
     }
   }
+
+  /** Pushes the newest tools to one session, after any push to it that is still running. */
+  #push (session: ModelSession, signal: AbortSignal): Promise<string> {
+    let slot = this.#slots.get(session)
+    if (slot === undefined) {
+      slot = { running: null, queued: null, signal: null }
+      this.#slots.set(session, slot)
+    }
+    if (slot.running === null) return this.#startPush(session, slot, signal)
+    slot.signal = signal
+    if (slot.queued !== null) return slot.queued
+    const owner = slot
+    const startQueued = (): Promise<string> => {
+      owner.queued = null
+      const latest = owner.signal as AbortSignal
+      owner.signal = null
+      if (latest.aborted) return Promise.resolve(`session ${session.id}: sync timed out`)
+      return this.#startPush(session, owner, latest)
+    }
+    // The running push has already outlived a sync's timeout (syncs of a role never overlap, so
+    // only a timed-out push can still run here). Wait for it at most half a timeout more: a
+    // session that ignores the abort signal and stays stuck is abandoned rather than allowed to
+    // block every later sync, and the new push keeps half its sync's budget.
+    slot.queued = Promise.race([slot.running, delay(this.#timeoutMs / 2)]).then(startQueued, startQueued)
+    return slot.queued
+  }
+
+  #startPush (session: ModelSession, slot: SessionSlot, signal: AbortSignal): Promise<string> {
+    const run = pushTo(session, this.#source.definitions(), signal)
+    slot.running = run
+    run.then(() => {
+      if (slot.running === run) slot.running = null
+    }, noop)
+    return run
+  }
 }
 
-/** Pushes to one session; resolves '' on success or a message naming the session. */
+function delay (ms: number): Promise<void> {
+  return new Promise((resolve) => { setTimeout(resolve, ms).unref() })
+}
+
+/** Pushes to one session; resolves '' on success or a message naming the session. Never rejects. */
 async function pushTo (session: ModelSession, tools: readonly ToolDefinition[], signal: AbortSignal): Promise<string> {
   try {
     await session.syncTools(tools, signal)
@@ -118,16 +188,6 @@ async function pushTo (session: ModelSession, tools: readonly ToolDefinition[], 
   } catch (err) {
     return `session ${session.id}: ${errorText(err)}`
   }
-}
-
-/** The ids of the sessions whose push has not settled yet (checked after one macrotask turn). */
-async function pendingSessions (sessions: readonly ModelSession[], pushes: Promise<string>[]): Promise<string[]> {
-  const settled = new Set<number>()
-  pushes.forEach((p, i) => { p.then(() => settled.add(i), noop) })
-  await new Promise((resolve) => setImmediate(resolve))
-  const out: string[] = []
-  sessions.forEach((s, i) => { if (!settled.has(i)) out.push(s.id) })
-  return out.length > 0 ? out : sessions.map((s) => s.id)
 }
 
 /** A one-line description of a thrown value, never a stack trace. */

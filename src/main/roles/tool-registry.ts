@@ -171,6 +171,11 @@ export class ToolRegistry {
     return this.#listing
   }
 
+  /** True when some tool here has its callback at `origin`. */
+  hasOrigin (origin: string): boolean {
+    return this.#byOrigin.has(origin)
+  }
+
   /** Tools of one source in this registry. */
   countBySource (source: string): number {
     return this.#bySource.get(source)?.size ?? 0

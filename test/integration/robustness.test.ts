@@ -1,0 +1,122 @@
+// Failure modes found in review: host listeners that throw, sessions that ignore their abort
+// signal, concurrent failures at one origin, and shutdown with local calls still running.
+import { test, type TestContext } from 'node:test'
+import assert from 'node:assert/strict'
+import { once } from 'node:events'
+import { createToolport, type Toolport, type ToolDefinition } from '../../src/main/index.js'
+import type { ToolportOptions } from '../../src/main/config.js'
+import { closedPort } from '../fixtures/callback-server.js'
+
+const CALLBACK = 'http://127.0.0.1:9/x'
+
+async function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
+  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], dispatch: { mode: 'inline' }, ...options })
+  t.after(() => tp.close())
+  return tp
+}
+
+test('a host listener that throws never breaks a sync, a registration or a tool call', async (t) => {
+  const tp = await setup(t)
+  tp.roles.get('Lanlan').attachSession({ id: 's', syncTools: async () => {} })
+  for (const event of ['sync-finished', 'sync-failed', 'tool-registered', 'tool-removed', 'call-finished'] as const) {
+    tp.on(event, () => { throw new Error(`listener of ${event} is broken`) })
+  }
+  for (const name of ['a', 'b', 'c']) {
+    const result = await tp.register({ name, callback_url: CALLBACK })
+    assert.deepEqual([result.ok, result.affected_roles], [true, ['Lanlan', 'Mochi']])
+  }
+  assert.equal((await tp.unregister({ name: 'a' })).ok, true)
+  const call = await tp.callTool('Lanlan', { name: 'nope' })
+  assert.equal(call.is_error, true)
+  assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['b', 'c'])
+})
+
+test('DESIGN Sync: a session that finishes a push after its timeout never sees two pushes overlap, and ends with the newest list', async (t) => {
+  const tp = await setup(t, { syncTimeoutMs: 200 })
+  let active = 0
+  let maxActive = 0
+  const applied: string[][] = []
+  let pushes = 0
+  tp.roles.get('Lanlan').attachSession({
+    id: 'late',
+    async syncTools (tools: readonly ToolDefinition[], signal: AbortSignal) {
+      active++
+      maxActive = Math.max(maxActive, active)
+      if (++pushes === 2) {
+        // Outlives the timeout and applies its (old) list anyway, just after the abort.
+        await new Promise((resolve) => signal.addEventListener('abort', () => setTimeout(resolve, 10)))
+      }
+      applied.push(tools.map((x) => x.name))
+      active--
+    }
+  })
+  await new Promise((resolve) => setImmediate(resolve))
+  const first = await tp.register({ name: 'a', callback_url: CALLBACK, role: 'Lanlan' })
+  assert.equal(first.ok, false, 'the late push timed out')
+  const second = await tp.register({ name: 'b', callback_url: CALLBACK, role: 'Lanlan' })
+  assert.equal(second.ok, true)
+  assert.equal(maxActive, 1)
+  assert.deepEqual(applied, [[], ['a'], ['a', 'b']])
+})
+
+test('R13: concurrent refused calls evict an origin once, not once per threshold crossing', async (t) => {
+  const tp = await setup(t)
+  const port = await closedPort()
+  await tp.register({ name: 'p', callback_url: `http://127.0.0.1:${port}/p`, source: 'plugin:p' })
+  const events: unknown[] = []
+  tp.on('origin-evicted', (event) => events.push(event))
+  await Promise.all(Array.from({ length: 9 }, () => tp.callTool('Lanlan', { name: 'p' })))
+  assert.equal(events.length, 1)
+  assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan, [])
+})
+
+test('R13: failures of calls sent before a re-registration do not count against it', async (t) => {
+  const tp = await setup(t)
+  const port = await closedPort()
+  const origin = `http://127.0.0.1:${port}`
+  await tp.register({ name: 'p', callback_url: `${origin}/p`, source: 'plugin:p' })
+  await tp.callTool('Lanlan', { name: 'p' })
+  await tp.callTool('Lanlan', { name: 'p' })
+  // Three calls in flight, then the plugin registers again before they fail.
+  const stale = [1, 2, 3].map(() => tp.callTool('Lanlan', { name: 'p' }))
+  await tp.register({ name: 'q', callback_url: `${origin}/q`, source: 'plugin:p' })
+  await Promise.all(stale)
+  assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['p', 'q'])
+  assert.equal(tp.originFailures(origin), 0)
+})
+
+test('close() answers a local call that is still running as cancelled instead of waiting for it', async () => {
+  const tp = await createToolport({ roles: ['Lanlan'], dispatch: { mode: 'inline' } })
+  let started: () => void = () => {}
+  const running = new Promise<void>((resolve) => { started = resolve })
+  await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'forever',
+    timeoutSeconds: 300,
+    handler: () => { started(); return new Promise(() => {}) }
+  })
+  const call = tp.callTool('Lanlan', { name: 'forever' })
+  await running
+  await tp.close()
+  const result = await call
+  assert.equal(result.is_error, true)
+  assert.match(result.error ?? '', /cancelled/)
+})
+
+test('an unknown tool names at most 20 of a role\'s tools', async (t) => {
+  const tp = await setup(t)
+  for (let i = 0; i < 30; i++) await tp.register({ name: `tool_${i}`, callback_url: CALLBACK, role: 'Lanlan' })
+  const result = await tp.callTool('Lanlan', { name: 'tool_x' })
+  assert.equal(result.is_error, true)
+  assert.match(result.error ?? '', /tool_19 and 10 more$/)
+  assert.doesNotMatch(result.error ?? '', /tool_20/)
+})
+
+test('R13: an eviction event says which origin, tools and roles', async (t) => {
+  const tp = await setup(t, { evictionThreshold: 1 })
+  const port = await closedPort()
+  await tp.register({ name: 'p', callback_url: `http://127.0.0.1:${port}/p`, source: 'plugin:p' })
+  const evicted = once(tp, 'origin-evicted')
+  await tp.callTool('Mochi', { name: 'p' })
+  const [event] = await evicted
+  assert.deepEqual(event, { origin: `http://127.0.0.1:${port}`, tools: ['p'], roles: ['Lanlan', 'Mochi'], failures: 1 })
+})
