@@ -226,9 +226,11 @@ export class Dispatcher {
       if (task.deadline > latest) latest = task.deadline
     }
     // The main thread's own deadline for the batch (see 5. above).
+    // Left ref'd on purpose: it lives only while the batch has unanswered calls (settle() clears
+    // it), and it keeps a script that awaits a call alive even while the worker (which piscina
+    // unrefs once its task resolves) still has the outcome in flight.
     batch.timer = setTimeout(settleBatch, Math.max(0, latest - Date.now()) + BATCH_GRACE_MS,
       this, calls, 'timeout', 'no answer from the worker by the deadline')
-    batch.timer.unref()
     const task: BatchTask = { calls }
     // The task's settlement and the outcomes travel on different ports with no order between
     // them (measured: 65% of single-call batches resolve before their outcome arrives), so a

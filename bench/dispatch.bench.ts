@@ -1,0 +1,231 @@
+// Scenario 1 — dispatch: one callback call, closed loop at c = 1, 16, 128, 1024, with ~100 B and
+// 64 KiB replies, through every path beside the floor (raw undici on the main thread):
+// Toolport pool (the default), Toolport inline, global fetch, node:http keep-alive.
+//
+// Interleaving: for each (reply size, concurrency) every path runs once per repetition, in an
+// order rotated by one each repetition (A B C D E, B C D E A, …), so no path always runs first
+// or right after the heaviest one. Clients are created once and stay warm across repetitions;
+// each loop still has its own warm-up (idle sockets may have timed out in between).
+import { CpuMeter } from './lib/cpu.js'
+import { closedLoop } from './lib/loop.js'
+import type { LoopResult } from './lib/loop.js'
+import { fetchPath, nodeHttpPath, rawUndiciPath, toolportPath } from './lib/clients.js'
+import type { DispatchPath, Route } from './lib/clients.js'
+import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedDiff, pairedRatio, stat } from './lib/stats.js'
+import type { Stat } from './lib/stats.js'
+import type { BenchContext, ChartSeries, Check, Scenario, Table } from './lib/report.js'
+
+interface Plan {
+  concurrency: number[]
+  sizes: Route[]
+  warmupMs: number
+  durationMs: number
+  maxCalls: number
+}
+
+function plan (ctx: BenchContext): Plan {
+  return ctx.isQuick
+    ? { concurrency: [1, 128], sizes: ['small', 'large'], warmupMs: 100, durationMs: 250, maxCalls: 20_000 }
+    : { concurrency: [1, 16, 128, 1024], sizes: ['small', 'large'], warmupMs: 300, durationMs: 1_000, maxCalls: 100_000 }
+}
+
+const PATH_ORDER = ['raw undici', 'toolport pool', 'toolport inline', 'fetch', 'node:http'] as const
+const SIZE_LABEL: Partial<Record<Route, string>> = { small: '100 B replies', large: '64 KiB replies' }
+
+/** Results of one cell (size, concurrency, path), one entry per repetition. */
+interface Cell {
+  size: Route
+  concurrency: number
+  path: string
+  runs: LoopResult[]
+}
+
+export const dispatchScenario: Scenario = {
+  name: 'dispatch',
+  title: '1. Dispatch: one callback call per request, closed loop',
+  steps (ctx) {
+    const p = plan(ctx)
+    return p.sizes.length * p.concurrency.length * ctx.reps * PATH_ORDER.length + 1
+  },
+  async run (ctx) {
+    const p = plan(ctx)
+    const server = ctx.server
+    ctx.progress.step('starting clients and Toolport instances')
+    const pool = await toolportPath(server.origin, 'pool')
+    const inline = await toolportPath(server.origin, 'inline')
+    const paths: DispatchPath[] = [
+      rawUndiciPath(server.origin),
+      pool,
+      inline,
+      fetchPath(server.origin),
+      nodeHttpPath(server.port)
+    ]
+    const cells: Cell[] = []
+    try {
+      for (const size of p.sizes) {
+        for (const concurrency of p.concurrency) {
+          const row = new Map<string, Cell>()
+          for (const path of paths) {
+            const cell: Cell = { size, concurrency, path: path.name, runs: [] }
+            row.set(path.name, cell)
+            cells.push(cell)
+          }
+          for (let rep = 0; rep < ctx.reps; rep++) {
+            for (let k = 0; k < paths.length; k++) {
+              const path = paths[(k + rep) % paths.length] as DispatchPath
+              ctx.progress.step(`${SIZE_LABEL[size] ?? size} c=${concurrency} ${path.name} (rep ${rep + 1}/${ctx.reps})`)
+              const result = await closedLoop(path.caller(size), {
+                concurrency,
+                warmupMs: p.warmupMs,
+                warmupMaxCalls: Math.max(200, concurrency * 20),
+                durationMs: p.durationMs,
+                maxCalls: p.maxCalls,
+                cpu: new CpuMeter(server.pid)
+              })
+              row.get(path.name)?.runs.push(result)
+            }
+          }
+        }
+      }
+    } finally {
+      for (const path of paths) await path.close()
+    }
+    return summarize(cells, p)
+  }
+}
+
+/** Median CPU µs per call: this process (all threads), its main thread, the callback server. */
+function cpuCell (cell: Cell): string {
+  const pick = (f: (r: LoopResult) => number | undefined): string => {
+    const m = stat(cell.runs.map((r) => f(r) ?? Number.NaN)).median
+    return Number.isFinite(m) ? m.toFixed(0) : '–'
+  }
+  return `${pick((r) => r.cpu?.processUs)} · ${pick((r) => r.cpu?.mainThreadUs)} · ${pick((r) => r.cpu?.peerUs)}`
+}
+
+function series (cell: Cell | undefined, pick: (r: LoopResult) => number): number[] {
+  return cell === undefined ? [] : cell.runs.map(pick)
+}
+
+function find (cells: readonly Cell[], size: Route, concurrency: number, path: string): Cell | undefined {
+  return cells.find((c) => c.size === size && c.concurrency === concurrency && c.path === path)
+}
+
+function summarize (cells: readonly Cell[], p: Plan): { tables: Table[], checks: Check[], notes: string[], chart: ChartSeries[], data: unknown } {
+  const tables: Table[] = []
+  const chart: ChartSeries[] = []
+  const data: unknown[] = []
+  let errors = 0
+  for (const size of p.sizes) {
+    const rows: string[][] = []
+    for (const concurrency of p.concurrency) {
+      const raw = find(cells, size, concurrency, 'raw undici')
+      for (const path of PATH_ORDER) {
+        const cell = find(cells, size, concurrency, path)
+        if (cell === undefined) continue
+        const rps = stat(series(cell, (r) => r.rps))
+        const p50 = stat(series(cell, (r) => r.p50Us))
+        const p99 = stat(series(cell, (r) => r.p99Us))
+        const ratio = path === 'raw undici' ? null : pairedRatio(series(cell, (r) => r.rps), series(raw, (r) => r.rps))
+        const failed = cell.runs.reduce((n, r) => n + r.errors, 0)
+        errors += failed
+        const cpu = cpuCell(cell)
+        rows.push([
+          String(concurrency), path, fmtStat(rps, fmtRate), fmtStat(p50, fmtUs), fmtStat(p99, fmtUs),
+          ratio === null ? '1 (floor)' : fmtStat(ratio, fmtRatio), cpu, failed === 0 ? '' : String(failed)
+        ])
+        data.push({
+          size,
+          concurrency,
+          path,
+          rps,
+          p50Us: p50,
+          p99Us: p99,
+          ratioToRaw: ratio,
+          errors: failed,
+          runs: cell.runs
+        })
+      }
+    }
+    tables.push({
+      title: `Dispatch, ${SIZE_LABEL[size] ?? size}: req/s and latency, median (min–max) of the repetitions`,
+      head: ['c', 'path', 'req/s', 'p50', 'p99', 'req/s vs raw', 'CPU µs/call: process · main · server', 'failed'],
+      rows
+    })
+    for (const path of PATH_ORDER) {
+      const points = p.concurrency.flatMap((concurrency) => {
+        const cell = find(cells, size, concurrency, path)
+        if (cell === undefined) return []
+        return [{
+          concurrency,
+          rps: stat(series(cell, (r) => r.rps)).median,
+          p50Us: stat(series(cell, (r) => r.p50Us)).median,
+          p99Us: stat(series(cell, (r) => r.p99Us)).median
+        }]
+      })
+      chart.push({ path, panel: SIZE_LABEL[size] ?? size, points })
+    }
+  }
+  const notes = [
+    'Each loop: warm-up, then a window bounded by time and call count; req/s counts calls completed inside the window.',
+    '"req/s vs raw" is the median of per-repetition ratios (each run paired with the raw-undici run of the same repetition).',
+    `raw undici and Toolport use ${64} connections per origin; fetch and node:http use their defaults (no cap).`,
+    'CPU µs/call: CPU time over the window divided by the calls completed in it, for the bench process (every thread: main, pool worker, GC), its main thread alone, and the callback server process. CPU is what runs out on 2 cores, and it moves far less than wall-clock figures when other processes compete.'
+  ]
+  if (errors > 0) notes.push(`${errors} calls failed in measuring windows (see the "failed" column).`)
+  return { tables, checks: checks(cells), notes, chart, data }
+}
+
+function rpsRatio (cells: readonly Cell[], path: string, concurrency: number): Stat | null {
+  const cell = find(cells, 'small', concurrency, path)
+  const raw = find(cells, 'small', concurrency, 'raw undici')
+  if (cell === undefined || raw === undefined) return null
+  return pairedRatio(series(cell, (r) => r.rps), series(raw, (r) => r.rps))
+}
+
+function checks (cells: readonly Cell[]): Check[] {
+  const out: Check[] = []
+  const ratioCheck = (path: string, concurrency: number, target: number): void => {
+    const ratio = rpsRatio(cells, path, concurrency)
+    const cell = find(cells, 'small', concurrency, path)
+    out.push({
+      scenario: 'dispatch 100 B',
+      what: `${path} req/s at c=${concurrency}`,
+      measured: cell === undefined ? 'not run' : fmtStat(stat(series(cell, (r) => r.rps)), fmtRate),
+      ratio: ratio === null ? '–' : `${fmtRatio3(ratio.median)} raw`,
+      target: `≥ ${target.toFixed(2)}× raw`,
+      met: ratio === null ? null : ratio.median >= target
+    })
+  }
+  ratioCheck('toolport pool', 128, 0.95)
+  ratioCheck('toolport pool', 1024, 1.0)
+  ratioCheck('toolport pool', 16, 0.65)
+  const pool1 = find(cells, 'small', 1, 'toolport pool')
+  const inline1 = find(cells, 'small', 1, 'toolport inline')
+  const raw1 = find(cells, 'small', 1, 'raw undici')
+  if (pool1 !== undefined && raw1 !== undefined) {
+    const diff = pairedDiff(series(pool1, (r) => r.p50Us), series(raw1, (r) => r.p50Us))
+    out.push({
+      scenario: 'dispatch 100 B',
+      what: 'toolport pool p50 at c=1',
+      measured: fmtStat(stat(series(pool1, (r) => r.p50Us)), fmtUs),
+      ratio: `raw ${diff.median >= 0 ? '+' : '−'} ${fmtUs(Math.abs(diff.median))}`,
+      target: '≤ raw + 100 µs',
+      met: diff.median <= 100
+    })
+  }
+  ratioCheck('toolport inline', 16, 0.9)
+  ratioCheck('toolport inline', 128, 0.9)
+  if (inline1 !== undefined && raw1 !== undefined) {
+    const ratio = pairedRatio(series(inline1, (r) => r.p50Us), series(raw1, (r) => r.p50Us))
+    out.push({
+      scenario: 'dispatch 100 B',
+      what: 'toolport inline p50 at c=1',
+      measured: fmtStat(stat(series(inline1, (r) => r.p50Us)), fmtUs),
+      ratio: `${fmtRatio3(ratio.median)} raw`,
+      target: '≤ 1.15× raw',
+      met: ratio.median <= 1.15
+    })
+  }
+  return out
+}

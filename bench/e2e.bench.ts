@@ -1,0 +1,142 @@
+// Scenario 2 — end to end over HTTP: autocannon (its own process) → `POST /api/tools/call` on a
+// listening Toolport (in this process) → the callback server (its own process), pool vs inline,
+// against the ceiling: autocannon → the callback server directly, same body.
+//
+// This is where pool mode should win: the main thread is busy parsing and answering HTTP, so
+// moving the callback client off it frees it; inline mode does both on one thread.
+import { CpuMeter } from './lib/cpu.js'
+import type { CpuPerCall } from './lib/cpu.js'
+import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
+import { runNodeJson } from './lib/processes.js'
+import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
+import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
+
+interface LoadResult {
+  rps: number
+  p50Us: number
+  p99Us: number
+  total: number
+  durationS: number
+  errors: number
+  timeouts: number
+  non2xx: number
+  /** The load generator's own CPU per request. */
+  cpuUsPerRequest: number
+  /** Toolport's process (this one) and the callback server, per request (added here). */
+  cpu?: CpuPerCall
+}
+
+function cpuCell (runs: readonly LoadResult[], isCeiling: boolean): string {
+  const m = (f: (r: LoadResult) => number | undefined): string => {
+    const v = stat(runs.map((r) => f(r) ?? Number.NaN)).median
+    return Number.isFinite(v) ? v.toFixed(0) : '–'
+  }
+  const toolport = isCeiling ? '–' : `${m((r) => r.cpu?.processUs)} (${m((r) => r.cpu?.mainThreadUs)})`
+  return `${m((r) => r.cpuUsPerRequest)} · ${toolport} · ${m((r) => r.cpu?.peerUs)}`
+}
+
+interface Target {
+  name: string
+  url: string
+}
+
+function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, durationS: number, maxRequests: number } {
+  return ctx.isQuick
+    ? { concurrency: [128], warmupS: 0.2, durationS: 0.5, maxRequests: 50_000 }
+    : { concurrency: [16, 128], warmupS: 0.5, durationS: 2, maxRequests: 200_000 }
+}
+
+const CALL_BODY = JSON.stringify({ role: 'bench', name: toolName('small'), raw_arguments: RAW_ARGUMENTS })
+
+export const e2eScenario: Scenario = {
+  name: 'e2e',
+  title: '2. End to end: autocannon → POST /api/tools/call → callback',
+  steps (ctx) {
+    return plan(ctx).concurrency.length * ctx.reps * 3 + 1
+  },
+  async run (ctx) {
+    const p = plan(ctx)
+    ctx.progress.step('starting Toolport servers')
+    const pool = await createBenchToolport(ctx.server.origin, { dispatch: { mode: 'pool' } })
+    const inline = await createBenchToolport(ctx.server.origin, { dispatch: { mode: 'inline' } })
+    const results = new Map<string, LoadResult[]>()
+    try {
+      const poolUrl = (await pool.listen({ port: 0 })).url
+      const inlineUrl = (await inline.listen({ port: 0 })).url
+      const targets: Target[] = [
+        { name: 'ceiling: callback server', url: ctx.server.url('/small') },
+        { name: 'toolport pool', url: `${poolUrl}/api/tools/call` },
+        { name: 'toolport inline', url: `${inlineUrl}/api/tools/call` }
+      ]
+      for (const c of p.concurrency) {
+        for (let rep = 0; rep < ctx.reps; rep++) {
+          for (let k = 0; k < targets.length; k++) {
+            const target = targets[(k + rep) % targets.length] as Target
+            ctx.progress.step(`c=${c} ${target.name} (rep ${rep + 1}/${ctx.reps})`)
+            const meter = new CpuMeter(ctx.server.pid)
+            const result = await runNodeJson('fixtures/load-generator.ts', [JSON.stringify({
+              url: target.url,
+              connections: c,
+              warmupS: p.warmupS,
+              durationS: p.durationS,
+              maxRequests: p.maxRequests,
+              body: CALL_BODY,
+              headers: { 'content-type': 'application/json' }
+            })], { timeoutMs: 60_000, onEvent: () => { meter.begin() } }) as LoadResult
+            result.cpu = meter.end(result.total)
+            const key = `${c}|${target.name}`
+            results.set(key, [...(results.get(key) ?? []), result])
+          }
+        }
+      }
+    } finally {
+      await pool.close()
+      await inline.close()
+    }
+    const get = (c: number, name: string): LoadResult[] => results.get(`${c}|${name}`) ?? []
+    const rows: string[][] = []
+    for (const c of p.concurrency) {
+      const ceiling = get(c, 'ceiling: callback server')
+      const inlineRuns = get(c, 'toolport inline')
+      for (const name of ['ceiling: callback server', 'toolport pool', 'toolport inline']) {
+        const runs = get(c, name)
+        const failed = runs.reduce((n, r) => n + r.errors + r.non2xx, 0)
+        rows.push([
+          String(c), name,
+          fmtStat(stat(runs.map((r) => r.rps)), fmtRate),
+          fmtStat(stat(runs.map((r) => r.p50Us)), fmtUs),
+          fmtStat(stat(runs.map((r) => r.p99Us)), fmtUs),
+          name.startsWith('ceiling') ? '1' : fmtStat(pairedRatio(runs.map((r) => r.rps), ceiling.map((r) => r.rps)), fmtRatio),
+          name === 'toolport pool' ? fmtStat(pairedRatio(runs.map((r) => r.rps), inlineRuns.map((r) => r.rps)), fmtRatio) : '',
+          cpuCell(runs, name.startsWith('ceiling')),
+          failed === 0 ? '' : String(failed)
+        ])
+      }
+    }
+    const table: Table = {
+      title: 'End to end over HTTP (100 B replies), median (min–max) of the repetitions',
+      head: ['c', 'target', 'req/s', 'p50', 'p99', 'vs ceiling', 'pool vs inline', 'CPU µs/req: load gen · Toolport (main) · callback', 'failed'],
+      rows
+    }
+    const checks: Check[] = []
+    const c128Pool = get(128, 'toolport pool')
+    const c128Inline = get(128, 'toolport inline')
+    const c128Ceiling = get(128, 'ceiling: callback server')
+    if (c128Pool.length > 0) {
+      const vsInline = pairedRatio(c128Pool.map((r) => r.rps), c128Inline.map((r) => r.rps))
+      const vsCeiling = pairedRatio(c128Pool.map((r) => r.rps), c128Ceiling.map((r) => r.rps))
+      const measured = fmtStat(stat(c128Pool.map((r) => r.rps)), fmtRate)
+      checks.push({ scenario: 'e2e c=128', what: 'pool req/s vs inline', measured, ratio: `${fmtRatio3(vsInline.median)} inline`, target: '≥ 1.10× inline', met: vsInline.median >= 1.1 })
+      checks.push({ scenario: 'e2e c=128', what: 'pool req/s vs callback ceiling', measured, ratio: `${fmtRatio3(vsCeiling.median)} ceiling`, target: '≥ 0.45× ceiling', met: vsCeiling.median >= 0.45 })
+    }
+    return {
+      tables: [table],
+      checks,
+      notes: [
+        'autocannon runs in its own process (programmatic API), one connection per concurrent request, no pipelining; latency from its per-response times.',
+        'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.'
+      ],
+      data: Object.fromEntries(results)
+    }
+  }
+}

@@ -1,0 +1,156 @@
+// The dispatch paths under test, each reduced to "make one call to this callback route and tell
+// whether it succeeded", so every path runs in the very same closed loop:
+//
+// - raw undici: `Pool.request` on the main thread, the body read as text. The floor: what any
+//   client in this process must pay. Same connection cap as Toolport's per-origin pool.
+// - toolport inline / pool: `tp.callTool()` on a real Toolport (createToolport), which also parses
+//   and validates the arguments, builds the body, maps the reply to a ToolResult.
+// - fetch: Node's global fetch with its default dispatcher (what a naive implementation uses).
+// - node:http: `http.request` with a keep-alive Agent and default options (ditto).
+import { Agent as HttpAgent, request as httpRequest } from 'node:http'
+import { Pool } from 'undici'
+import { createToolport } from '../../src/main/index.js'
+import type { Toolport, ToolportOptions } from '../../src/main/index.js'
+
+/** Callback routes of bench/fixtures/callback-server.ts. */
+export const ROUTES = {
+  small: '/small',
+  large: '/large',
+  text: '/text',
+  fast: '/sleep/1',
+  slow: '/sleep/200',
+  hold: '/sleep/1500'
+} as const
+export type Route = keyof typeof ROUTES
+
+/** The arguments a model sends, as text (an OpenAI-style `arguments` string). */
+export const RAW_ARGUMENTS = '{"city":"Shanghai","units":"metric"}'
+
+export const PARAMETERS = {
+  type: 'object',
+  properties: { city: { type: 'string' }, units: { type: 'string', enum: ['metric', 'imperial'] } },
+  required: ['city']
+}
+
+/** The body Toolport sends for a call (mirrors Runtime.callTool), so baselines send the same bytes. */
+export function callbackBody (route: Route, callId: string): string {
+  return `{"name":${JSON.stringify(toolName(route))},"arguments":${RAW_ARGUMENTS},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(RAW_ARGUMENTS)}}`
+}
+
+export function toolName (route: Route): string {
+  return `echo_${route}`
+}
+
+export type Caller = () => Promise<boolean>
+
+export interface DispatchPath {
+  name: string
+  caller: (route: Route) => Caller
+  close: () => Promise<void>
+}
+
+/** Toolport's default connection cap per origin; raw undici uses the same for a fair floor. */
+export const CONNECTIONS = 64
+
+export function rawUndiciPath (origin: string, connections = CONNECTIONS, name = 'raw undici'): DispatchPath {
+  const pool = new Pool(origin, { connections, pipelining: 1 })
+  return {
+    name,
+    caller (route) {
+      const path = ROUTES[route]
+      const body = callbackBody(route, 'call_raw')
+      const headers = { 'content-type': 'application/json', 'x-toolport-call-id': 'call_raw' }
+      return async function rawCall (): Promise<boolean> {
+        const { statusCode, body: reply } = await pool.request({ method: 'POST', path, headers, body })
+        await reply.text()
+        return statusCode === 200
+      }
+    },
+    close: () => pool.destroy()
+  }
+}
+
+export function fetchPath (origin: string): DispatchPath {
+  return {
+    name: 'fetch',
+    caller (route) {
+      const url = origin + ROUTES[route]
+      const body = callbackBody(route, 'call_fetch')
+      const headers = { 'content-type': 'application/json', 'x-toolport-call-id': 'call_fetch' }
+      return async function fetchCall (): Promise<boolean> {
+        const res = await fetch(url, { method: 'POST', headers, body })
+        await res.text()
+        return res.status === 200
+      }
+    },
+    close: async () => {}
+  }
+}
+
+export function nodeHttpPath (port: number): DispatchPath {
+  const agent = new HttpAgent({ keepAlive: true })
+  return {
+    name: 'node:http',
+    caller (route) {
+      const path = ROUTES[route]
+      const body = callbackBody(route, 'call_http')
+      const options = {
+        agent,
+        host: '127.0.0.1',
+        port,
+        path,
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-toolport-call-id': 'call_http' }
+      }
+      return function httpCall (): Promise<boolean> {
+        return new Promise((resolve) => {
+          const req = httpRequest(options, (res) => {
+            res.setEncoding('utf8')
+            let text = ''
+            res.on('data', (chunk: string) => { text += chunk })
+            res.on('end', () => { resolve(res.statusCode === 200 && text.length > 0) })
+            res.on('error', () => { resolve(false) })
+          })
+          req.on('error', () => { resolve(false) })
+          req.end(body)
+        })
+      }
+    },
+    close: async () => { agent.destroy() }
+  }
+}
+
+/** Creates a Toolport with role `bench` and one `echo_<route>` tool per callback route. */
+export async function createBenchToolport (origin: string, options: ToolportOptions = {}): Promise<Toolport> {
+  const tp = await createToolport({ roles: ['bench'], logger: false, ...options })
+  for (const route of Object.keys(ROUTES) as Route[]) {
+    const result = await tp.register({
+      name: toolName(route),
+      description: `bench tool answering from ${ROUTES[route]}`,
+      parameters: PARAMETERS,
+      callback_url: origin + ROUTES[route],
+      role: 'bench',
+      source: 'plugin:bench',
+      timeout_seconds: 60
+    })
+    if (!result.ok) throw new Error(`could not register ${toolName(route)}: ${result.error ?? ''}`)
+  }
+  return tp
+}
+
+export async function toolportPath (origin: string, mode: 'pool' | 'inline', dispatch: ToolportOptions['dispatch'] = {}): Promise<DispatchPath & { tp: Toolport }> {
+  const tp = await createBenchToolport(origin, { dispatch: { ...dispatch, mode } })
+  let seq = 0
+  return {
+    name: `toolport ${mode}`,
+    tp,
+    caller (route) {
+      const name = toolName(route)
+      return async function toolportCall (): Promise<boolean> {
+        const result = await tp.callTool('bench', { name, raw_arguments: RAW_ARGUMENTS, call_id: `call_${++seq}` })
+        return !result.is_error
+      }
+    },
+    close: () => tp.close()
+  }
+}

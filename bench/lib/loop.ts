@@ -1,0 +1,142 @@
+// Closed-loop load: `concurrency` callers, each issuing its next call as soon as its previous one
+// answered. Bounded twice: a measuring window in ms AND a maximum number of calls, whichever ends
+// first; a warm-up (time and count bounded too) opens connections and warms the JIT first.
+//
+// Latency is recorded per call in µs into an HDR histogram (3 significant digits). Throughput is
+// the calls completed inside the window divided by the window, so the ramp-up and the drain at the
+// end (in-flight calls finishing after the window) do not count.
+import { build } from 'hdr-histogram-js'
+import type { Histogram } from 'hdr-histogram-js'
+import type { CpuMeter, CpuPerCall } from './cpu.js'
+
+export interface LoopOptions {
+  concurrency: number
+  /** Warm-up time before the window; also ends after `warmupMaxCalls`. */
+  warmupMs: number
+  warmupMaxCalls?: number
+  /** Length of the measuring window. */
+  durationMs: number
+  /** The window also ends after this many completed calls. */
+  maxCalls: number
+  /** Measures CPU per call over the window (process, main thread, callback server). */
+  cpu?: CpuMeter
+}
+
+export interface LoopResult {
+  /** Calls completed in the window. */
+  calls: number
+  /** Calls in the window that failed (the call function returned false or threw). */
+  errors: number
+  /** The window's real length in ms. */
+  windowMs: number
+  /** Completed calls per second in the window. */
+  rps: number
+  p50Us: number
+  p90Us: number
+  p99Us: number
+  maxUs: number
+  meanUs: number
+  /** CPU per call over the window, when a meter was given. */
+  cpu: CpuPerCall | null
+}
+
+/** A histogram of µs values, 1 µs to 10 min, 3 significant digits. */
+export function createHistogram (): Histogram {
+  return build({ lowestDiscernibleValue: 1, highestTrackableValue: 600_000_000, numberOfSignificantValueDigits: 3 })
+}
+
+/**
+ * Runs a closed loop of `call` and measures it. `call` resolves true for a successful call; a
+ * rejection counts as a failure (it never escapes).
+ */
+export async function closedLoop (call: () => Promise<boolean>, options: LoopOptions): Promise<LoopResult> {
+  const histogram = createHistogram()
+  // 0 warm-up, 1 measuring, 2 stopping
+  let phase = 0
+  let warmupCalls = 0
+  const warmupMax = options.warmupMaxCalls ?? Number.POSITIVE_INFINITY
+  const warmupEnd = performance.now() + options.warmupMs
+  let windowStart = 0
+  let windowEnd = 0
+  let lastCompletion = 0
+  let calls = 0
+  let errors = 0
+  let cpu: CpuPerCall | null = null
+  const meter = options.cpu
+  if (options.warmupMs <= 0) {
+    phase = 1
+    meter?.begin()
+    windowStart = performance.now()
+    windowEnd = windowStart + options.durationMs
+  }
+
+  async function caller (): Promise<void> {
+    while (phase !== 2) {
+      const t0 = performance.now()
+      let ok: boolean
+      try {
+        ok = await call()
+      } catch {
+        ok = false
+      }
+      const t1 = performance.now()
+      if (phase === 0) {
+        warmupCalls++
+        if (t1 >= warmupEnd || warmupCalls >= warmupMax) {
+          phase = 1
+          meter?.begin()
+          windowStart = t1
+          windowEnd = t1 + options.durationMs
+        }
+        continue
+      }
+      if (phase !== 1) continue
+      if (t1 > windowEnd) {
+        phase = 2
+        lastCompletion = windowEnd
+        if (meter !== undefined) cpu = meter.end(calls)
+        continue
+      }
+      calls++
+      if (!ok) errors++
+      histogram.recordValue(Math.max(1, Math.round((t1 - t0) * 1000)))
+      if (calls >= options.maxCalls) {
+        phase = 2
+        lastCompletion = t1
+        if (meter !== undefined) cpu = meter.end(calls)
+      }
+    }
+  }
+
+  const callers: Promise<void>[] = []
+  for (let i = 0; i < options.concurrency; i++) callers.push(caller())
+  await Promise.all(callers)
+  const windowMs = Math.max(1e-3, lastCompletion - windowStart)
+  const result: LoopResult = {
+    calls,
+    errors,
+    windowMs,
+    rps: calls / (windowMs / 1000),
+    p50Us: histogram.getValueAtPercentile(50),
+    p90Us: histogram.getValueAtPercentile(90),
+    p99Us: histogram.getValueAtPercentile(99),
+    maxUs: histogram.maxValue,
+    meanUs: histogram.mean,
+    cpu
+  }
+  histogram.destroy()
+  return result
+}
+
+/** Records the latency of `run` (µs) into `histogram` and returns it. */
+export async function timeOne (histogram: Histogram, run: () => Promise<unknown>): Promise<number> {
+  const t0 = performance.now()
+  await run()
+  const us = (performance.now() - t0) * 1000
+  histogram.recordValue(Math.max(1, Math.round(us)))
+  return us
+}
+
+export function sleep (ms: number): Promise<void> {
+  return new Promise((resolve) => { setTimeout(resolve, ms) })
+}

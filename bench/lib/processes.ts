@@ -1,0 +1,131 @@
+// Child processes of the bench: the callback server(s), the autocannon load generator, the
+// memory probe and the optional Python peers. Every child is ours: it is started here, stopped
+// here by its own handle, and exits by itself when its stdin closes (if the bench dies).
+import { spawn, spawnSync } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+
+/** The tsx loader, resolved once, so children work whatever their cwd. */
+const TSX = import.meta.resolve('tsx')
+
+export const BENCH_DIR = fileURLToPath(new URL('..', import.meta.url))
+
+export function benchFile (relative: string): string {
+  return fileURLToPath(new URL(`../${relative}`, import.meta.url))
+}
+
+export interface CallbackServerHandle {
+  port: number
+  pid: number
+  origin: string
+  url: (path: string) => string
+  largeBytes: number
+  smallBytes: number
+  close: () => Promise<void>
+}
+
+export interface CallbackServerOptions {
+  /** Idle keep-alive timeout of the server's sockets (default 60 s: the client decides). */
+  keepAliveMs?: number
+  /** false: no `Keep-Alive: timeout=N` hint, idle sockets closed silently (uvicorn-like). */
+  sendHint?: boolean
+}
+
+/** Spawns `bench/fixtures/callback-server.ts` in its own process and waits for its port. */
+export async function startCallbackServer (options: CallbackServerOptions = {}): Promise<CallbackServerHandle> {
+  const args = ['--import', TSX, benchFile('fixtures/callback-server.ts')]
+  if (options.keepAliveMs !== undefined) args.push('--keep-alive-ms', String(options.keepAliveMs))
+  if (options.sendHint === false) args.push('--no-hint')
+  const child = spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'inherit'] })
+  const info = await firstJsonLine(child, 20_000) as { port: number, pid: number, largeBytes: number, smallBytes: number }
+  const origin = `http://127.0.0.1:${info.port}`
+  return {
+    port: info.port,
+    pid: info.pid,
+    origin,
+    largeBytes: info.largeBytes,
+    smallBytes: info.smallBytes,
+    url: (path: string) => origin + path,
+    close: () => stopChild(child)
+  }
+}
+
+/**
+ * Runs a node script (under tsx) that prints one JSON line on stdout, and returns it parsed.
+ * Lines of the form `{"event":"name"}` printed before it are passed to `onEvent` (e.g. the load
+ * generator saying its measured run starts). Its stderr goes to ours.
+ */
+export async function runNodeJson (script: string, args: readonly string[],
+  options: { timeoutMs: number, nodeArgs?: readonly string[], onEvent?: (name: string) => void }): Promise<unknown> {
+  const child = spawn(process.execPath, [...(options.nodeArgs ?? []), '--import', TSX, benchFile(script), ...args],
+    { stdio: ['pipe', 'pipe', 'inherit'] })
+  try {
+    return await firstJsonLine(child, options.timeoutMs, options.onEvent)
+  } finally {
+    await stopChild(child)
+  }
+}
+
+/** Runs a command that prints one JSON line; null when the command is missing or fails. */
+export async function runJson (command: string, args: readonly string[], timeoutMs: number): Promise<unknown> {
+  const child = spawn(command, args, { stdio: ['pipe', 'pipe', 'inherit'] })
+  try {
+    return await firstJsonLine(child, timeoutMs)
+  } finally {
+    await stopChild(child)
+  }
+}
+
+/** True when `python -c code` exits 0 (quietly; a missing interpreter is false). */
+export function pythonHas (python: string, code: string): boolean {
+  const run = spawnSync(python, ['-c', code], { stdio: 'ignore', timeout: 10_000 })
+  return run.status === 0
+}
+
+async function firstJsonLine (child: ChildProcess, timeoutMs: number, onEvent?: (name: string) => void): Promise<unknown> {
+  const stdout = child.stdout
+  if (stdout === null) throw new Error('child has no stdout')
+  const lines = createInterface({ input: stdout })
+  let timer: NodeJS.Timeout | undefined
+  try {
+    return await new Promise((resolve, reject) => {
+      timer = setTimeout(() => { reject(new Error(`child ${child.pid ?? ''} printed nothing within ${timeoutMs} ms`)) }, timeoutMs)
+      child.once('error', reject)
+      child.once('close', (code) => { reject(new Error(`child exited (code ${code ?? 'signal'}) before printing its result`)) })
+      lines.on('line', (line) => {
+        const text = line.trim()
+        if (!text.startsWith('{')) return
+        let value: unknown
+        try {
+          value = JSON.parse(text)
+        } catch (err) {
+          reject(err)
+          return
+        }
+        const event = (value as { event?: unknown }).event
+        if (typeof event === 'string') onEvent?.(event)
+        else resolve(value)
+      })
+    })
+  } finally {
+    clearTimeout(timer)
+    lines.close()
+  }
+}
+
+/** Closes the child's stdin (it exits by itself), then SIGTERM after 3 s, SIGKILL after 6 s. */
+export async function stopChild (child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return
+  const exited = once(child, 'exit')
+  child.stdin?.end()
+  const term = setTimeout(() => { child.kill('SIGTERM') }, 3_000)
+  const kill = setTimeout(() => { child.kill('SIGKILL') }, 6_000)
+  try {
+    await exited
+  } finally {
+    clearTimeout(term)
+    clearTimeout(kill)
+  }
+}
