@@ -29,15 +29,12 @@ const cancels = new BroadcastChannel(options.cancelChannel)
 // The cancel channel must not keep the thread alive; piscina's own port does while the pool wants it.
 cancels.unref()
 
-/** Calls running on this thread, by call id; the cancel channel aborts through them. */
-const inFlight = new Map<number, AbortController>()
-
 cancels.onmessage = function onCancel (event: unknown): void {
   // The main thread broadcasts to every thread; ids that run elsewhere are simply absent here.
   const ids = (event as MessageEvent).data as unknown
   if (!Array.isArray(ids)) return
   for (const id of ids) {
-    inFlight.get(id as number)?.abort()
+    client.cancel(id as number)
   }
 }
 
@@ -70,15 +67,8 @@ function post (outcome: CallOutcome): Promise<void> {
 }
 
 async function runCall (task: CallTask): Promise<void> {
-  const controller = new AbortController()
-  inFlight.set(task.id, controller)
-  let outcome: CallOutcome
-  try {
-    outcome = await client.call(task, controller.signal)
-  } finally {
-    inFlight.delete(task.id)
-  }
-  await post(outcome)
+  // Cancellation goes through client.cancel(id), so no AbortController per call.
+  await post(await client.call(task))
 }
 
 /**

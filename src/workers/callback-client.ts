@@ -237,10 +237,14 @@ class CallAttempt implements Dispatcher.DispatchHandler {
   #chunks: Buffer[] = []
   #keptBytes = 0
 
-  constructor (task: CallTask, signal: AbortSignal | undefined, resolve: (outcome: CallOutcome) => void) {
+  readonly #running: Map<number, CallAttempt>
+
+  constructor (task: CallTask, signal: AbortSignal | undefined, resolve: (outcome: CallOutcome) => void,
+    running: Map<number, CallAttempt>) {
     this.task = task
     this.#signal = signal
     this.#resolve = resolve
+    this.#running = running
   }
 
   /** Arms the deadline and the caller's signal; false when the call already ended. */
@@ -370,6 +374,7 @@ class CallAttempt implements Dispatcher.DispatchHandler {
     this.#isSettled = true
     if (this.#timer !== undefined) clearTimeout(this.#timer)
     this.#signal?.removeEventListener('abort', this)
+    this.#running.delete(this.task.id)
     this.#chunks = []
     this.#resolve(outcome)
   }
@@ -391,6 +396,8 @@ function isHighSurrogate (code: number): boolean {
  */
 export class CallbackClient {
   readonly #pools = new Map<string, Pool>()
+  /** Calls in flight, by task id, for `cancel()`. */
+  readonly #running = new Map<number, CallAttempt>()
   /** Callback URLs that passed the loopback re-check, with their origin (bounded). */
   readonly #checkedOrigins = new Map<string, string>()
   readonly #options: CallbackClientOptions
@@ -412,7 +419,8 @@ export class CallbackClient {
    */
   call (task: CallTask, signal?: AbortSignal): Promise<CallOutcome> {
     return new Promise<CallOutcome>((resolve) => {
-      const attempt = new CallAttempt(task, signal, resolve)
+      const attempt = new CallAttempt(task, signal, resolve, this.#running)
+      this.#running.set(task.id, attempt)
       try {
         this.#start(attempt, task)
       } catch (err) {
@@ -420,6 +428,17 @@ export class CallbackClient {
         attempt.onResponseError(undefined, err instanceof Error ? err : new Error(String(err)))
       }
     })
+  }
+
+  /**
+   * Stops a running call by task id (it answers 'cancelled'); false when it is not running here.
+   * The worker's cancel messages use this instead of an AbortController per call (4.4 µs each).
+   */
+  cancel (id: number): boolean {
+    const attempt = this.#running.get(id)
+    if (attempt === undefined) return false
+    attempt.handleEvent()
+    return true
   }
 
   /** Destroys every pool and its sockets; calls in flight end as 'cancelled'. */

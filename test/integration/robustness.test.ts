@@ -120,3 +120,18 @@ test('R13: an eviction event says which origin, tools and roles', async (t) => {
   const [event] = await evicted
   assert.deepEqual(event, { origin: `http://127.0.0.1:${port}`, tools: ['p'], roles: ['Lanlan', 'Mochi'], failures: 1 })
 })
+
+test('R18: GET /api/tools is never stale: replaced tools, local tools, and a role removed and added again', async (t) => {
+  const tp = await setup(t)
+  const names = async (url = '/api/tools?role=Lanlan'): Promise<string[]> =>
+    (await tp.app.inject({ method: 'GET', url })).json().tools_by_role.Lanlan.map((x: { name: string }) => x.name)
+  for (const name of ['a', 'b', 'c']) await tp.register({ name, callback_url: CALLBACK, role: 'Lanlan' })
+  assert.deepEqual(await names(), ['a', 'b', 'c'])
+  await tp.roles.get('Lanlan').registerLocalTool({ name: 'local', handler: () => 1 })
+  assert.deepEqual(await names(), ['a', 'b', 'c', 'local'])
+  tp.roles.remove('Lanlan')
+  tp.roles.add('Lanlan')
+  for (const name of ['x', 'y', 'z', 'w']) await tp.register({ name, callback_url: CALLBACK, role: 'Lanlan' })
+  assert.deepEqual(await names(), ['x', 'y', 'z', 'w'])
+  assert.deepEqual(await names('/api/tools'), ['x', 'y', 'z', 'w'])
+})

@@ -58,7 +58,10 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     forceCloseConnections: true,
     return503OnClosing: true,
     // Calls are logged by the runtime (metadata only, at debug); per-request lines would be noise.
-    logController: new LogController({ disableRequestLogging: true })
+    logController: new LogController({ disableRequestLogging: true }),
+    // No child logger per request (measured in the e2e profile): the runtime logs call metadata
+    // itself, and errors are logged with their code.
+    childLoggerFactory: reuseLogger
   }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
   app.addHook('onRequest', buildGuard(runtime.options.security))
@@ -70,4 +73,8 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   registerDocs(app)
   app.register(toolportPlugin, { runtime, guard: false })
   return app
+}
+
+function reuseLogger<T> (logger: T): T {
+  return logger
 }

@@ -28,6 +28,9 @@ export interface GuardOptions {
 
 export type GuardHook = (request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction) => void
 
+/** Sockets whose peer was found to be loopback (weak: gone with the connection). */
+const loopbackSockets = new WeakMap<object, true>()
+
 /** Builds the onRequest guard for the given security options. */
 export function buildGuard (options: GuardOptions): GuardHook {
   const allowedHosts = new Set(options.allowedHosts.map((h) => h.toLowerCase()))
@@ -43,10 +46,15 @@ export function buildGuard (options: GuardOptions): GuardHook {
     reply.header('cache-control', 'no-store')
     reply.header('cross-origin-resource-policy', 'same-origin')
 
-    const peer = request.raw.socket?.remoteAddress
-    if (!isLoopbackAddress(peer)) {
-      done(new NotLoopbackError(peer ?? 'an unknown peer'))
-      return
+    const socket = request.raw.socket
+    // A socket's peer never changes: judge it once per connection, not once per request.
+    if (socket === undefined || socket === null || loopbackSockets.get(socket) !== true) {
+      const peer = socket?.remoteAddress
+      if (!isLoopbackAddress(peer)) {
+        done(new NotLoopbackError(peer ?? 'an unknown peer'))
+        return
+      }
+      if (socket !== undefined && socket !== null) loopbackSockets.set(socket, true)
     }
     if (checkHost) {
       const problem = hostProblem(request, allowedHosts)

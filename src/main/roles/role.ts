@@ -32,7 +32,10 @@ export interface RoleOptions {
  * const detach = tp.roles.get('Lanlan').attachSession({ id: 's1', syncTools: async (tools) => {} })
  */
 export class Role {
+  static #serials = 0
   readonly name: string
+  /** Unique per Role object in the process: a role removed and added again is a new one. */
+  readonly serial = ++Role.#serials
   readonly registry = new ToolRegistry()
   readonly #sessions = new Set<ModelSession>()
   #sessionList: readonly ModelSession[] = []
