@@ -19,6 +19,7 @@ import { checkCallbackUrl } from '../src/shared/loopback.js'
 import { ToolEntry, ToolRegistry } from '../src/main/roles/tool-registry.js'
 import { checkArguments, readArguments } from '../src/main/dispatch/arguments.js'
 import { outcomeToResult, replyToResult } from '../src/main/dispatch/result.js'
+import { mapReply } from '../src/shared/reply.js'
 import { jsonDepthExceeds } from '../src/main/http/json-body.js'
 import type { CallOutcome, CallTask } from '../src/workers/protocol.js'
 import { LARGE_REPLY, SMALL_REPLY } from './fixtures/payloads.js'
@@ -89,7 +90,11 @@ function tasks (pool: Piscina, asyncPool: Piscina): MicroTask[] {
     timeoutMs: 30_000,
     maxResponseBytes: 4 * 1024 * 1024
   }
-  const outcome = (text: string): CallOutcome => ({ id: 123456, kind: 'ok', status: 200, text, contentType: 'application/json', message: '', bytes: text.length })
+  // An ok outcome as the worker sends it: the reply already mapped (src/shared/reply.ts).
+  const outcome = (body: string): CallOutcome => {
+    const reply = mapReply(body, 'application/json')
+    return { id: 123456, kind: 'ok', status: 200, text: reply.text, outputJson: reply.outputJson, toolError: reply.toolError, contentType: 'application/json', message: '', bytes: body.length }
+  }
   const smallOutcome = outcome(SMALL_REPLY)
   const largeOutcome = outcome(LARGE_REPLY)
   const context = { name: 'get_weather', timeoutMs: 30_000, maxResponseBytes: 4 * 1024 * 1024 }

@@ -18,6 +18,7 @@ import type { Socket } from 'node:net'
 import { buildConnector, Pool } from 'undici'
 import type { Dispatcher } from 'undici'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
+import { mapReply } from '../shared/reply.js'
 import { HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from './protocol.js'
 import type { CallOutcome, CallTask } from './protocol.js'
 
@@ -205,8 +206,8 @@ function classifyError (err: unknown): OutcomeKind {
 
 /** Every outcome is built here, so all of them share one shape (field set and order). */
 function createOutcome (id: number, kind: OutcomeKind, status: number, text: string,
-  contentType: string, message: string, bytes: number): CallOutcome {
-  return { id, kind, status, text, contentType, message, bytes }
+  contentType: string, message: string, bytes: number, outputJson = '', toolError = ''): CallOutcome {
+  return { id, kind, status, text, outputJson, toolError, contentType, message, bytes }
 }
 
 function firstHeader (value: string | string[] | undefined): string {
@@ -334,8 +335,11 @@ class CallAttempt implements Dispatcher.DispatchHandler {
       this.#finishHttpError('')
       return
     }
-    this.#settle(createOutcome(this.task.id, OutcomeKind.ok, this.#status, this.#decode(),
-      this.#contentType, '', this.#bytes))
+    // Read the reply here, on the thread that received it (the worker in pool mode), so the
+    // main thread gets finished strings (SPEC R10–R12; src/shared/reply.ts).
+    const reply = mapReply(this.#decode(), this.#contentType)
+    this.#settle(createOutcome(this.task.id, OutcomeKind.ok, this.#status, reply.text,
+      this.#contentType, '', this.#bytes, reply.outputJson, reply.toolError))
   }
 
   onResponseError (controller: Dispatcher.DispatchController | undefined, err: Error): void {

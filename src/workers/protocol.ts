@@ -58,8 +58,15 @@ export interface CallOutcome {
   kind: OutcomeKind
   /** HTTP status when a reply arrived, else 0. */
   status: number
-  /** The reply body (`ok`), or its first 200 characters (`http`), else ''. */
+  /**
+   * `ok`: what the model reads, already mapped from the reply (src/shared/reply.ts); `http`: the
+   * body's first 200 characters; else ''.
+   */
   text: string
+  /** `ok`: the output's JSON text, or '' when the output is the string `text`; else ''. */
+  outputJson: string
+  /** `ok`: the tool-level error of an `is_error: true` reply (R11), or ''. */
+  toolError: string
   /** The reply's content type, lower-cased, or ''. */
   contentType: string
   /** A short description of a failure (error code and message), else ''. */

@@ -71,7 +71,7 @@ test('R9: a batch posts every outcome to the main thread and resolves with its c
   assert.equal(count, 3)
   const [echo, failed, text] = await Promise.all(calls.map((call) => outcome(call.id)))
   assert.equal(echo?.kind, 'ok')
-  assert.deepEqual(JSON.parse(echo?.text ?? ''), { output: JSON.parse(calls[0]?.body ?? ''), is_error: false })
+  assert.deepEqual(JSON.parse(echo?.text ?? ''), JSON.parse(calls[0]?.body ?? ''))
   assert.equal(failed?.kind, 'http')
   assert.equal(failed?.status, 500)
   assert.equal(text?.kind, 'ok')

@@ -13,7 +13,7 @@ import {
 } from '../fixtures/callback-server.js'
 import type { CallbackServer, CallbackServerOptions } from '../fixtures/callback-server.js'
 
-const OUTCOME_FIELDS = ['bytes', 'contentType', 'id', 'kind', 'message', 'status', 'text']
+const OUTCOME_FIELDS = ['bytes', 'contentType', 'id', 'kind', 'message', 'outputJson', 'status', 'text', 'toolError']
 
 interface Harness {
   server: CallbackServer
@@ -70,17 +70,28 @@ test('R10: a 2xx reply is an ok outcome with its text, status, content type and 
   const task = buildCallTask(server.url, '/echo')
   const outcome = await client.call(task)
   assertShape(outcome)
-  const expected = JSON.stringify({ output: JSON.parse(task.body), is_error: false })
+  const reply = JSON.stringify({ output: JSON.parse(task.body), is_error: false })
+  const output = JSON.stringify(JSON.parse(task.body))
   assert.deepEqual(outcome, {
-    id: task.id, kind: 'ok', status: 200, text: expected, contentType: 'application/json', message: '', bytes: Buffer.byteLength(expected)
+    id: task.id,
+    kind: 'ok',
+    status: 200,
+    text: output,
+    outputJson: output,
+    toolError: '',
+    contentType: 'application/json',
+    message: '',
+    bytes: Buffer.byteLength(reply)
   })
 })
 
-test('R11: a tool-level error reply is an ok outcome carrying the body (is_error is read on the main thread)', async (t) => {
+test('R11: a tool-level error reply is an ok outcome, read where it arrived: toolError and the model text', async (t) => {
   const { server, client } = await setup(t)
   const outcome = await client.call(buildCallTask(server.url, '/tool-error'))
   assert.equal(outcome.kind, 'ok')
-  assert.deepEqual(JSON.parse(outcome.text), { error: 'location not found', is_error: true })
+  assert.equal(outcome.toolError, 'location not found')
+  assert.deepEqual(JSON.parse(outcome.text), { error: 'location not found' })
+  assert.equal(outcome.outputJson, 'null')
 })
 
 test('R10: a JSON reply without output/is_error is returned unchanged', async (t) => {
@@ -88,6 +99,7 @@ test('R10: a JSON reply without output/is_error is returned unchanged', async (t
   const outcome = await client.call(buildCallTask(server.url, '/raw-output'))
   assert.equal(outcome.kind, 'ok')
   assert.equal(outcome.text, '{"temperature_c":28}')
+  assert.equal(outcome.outputJson, '{"temperature_c":28}')
 })
 
 test('R12: a non-JSON reply is an ok outcome with the text and its lower-cased content type', async (t) => {
@@ -268,7 +280,7 @@ test('R12: an error reply over the cap is still an http outcome with its snippet
   assert.equal(outcome.text.length, HTTP_ERROR_SNIPPET_CHARS)
 })
 
-test('R12: a 100000-deep JSON reply is returned as text without parsing', async (t) => {
+test('R12: a 100000-deep JSON reply is returned as its own text (never re-encoded)', async (t) => {
   const { server, client } = await setup(t)
   const outcome = await client.call(buildCallTask(server.url, '/deep/100000'))
   assert.equal(outcome.kind, 'ok')

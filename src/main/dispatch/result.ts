@@ -1,5 +1,6 @@
 // Callback reply → ToolResult → the text a model reads (SPEC R10–R12, DESIGN "Model-visible result").
 import type { CallOutcome } from '../../workers/protocol.js'
+import { mapReply, safeStringify } from '../../shared/reply.js'
 
 /** What a tool call returns to the model session (DESIGN "Core contracts"). */
 export interface ToolResult {
@@ -33,7 +34,8 @@ export interface ResultContext {
 export function outcomeToResult (outcome: CallOutcome, tool: ResultContext): ToolResult {
   switch (outcome.kind) {
     case 'ok':
-      return replyToResult(outcome.text, outcome.contentType)
+      // The reply was already read where it arrived (the worker, in pool mode).
+      return mappedReplyResult(outcome.text, outcome.outputJson, outcome.toolError)
     case 'http':
       return errorResult(`tool callback returned HTTP ${outcome.status}` +
         (outcome.text === '' ? '' : `: ${outcome.text}`))
@@ -56,39 +58,48 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext): Too
   }
 }
 
+/** The output's JSON text of results built from a callback reply (see `outputJsonOf`). */
+const outputJsonByResult = new WeakMap<ToolResult, string>()
+
 /**
- * Reads a 2xx reply body. A JSON object with `output` or `is_error` is the envelope (R10, R11);
- * any other JSON value is the output itself; a non-JSON body is text output (R12); empty is "".
+ * The JSON text of a result's output when it is already known (a callback reply's own text), so
+ * that the HTTP route can send it without encoding the output again; undefined otherwise.
  */
-export function replyToResult (body: string, contentType: string): ToolResult {
-  if (body === '') return { is_error: false, output: '', text: '' }
-  let parsed: unknown
-  if (looksLikeJson(body, contentType)) {
-    try {
-      parsed = JSON.parse(body)
-    } catch {
-      return { is_error: false, output: body, text: body }
-    }
-  } else {
-    return { is_error: false, output: body, text: body }
-  }
-  if (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) &&
-      (Object.hasOwn(parsed, 'output') || Object.hasOwn(parsed, 'is_error'))) {
-    const envelope = parsed as { output?: unknown, is_error?: unknown, error?: unknown }
-    if (envelope.is_error === true) return errorResult(envelopeError(envelope))
-    return outputResult(envelope.output === undefined ? null : envelope.output)
-  }
-  // The body already is the output's JSON: reuse it as the model's text instead of re-encoding
-  // (and a 100 000-deep reply that JSON.stringify could not encode still reads fine).
-  return { is_error: false, output: parsed, text: typeof parsed === 'string' ? parsed : body }
+export function outputJsonOf (result: ToolResult): string | undefined {
+  return outputJsonByResult.get(result)
 }
 
-function envelopeError (envelope: { output?: unknown, error?: unknown }): string {
-  if (typeof envelope.error === 'string') return envelope.error
-  if (envelope.error !== undefined && envelope.error !== null) return safeStringify(envelope.error)
-  if (typeof envelope.output === 'string') return envelope.output
-  if (envelope.output !== undefined && envelope.output !== null) return safeStringify(envelope.output)
-  return 'tool reported an error'
+/**
+ * Builds the ToolResult of a mapped 2xx reply. A non-string output is parsed from its JSON only
+ * when someone reads `output` (the HTTP route never does), and at most once.
+ */
+export function mappedReplyResult (text: string, outputJson: string, toolError: string): ToolResult {
+  if (toolError !== '') return { is_error: true, output: null, error: toolError, text }
+  if (outputJson === '') return { is_error: false, output: text, text }
+  let parsed: unknown
+  let isParsed = false
+  const result: ToolResult = {
+    is_error: false,
+    get output (): unknown {
+      if (!isParsed) {
+        parsed = JSON.parse(outputJson)
+        isParsed = true
+      }
+      return parsed
+    },
+    text
+  }
+  outputJsonByResult.set(result, outputJson)
+  return result
+}
+
+/**
+ * Reads a 2xx reply body (R10–R12; see src/shared/reply.ts for the rules). The pool maps replies
+ * in the worker; this is the same reading for a body at hand.
+ */
+export function replyToResult (body: string, contentType: string): ToolResult {
+  const mapped = mapReply(body, contentType)
+  return mappedReplyResult(mapped.text, mapped.outputJson, mapped.toolError)
 }
 
 /** `output` as the model reads it: a string as-is, anything else as JSON. */
@@ -96,24 +107,6 @@ export function outputText (output: unknown): string {
   if (typeof output === 'string') return output
   if (output === undefined) return ''
   return safeStringify(output)
-}
-
-function safeStringify (value: unknown): string {
-  try {
-    return JSON.stringify(value) ?? ''
-  } catch {
-    // Too deep to encode (RangeError) or not encodable (BigInt): say so instead of crashing.
-    return '"[output could not be encoded as JSON]"'
-  }
-}
-
-function looksLikeJson (body: string, contentType: string): boolean {
-  if (contentType.includes('json')) return true
-  // Some plugins reply JSON as text/plain or with no type; sniff the first significant character.
-  const first = body.trimStart().charCodeAt(0)
-  // { [ " - 0-9 t f n
-  return first === 123 || first === 91 || first === 34 || first === 45 || (first >= 48 && first <= 57) ||
-    first === 116 || first === 102 || first === 110
 }
 
 function formatSeconds (ms: number): string {

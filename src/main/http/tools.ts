@@ -3,7 +3,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
 import { ROUTE_SCHEMAS } from './openapi.js'
-import type { ToolResult } from '../dispatch/result.js'
+import { outputJsonOf, type ToolResult } from '../dispatch/result.js'
 
 /** Registers the routes on `app`, answering from `runtime`. */
 export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
@@ -63,10 +63,13 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
  * parsed on the way in only to be encoded again on the way out (STYLE §4).
  */
 export function serializeToolResult (result: ToolResult): string {
-  const output = result.output
-  const outputJson = typeof output === 'string'
-    ? JSON.stringify(output)
-    : result.is_error || output === null || output === undefined || result.text === '' ? 'null' : result.text
+  let outputJson = outputJsonOf(result)
+  if (outputJson === undefined) {
+    const output = result.output
+    outputJson = typeof output === 'string'
+      ? JSON.stringify(output)
+      : result.is_error || output === null || output === undefined || result.text === '' ? 'null' : result.text
+  }
   const error = result.error === undefined ? '' : `,"error":${JSON.stringify(result.error)}`
   return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(result.text)}}`
 }
