@@ -93,7 +93,7 @@ function tasks (pool: Piscina, asyncPool: Piscina): MicroTask[] {
   // An ok outcome as the worker sends it: the reply already mapped (src/shared/reply.ts).
   const outcome = (body: string): CallOutcome => {
     const reply = mapReply(body, 'application/json')
-    return { id: 123456, kind: 'ok', status: 200, text: reply.text, outputJson: reply.outputJson, toolError: reply.toolError, contentType: 'application/json', message: '', bytes: body.length }
+    return { id: 123456, kind: 'ok', status: 200, text: reply.text, textIsJson: reply.textIsJson, toolError: reply.toolError, contentType: 'application/json', message: '', bytes: body.length }
   }
   const smallOutcome = outcome(SMALL_REPLY)
   const largeOutcome = outcome(LARGE_REPLY)

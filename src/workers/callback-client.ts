@@ -206,8 +206,8 @@ function classifyError (err: unknown): OutcomeKind {
 
 /** Every outcome is built here, so all of them share one shape (field set and order). */
 function createOutcome (id: number, kind: OutcomeKind, status: number, text: string,
-  contentType: string, message: string, bytes: number, outputJson = '', toolError = ''): CallOutcome {
-  return { id, kind, status, text, outputJson, toolError, contentType, message, bytes }
+  contentType: string, message: string, bytes: number, textIsJson = false, toolError = ''): CallOutcome {
+  return { id, kind, status, text, textIsJson, toolError, contentType, message, bytes }
 }
 
 function firstHeader (value: string | string[] | undefined): string {
@@ -339,7 +339,7 @@ class CallAttempt implements Dispatcher.DispatchHandler {
     // main thread gets finished strings (SPEC R10–R12; src/shared/reply.ts).
     const reply = mapReply(this.#decode(), this.#contentType)
     this.#settle(createOutcome(this.task.id, OutcomeKind.ok, this.#status, reply.text,
-      this.#contentType, '', this.#bytes, reply.outputJson, reply.toolError))
+      this.#contentType, '', this.#bytes, reply.textIsJson, reply.toolError))
   }
 
   onResponseError (controller: Dispatcher.DispatchController | undefined, err: Error): void {

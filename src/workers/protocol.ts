@@ -63,8 +63,8 @@ export interface CallOutcome {
    * body's first 200 characters; else ''.
    */
   text: string
-  /** `ok`: the output's JSON text, or '' when the output is the string `text`; else ''. */
-  outputJson: string
+  /** `ok`: true when `text` is the output's JSON, false when the output is the string `text`. */
+  textIsJson: boolean
   /** `ok`: the tool-level error of an `is_error: true` reply (R11), or ''. */
   toolError: string
   /** The reply's content type, lower-cased, or ''. */

@@ -296,7 +296,7 @@ function settleBatch (dispatcher: Dispatcher, calls: CallTask[], kind: OutcomeKi
 
 /** A flat outcome for a failure decided on the main thread. */
 export function failure (id: number, kind: OutcomeKind, message: string): CallOutcome {
-  return { id, kind, status: 0, text: '', outputJson: '', toolError: '', contentType: '', message, bytes: 0 }
+  return { id, kind, status: 0, text: '', textIsJson: false, toolError: '', contentType: '', message, bytes: 0 }
 }
 
 function noop (): void {}

@@ -35,7 +35,7 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext): Too
   switch (outcome.kind) {
     case 'ok':
       // The reply was already read where it arrived (the worker, in pool mode).
-      return mappedReplyResult(outcome.text, outcome.outputJson, outcome.toolError)
+      return mappedReplyResult(outcome.text, outcome.textIsJson, outcome.toolError)
     case 'http':
       return errorResult(`tool callback returned HTTP ${outcome.status}` +
         (outcome.text === '' ? '' : `: ${outcome.text}`))
@@ -73,9 +73,10 @@ export function outputJsonOf (result: ToolResult): string | undefined {
  * Builds the ToolResult of a mapped 2xx reply. A non-string output is parsed from its JSON only
  * when someone reads `output` (the HTTP route never does), and at most once.
  */
-export function mappedReplyResult (text: string, outputJson: string, toolError: string): ToolResult {
+export function mappedReplyResult (text: string, textIsJson: boolean, toolError: string): ToolResult {
   if (toolError !== '') return { is_error: true, output: null, error: toolError, text }
-  if (outputJson === '') return { is_error: false, output: text, text }
+  if (!textIsJson) return { is_error: false, output: text, text }
+  const outputJson = text
   let parsed: unknown
   let isParsed = false
   const result: ToolResult = {
@@ -99,7 +100,7 @@ export function mappedReplyResult (text: string, outputJson: string, toolError: 
  */
 export function replyToResult (body: string, contentType: string): ToolResult {
   const mapped = mapReply(body, contentType)
-  return mappedReplyResult(mapped.text, mapped.outputJson, mapped.toolError)
+  return mappedReplyResult(mapped.text, mapped.textIsJson, mapped.toolError)
 }
 
 /** `output` as the model reads it: a string as-is, anything else as JSON. */

@@ -1,0 +1,55 @@
+// Reading a callback's 2xx reply (SPEC R10–R12, DESIGN "Model-visible result"), including the
+// fast path for the canonical envelope, which must agree with the general reading.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import fc from 'fast-check'
+import { mapReply } from '../../src/shared/reply.js'
+
+const J = 'application/json'
+
+test('R10: a success envelope gives the output\'s JSON as text; a string output is the text itself', () => {
+  assert.deepEqual(mapReply('{"output":{"t":28},"is_error":false}', J), { text: '{"t":28}', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('{"output": {"t": 28}, "is_error": false}', J), { text: '{"t": 28}', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('{"output":"sunny","is_error":false}', J), { text: 'sunny', textIsJson: false, toolError: '' })
+  assert.deepEqual(mapReply('{"is_error":false,"output":[1,2]}', J), { text: '[1,2]', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('{"output":null,"is_error":false}', J), { text: 'null', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('{"is_error":false}', J), { text: 'null', textIsJson: true, toolError: '' })
+})
+
+test('R11: is_error counts only when it is the JSON value true', () => {
+  assert.deepEqual(mapReply('{"error":"location not found","is_error":true}', J),
+    { text: '{"error":"location not found"}', textIsJson: false, toolError: 'location not found' })
+  assert.equal(mapReply('{"output":1,"is_error":"true"}', J).toolError, '')
+  assert.equal(mapReply('{"is_error":true}', J).toolError, 'tool reported an error')
+  assert.equal(mapReply('{"is_error":true,"error":""}', J).toolError, 'tool reported an error')
+})
+
+test('R12: non-JSON is text, an empty body is "", other JSON values are the output itself', () => {
+  assert.deepEqual(mapReply('hello', 'text/plain'), { text: 'hello', textIsJson: false, toolError: '' })
+  assert.deepEqual(mapReply('{broken', J), { text: '{broken', textIsJson: false, toolError: '' })
+  assert.deepEqual(mapReply('', J), { text: '', textIsJson: false, toolError: '' })
+  assert.deepEqual(mapReply('[1, 2]', J), { text: '[1, 2]', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('"quoted"', J), { text: 'quoted', textIsJson: false, toolError: '' })
+})
+
+test('the envelope fast path never misreads a body with more keys or duplicate keys', () => {
+  const tricky = '{"output":1,"is_error":false,"output":2,"is_error":false}'
+  assert.deepEqual(mapReply(tricky, J), { text: '2', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('{"output":1,"x":{"a":1},"is_error":false}', J), { text: '1', textIsJson: true, toolError: '' })
+  assert.equal(mapReply('{"output":1,"is_error":true,"is_error":false}', J).toolError, '')
+})
+
+test('property: the fast path and the general reading agree on the output for every envelope', () => {
+  fc.assert(fc.property(fc.jsonValue(), fc.boolean(), (output, spaced) => {
+    const body = spaced
+      ? `{"output": ${JSON.stringify(output)}, "is_error": false}`
+      : JSON.stringify({ output, is_error: false })
+    const mapped = mapReply(body, J)
+    const expected = JSON.parse(body).output
+    if (typeof expected === 'string') assert.deepEqual(mapped, { text: expected, textIsJson: false, toolError: '' })
+    else {
+      assert.equal(mapped.textIsJson, true)
+      assert.deepEqual(JSON.parse(mapped.text), expected)
+    }
+  }), { numRuns: 500 })
+})
