@@ -325,7 +325,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     // The callback body is built once, here, as a string (R9). `args.raw` is JSON text that was
     // just parsed, so it is spliced in as-is instead of being encoded a second time.
-    const body = `{"name":${JSON.stringify(entry.name)},"arguments":${args.raw},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(args.raw)}}`
+    const body = `${entry.bodyPrefix}${args.raw},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(args.raw)}}`
     const epoch = this.#health.epoch(entry.origin)
     const outcome = await this.#dispatcher.dispatch({
       url: entry.callbackUrl as string,
@@ -338,7 +338,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       maxResponseBytes: this.options.dispatch.maxResponseBytes
     }, options?.signal)
     this.#recordHealth(entry, outcome, epoch)
-    const result = outcomeToResult(outcome, { name: entry.name, timeoutMs: entry.timeoutMs, maxResponseBytes: this.options.dispatch.maxResponseBytes })
+    const result = outcomeToResult(outcome, entry, this.options.dispatch.maxResponseBytes)
     return this.#finish(role, entry.name, callId, started, outcome.kind, result)
   }
 

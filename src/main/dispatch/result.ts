@@ -23,15 +23,14 @@ export function outputResult (output: unknown): ToolResult {
   return { is_error: false, output, text: outputText(output) }
 }
 
-/** The facts about the tool that error messages mention. */
+/** The facts about the tool that error messages mention (a ToolEntry has them). */
 export interface ResultContext {
-  name: string
-  timeoutMs: number
-  maxResponseBytes: number
+  readonly name: string
+  readonly timeoutMs: number
 }
 
 /** Maps a worker's flat outcome to the ToolResult the model sees. */
-export function outcomeToResult (outcome: CallOutcome, tool: ResultContext): ToolResult {
+export function outcomeToResult (outcome: CallOutcome, tool: ResultContext, maxResponseBytes: number): ToolResult {
   switch (outcome.kind) {
     case 'ok':
       // The reply was already read where it arrived (the worker, in pool mode).
@@ -46,7 +45,7 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext): Too
     case 'protocol':
       return errorResult(`tool '${tool.name}' callback failed: ${outcome.message}`)
     case 'too_large':
-      return errorResult(`tool '${tool.name}' replied with more than ${tool.maxResponseBytes} bytes`)
+      return errorResult(`tool '${tool.name}' replied with more than ${maxResponseBytes} bytes`)
     case 'cancelled':
       return errorResult(`tool '${tool.name}' call was cancelled`)
     case 'busy':

@@ -68,6 +68,8 @@ export class ToolEntry {
   /** Path and query of the callback URL, or ''. */
   readonly path: string
   readonly handler: LocalToolHandler | null
+  /** The start of every callback body (R9), `{"name":<json>,"arguments":`, encoded once. */
+  readonly bodyPrefix: string
   readonly definition: ToolDefinition
   readonly listing: ToolListing
   /** Compiled lazily on the first call (undefined = not yet; null = the schema did not compile). */
@@ -85,6 +87,7 @@ export class ToolEntry {
     this.origin = init.callback?.origin ?? ''
     this.path = init.callback?.path ?? ''
     this.handler = init.handler ?? null
+    this.bodyPrefix = `{"name":${JSON.stringify(init.name)},"arguments":`
     this.definition = Object.freeze({ name: init.name, description: init.description, parameters: init.parameters })
     this.listing = Object.freeze({
       name: init.name,
