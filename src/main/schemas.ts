@@ -51,6 +51,19 @@ export const registerSchema = z.object({
 export type RegisterInput = z.input<typeof registerSchema>
 export type RegisterRequest = z.output<typeof registerSchema>
 
+/**
+ * `Role.registerLocalTool` options: the same field rules as a registration (name, parameters,
+ * source, timeout), in the library's camelCase, with an in-process handler instead of a URL.
+ */
+export const localToolSchema = z.object({
+  name: toolName,
+  description: z.string().max(1024 * 1024).default(''),
+  parameters: parametersField.default(() => ({ type: 'object', properties: {} })),
+  source: sourceField.default('local'),
+  timeoutSeconds: z.number().gt(0, { message: 'must be greater than 0' }).lte(300, { message: 'must be at most 300' }).default(30),
+  handler: z.custom<(...args: never[]) => unknown>((value) => typeof value === 'function', { message: 'must be a function' })
+})
+
 /** POST /api/tools/unregister (SPEC R15, R17). */
 export const unregisterSchema = z.object({
   name: toolName,

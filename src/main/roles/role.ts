@@ -3,8 +3,7 @@ import type { EventEmitter } from 'node:events'
 import type { ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
-import { isPlainObject, type JsonSchemaObject } from '../schemas.js'
-import { ConfigError } from '../errors.js'
+import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
@@ -131,24 +130,14 @@ export class Role {
 }
 
 function buildLocalEntry (options: LocalToolOptions): ToolEntry {
-  const problems: string[] = []
-  const nameLength = typeof options.name === 'string' ? [...options.name].length : 0
-  if (nameLength < 1 || nameLength > 64) problems.push('name: must be 1 to 64 characters')
-  if (typeof options.handler !== 'function') problems.push('handler: must be a function')
-  if (options.parameters !== undefined && !isPlainObject(options.parameters)) {
-    problems.push('parameters: must be a JSON object (a JSON Schema)')
-  }
-  const timeoutSeconds = options.timeoutSeconds ?? 30
-  if (!(typeof timeoutSeconds === 'number' && timeoutSeconds > 0 && timeoutSeconds <= 300)) {
-    problems.push('timeoutSeconds: must be a number greater than 0 and at most 300')
-  }
-  if (problems.length > 0) throw new ConfigError(problems.join('; '))
+  // The registration rules, shared with the HTTP API; a bad field is a 422 naming it.
+  const valid = parseOrThrow(localToolSchema, options)
   return new ToolEntry({
-    name: options.name,
-    description: options.description ?? '',
-    parameters: options.parameters ?? { type: 'object', properties: {} },
-    source: options.source ?? 'local',
-    timeoutMs: Math.round(timeoutSeconds * 1000),
+    name: valid.name,
+    description: valid.description,
+    parameters: valid.parameters,
+    source: valid.source,
+    timeoutMs: Math.round(valid.timeoutSeconds * 1000),
     handler: options.handler
   })
 }
