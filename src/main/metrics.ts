@@ -18,6 +18,16 @@ export interface MetricsSource {
 
 const LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
 
+/** A label-less gauge whose value is read from `read` at scrape time. */
+function scrapedGauge (registers: Registry[], name: string, help: string, read: () => number): void {
+  new Gauge({ // eslint-disable-line no-new
+    name,
+    help,
+    registers,
+    collect () { this.set(read()) }
+  })
+}
+
 export class Metrics {
   readonly registry = new Registry()
   readonly #queueSeconds: Histogram<'outcome'>
@@ -78,30 +88,10 @@ export class Metrics {
       registers
     })
     // Gauges are read when scraped, so the hot path pays nothing for them.
-    new Gauge({ // eslint-disable-line no-new
-      name: 'toolport_calls_in_flight',
-      help: 'Callback calls admitted and not yet answered',
-      registers,
-      collect () { this.set(source.pendingCalls()) }
-    })
-    new Gauge({ // eslint-disable-line no-new
-      name: 'toolport_dispatch_queue_depth',
-      help: 'Calls waiting to be handed to a worker',
-      registers,
-      collect () { this.set(source.queuedCalls()) }
-    })
-    new Gauge({ // eslint-disable-line no-new
-      name: 'toolport_pool_utilization',
-      help: 'Worker pool utilisation (0-1, piscina); 0 in inline mode',
-      registers,
-      collect () { this.set(source.poolUtilization()) }
-    })
-    new Gauge({ // eslint-disable-line no-new
-      name: 'toolport_pool_threads',
-      help: 'Worker threads in the pool; 0 in inline mode',
-      registers,
-      collect () { this.set(source.poolThreads()) }
-    })
+    scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered', source.pendingCalls)
+    scrapedGauge(registers, 'toolport_dispatch_queue_depth', 'Calls waiting to be handed to a worker', source.queuedCalls)
+    scrapedGauge(registers, 'toolport_pool_utilization', 'Worker pool utilisation (0-1, piscina); 0 in inline mode', source.poolUtilization)
+    scrapedGauge(registers, 'toolport_pool_threads', 'Worker threads in the pool; 0 in inline mode', source.poolThreads)
     new Gauge({ // eslint-disable-line no-new
       name: 'toolport_registry_tools',
       help: 'Tools registered per role',

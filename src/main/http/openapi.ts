@@ -18,12 +18,13 @@ export function jsonSchema (schema: z.ZodType, io: 'input' | 'output'): Record<s
   return out
 }
 
-const errorBody = jsonSchema(errorBodySchema, 'output')
+/** The JSON Schema of every error answer (DESIGN), shared by all documented routes. */
+export const ERROR_BODY_JSON_SCHEMA = jsonSchema(errorBodySchema, 'output')
 
 /** The error statuses every route can answer, with the guard's 401/403 and body errors. */
 function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
-  for (const status of [401, 403, ...statuses]) out[status] = { ...errorBody, description: ERROR_DESCRIPTIONS[status] }
+  for (const status of [401, 403, ...statuses]) out[status] = { ...ERROR_BODY_JSON_SCHEMA, description: ERROR_DESCRIPTIONS[status] }
   return out
 }
 

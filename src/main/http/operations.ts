@@ -1,10 +1,8 @@
 // Operations routes: GET /api/health (liveness/readiness) and GET /metrics (Prometheus).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
-import { errorBodySchema, healthSchema } from '../schemas.js'
-import { jsonSchema } from './openapi.js'
-
-const errorBody = jsonSchema(errorBodySchema, 'output')
+import { healthSchema } from '../schemas.js'
+import { ERROR_BODY_JSON_SCHEMA as errorBody, jsonSchema } from './openapi.js'
 
 export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime): void {
   const health = jsonSchema(healthSchema, 'output')

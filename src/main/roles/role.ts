@@ -1,6 +1,6 @@
 // A role (a character or agent): its tool registry, its live model sessions and its sync queue.
 import type { EventEmitter } from 'node:events'
-import type { ToolportEvents } from '../events.js'
+import type { RemovalReason, ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
@@ -92,7 +92,7 @@ export class Role {
   async registerLocalTool (options: LocalToolOptions): Promise<SyncOutcome> {
     const entry = buildLocalEntry(options)
     const previous = this.registry.set(entry)
-    if (previous !== undefined) this.#emitRemoved(previous, 'replaced')
+    if (previous !== undefined) this.emitRemoved(previous, 'replaced')
     if (this.#events.listenerCount('tool-registered') > 0) {
       this.#events.emit('tool-registered', { role: this.name, name: entry.name, source: entry.source, isRemote: false })
     }
@@ -104,7 +104,7 @@ export class Role {
     const entry = this.registry.get(name)
     if (entry === undefined || entry.isRemote) return { ok: true, error: '', removed: false }
     this.registry.delete(name)
-    this.#emitRemoved(entry, 'local')
+    this.emitRemoved(entry, 'local')
     return { ...(await this.sync()), removed: true }
   }
 
@@ -114,11 +114,7 @@ export class Role {
   }
 
   /** Emits `tool-removed` for an entry that left this role (only when someone listens). */
-  emitRemoved (entry: ToolEntry, reason: 'unregister' | 'clear' | 'evicted' | 'replaced'): void {
-    this.#emitRemoved(entry, reason)
-  }
-
-  #emitRemoved (entry: ToolEntry, reason: 'unregister' | 'clear' | 'evicted' | 'replaced' | 'local'): void {
+  emitRemoved (entry: ToolEntry, reason: RemovalReason): void {
     if (this.#events.listenerCount('tool-removed') > 0) {
       this.#events.emit('tool-removed', { role: this.name, name: entry.name, source: entry.source, reason })
     }
