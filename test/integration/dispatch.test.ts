@@ -6,13 +6,12 @@ import { once } from 'node:events'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { createTestToolport } from '../helpers.js'
 
 const MODES = ['pool', 'inline'] as const
 
-async function setup (t: TestContext, mode: 'pool' | 'inline', options: ToolportOptions = {}): Promise<Toolport> {
-  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], ...options, dispatch: { mode, ...options.dispatch } })
-  t.after(() => tp.close())
-  return tp
+function setup (t: TestContext, mode: 'pool' | 'inline', options: ToolportOptions = {}): Promise<Toolport> {
+  return createTestToolport(t, { roles: ['Lanlan', 'Mochi'], ...options, dispatch: { mode, ...options.dispatch } })
 }
 
 async function server (t: TestContext, options?: Parameters<typeof startCallbackServer>[0]): Promise<CallbackServer> {

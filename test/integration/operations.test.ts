@@ -3,18 +3,18 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
-import { createToolport, ERROR_CODES, type Toolport } from '../../src/main/index.js'
+import { ERROR_CODES, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { optionsSchema, parseOptions } from '../../src/main/config.js'
 import { VERSION } from '../../src/main/version.js'
 import { startCallbackServer } from '../fixtures/callback-server.js'
+import { createTestToolport } from '../helpers.js'
 
 const README = readFileSync(new URL('../../README.md', import.meta.url), 'utf8')
 
-async function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
-  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], dispatch: { mode: 'inline' }, ...options })
-  t.after(() => tp.close())
-  return tp
+/** Two roles, inline dispatch unless `options.dispatch` says otherwise; closed in t.after. */
+function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
+  return createTestToolport(t, { roles: ['Lanlan', 'Mochi'], ...options })
 }
 
 test('GET /metrics counts calls by role, tool and outcome, with bounded labels only', async (t) => {

@@ -6,13 +6,13 @@ import { once } from 'node:events'
 import { createToolport, type Toolport, type ToolDefinition } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { closedPort } from '../fixtures/callback-server.js'
+import { createTestToolport } from '../helpers.js'
 
 const CALLBACK = 'http://127.0.0.1:9/x'
 
-async function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
-  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], dispatch: { mode: 'inline' }, ...options })
-  t.after(() => tp.close())
-  return tp
+/** Two roles, inline dispatch unless `options.dispatch` says otherwise; closed in t.after. */
+function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
+  return createTestToolport(t, { roles: ['Lanlan', 'Mochi'], ...options })
 }
 
 test('a host listener that throws never breaks a sync, a registration or a tool call', async (t) => {

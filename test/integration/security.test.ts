@@ -10,13 +10,13 @@ import { request } from 'undici'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { startCallbackServer } from '../fixtures/callback-server.js'
+import { createTestToolport } from '../helpers.js'
 
 const CALLBACK = 'http://127.0.0.1:9/tools/x'
 
-async function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
-  const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], dispatch: { mode: 'inline' }, ...options })
-  t.after(() => tp.close())
-  return tp
+/** Two roles, inline dispatch unless `options.dispatch` says otherwise; closed in t.after. */
+function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport> {
+  return createTestToolport(t, { roles: ['Lanlan', 'Mochi'], ...options })
 }
 
 function post (tp: Toolport, url: string, payload: unknown, headers: Record<string, string> = {}) {
