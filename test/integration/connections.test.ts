@@ -105,7 +105,9 @@ test('token mode: 1030 idle sockets from another client do not lock out a reques
     t.skip(`needs ulimit -n of at least ${3 * ATTACK_SOCKETS} (have ${limit})`)
     return
   }
-  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN } })
+  // The default caps; the short idle timeout is kept out of the way so that the reserve alone is
+  // what lets the request in.
+  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN }, limits: { pressureIdleTimeoutMs: 600_000 } })
   // Half never send a byte; half send the start of a request head and stall (slowloris).
   const silent = await holdSockets(port, ATTACK_SOCKETS / 2)
   const stalled = await holdSockets(port, ATTACK_SOCKETS / 2, 'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\n')
