@@ -34,8 +34,13 @@ export type Owner = Buffer | typeof HOST_OWNER
  */
 export function ownerOf (pluginKey: string | undefined): Owner {
   if (pluginKey === undefined) return HOST_OWNER
-  if (typeof pluginKey !== 'string' || !PLUGIN_KEY_PATTERN.test(pluginKey)) throw new PluginKeyRequiredError()
+  if (!isPluginKey(pluginKey)) throw new PluginKeyRequiredError()
   return createHash('sha256').update(pluginKey).digest()
+}
+
+/** Whether `value` has the form of a plugin key. */
+export function isPluginKey (value: unknown): value is string {
+  return typeof value === 'string' && PLUGIN_KEY_PATTERN.test(value)
 }
 
 /** Which owner each source is bound to. */

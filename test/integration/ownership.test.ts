@@ -90,7 +90,9 @@ test('ownership: without a plugin key, register, unregister and clear are 401 TP
     assertError(res, 401, 'TP_ERR_PLUGIN_KEY_REQUIRED')
     assert.equal(res.headers['www-authenticate'], 'Toolport-Plugin-Key')
     // A key too short to be a secret is no key.
-    assertError(await api(s.tp, 'short', url, body), 401, 'TP_ERR_PLUGIN_KEY_REQUIRED')
+    const short = await api(s.tp, 'short', url, body)
+    assertError(short, 401, 'TP_ERR_PLUGIN_KEY_REQUIRED')
+    assert.equal(short.headers['www-authenticate'], 'Toolport-Plugin-Key')
   }
   await assertVictimStillServes(s)
 })

@@ -2,7 +2,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { MutationOptions, Runtime } from '../runtime.js'
 import { PluginKeyRequiredError } from '../errors.js'
-import { PLUGIN_KEY_HEADER } from '../ownership.js'
+import { isPluginKey, PLUGIN_KEY_HEADER } from '../ownership.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
 import { ROUTE_SCHEMAS } from './openapi.js'
 import { outputJsonOf, type ToolResult } from '../dispatch/result.js'
@@ -69,7 +69,7 @@ const NO_OPTIONS: MutationOptions = Object.freeze({})
 function mutationOptions (runtime: Runtime, request: FastifyRequest, reply: FastifyReply): MutationOptions {
   if (!runtime.options.security.enforceOwnership) return NO_OPTIONS
   const key = request.headers[PLUGIN_KEY_HEADER]
-  if (typeof key !== 'string') {
+  if (!isPluginKey(key)) {
     reply.header('www-authenticate', 'Toolport-Plugin-Key')
     throw new PluginKeyRequiredError()
   }
