@@ -66,7 +66,19 @@ const limitsSchema = z.strictObject({
   /** Most tools one `source` may hold in one role. */
   maxToolsPerSource: z.number().int().min(1).max(1_000_000).default(1_000),
   /** Most simultaneous HTTP connections to the API server. */
-  maxConnections: z.number().int().min(1).max(1_000_000).default(1024)
+  maxConnections: z.number().int().min(1).max(1_000_000).default(1024),
+  /**
+   * Connections kept free for new clients: from `maxConnections - reservedConnections` open
+   * connections on, each new one closes the longest-idle one (token holders' last).
+   */
+  reservedConnections: z.number().int().min(0).max(1_000_000).default(64),
+  /** Idle timeout of API sockets while the reserve is in use (else the 65 s keep-alive timeout). */
+  pressureIdleTimeoutMs: z.number().int().min(10).max(600_000).default(2_000),
+  /**
+   * Largest `GET /api/tools/definitions` answer, in bytes of JSON; past it the route answers 422
+   * TP_ERR_LIMIT_EXCEEDED. The answer is streamed, so this bounds the time and bandwidth, not memory.
+   */
+  maxDefinitionsBytes: z.number().int().min(1024).max(16 * 1024 ** 3).default(1024 ** 3)
 })
 
 /** Every option of `createToolport` and `toolport serve`. */

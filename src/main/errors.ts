@@ -28,6 +28,17 @@ export const OriginForbiddenError = createError('TP_ERR_ORIGIN_FORBIDDEN',
 /** 401: token mode is on and the request lacks the right `Authorization: Bearer` token. */
 export const UnauthorizedError = createError('TP_ERR_UNAUTHORIZED', 'a valid Authorization: Bearer token is required', 401)
 
+/**
+ * 401: ownership mode is on and a register, unregister or clear request lacks a well-formed
+ * `X-Toolport-Plugin-Key` (the credential a source is bound to).
+ */
+export const PluginKeyRequiredError = createError('TP_ERR_PLUGIN_KEY_REQUIRED',
+  'ownership mode: an X-Toolport-Plugin-Key header of 32 to 512 visible ASCII characters is required', 401)
+
+/** 403: ownership mode: the source is bound to another plugin key (or to the host). */
+export const NotOwnerError = createError('TP_ERR_NOT_OWNER',
+  "source '%s' belongs to another plugin key; only its owner may register, unregister or clear its tools", 403)
+
 /** 422: a registration would take a role past `maxToolsPerRole` or a source past `maxToolsPerSource`. */
 export const LimitExceededError = createError('TP_ERR_LIMIT_EXCEEDED', 'limit exceeded: %s', 422)
 
@@ -76,6 +87,8 @@ export const ERROR_CODES: Readonly<Record<string, number>> = Object.freeze({
   TP_ERR_HOST_FORBIDDEN: 403,
   TP_ERR_ORIGIN_FORBIDDEN: 403,
   TP_ERR_UNAUTHORIZED: 401,
+  TP_ERR_PLUGIN_KEY_REQUIRED: 401,
+  TP_ERR_NOT_OWNER: 403,
   TP_ERR_LIMIT_EXCEEDED: 422,
   TP_ERR_ROLE_NOT_FOUND: 404,
   TP_ERR_ROUTE_NOT_FOUND: 404,

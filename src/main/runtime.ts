@@ -19,6 +19,7 @@ import { errorResult, outcomeToResult, outputResult, type ToolResult } from './d
 import { errorText } from './roles/sync.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
+import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
@@ -85,6 +86,16 @@ export interface ToolCall {
   raw_arguments?: string | undefined
 }
 
+/** Who asks for a register, unregister or clear (ownership mode, see SECURITY.md). */
+export interface MutationOptions {
+  /**
+   * The plugin's key (the HTTP routes pass `X-Toolport-Plugin-Key`). In ownership mode a source
+   * is bound to the key that first registered it. Without a key the caller is the embedding
+   * host, which may change any source.
+   */
+  pluginKey?: string | undefined
+}
+
 export interface CallToolOptions {
   /** Aborting it answers the call as cancelled at once and stops the callback request. */
   signal?: AbortSignal | undefined
@@ -110,6 +121,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #localCalls = new Set<() => void>()
   /** Prometheus metrics, or null when `metrics: false`. */
   readonly metrics: Metrics | null
+  /** Ownership mode: the owner each source is bound to. */
+  readonly #owners: SourceOwners
   #closed = false
 
   constructor (options: ToolportOptions = {}, logger?: Logger) {
@@ -130,9 +143,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       : null
     this.#dispatcher = new Dispatcher(this.options.dispatch, this.metrics?.observeDispatch ?? null)
     this.#health = new OriginHealth(this.options.evictionThreshold)
+    this.#owners = new SourceOwners((source) => this.roles.list().some((role) => role.registry.countBySource(source) > 0))
     // One unref'd sweep (no timer per call) forgets the health of origins no tool uses any more.
     this.#sweeper = setInterval(() => {
       this.#health.forget((origin) => this.roles.list().some((role) => role.registry.hasOrigin(origin)))
+      this.#owners.sweep()
     }, HEALTH_SWEEP_MS)
     this.#sweeper.unref()
   }
@@ -190,14 +205,17 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   /**
    * Registers or replaces (SPEC R5) one remote tool in the target roles, then waits for each
    * role's sync. `body` has the wire shape of `POST /api/tools/register`.
-   * Throws TP_ERR_VALIDATION (422) or TP_ERR_ROLE_NOT_FOUND (404).
+   * Throws TP_ERR_VALIDATION (422) or TP_ERR_ROLE_NOT_FOUND (404); in ownership mode also
+   * TP_ERR_NOT_OWNER (403) when the source belongs to another plugin key.
    */
-  async register (body: unknown): Promise<RegisterResult> {
+  async register (body: unknown, options: MutationOptions = {}): Promise<RegisterResult> {
     this.#assertOpen()
     const request = parseOrThrow(registerSchema, body)
     const problems = registrationProblems(request, this.options.limits)
     if (problems.length > 0) throw validationError(problems)
     const targets = this.#targets(request.role)
+    const owner = this.#ownerOf(options)
+    if (owner !== null) this.#owners.assert(request.source, owner)
     this.#checkCaps(targets, request.name, request.source)
     const entry = new ToolEntry({
       name: request.name,
@@ -228,6 +246,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       }
       accepted.push(role)
     }
+    // Bound in the same turn as the check above, so two registrations of one source cannot both
+    // find it free.
+    if (owner !== null && accepted.length > 0) this.#owners.claim(request.source, owner)
     const affected = await syncAll(accepted, failed)
     const result: RegisterResult = { ok: affected.length > 0, registered: entry.name, affected_roles: affected, failed_roles: failed }
     if (!result.ok) result.error = targets.length === 0 ? 'no roles exist' : 'no role accepted the registration'
@@ -238,18 +259,21 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   /**
    * Removes one tool by name from every role, or from the one role given (SPEC R15). With
    * `expected_source`, a role whose tool belongs to another source is skipped and listed in
-   * `refused_roles`; local tools are always refused.
+   * `refused_roles`; local tools are always refused, and so, in ownership mode, are tools whose
+   * source belongs to another plugin key.
    */
-  async unregister (body: unknown): Promise<UnregisterResult> {
+  async unregister (body: unknown, options: MutationOptions = {}): Promise<UnregisterResult> {
     this.#assertOpen()
     const request = parseOrThrow(unregisterSchema, body)
     const targets = this.#targets(request.role)
+    const owner = this.#ownerOf(options)
     const changed: Role[] = []
     const refused: RefusedRole[] = []
     for (const role of targets) {
       const existing = role.registry.get(request.name)
       if (existing === undefined) continue
-      if (!existing.isRemote || (request.expected_source !== undefined && existing.source !== request.expected_source)) {
+      if (!existing.isRemote || (request.expected_source !== undefined && existing.source !== request.expected_source) ||
+        (owner !== null && !this.#owners.allows(existing.source, owner))) {
         refused.push({ role: role.name, owned_by: existing.source })
         continue
       }
@@ -270,11 +294,16 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
-  /** Removes every remote tool of a source from every role, or from the one role given (SPEC R16). */
-  async clear (body: unknown): Promise<ClearResult> {
+  /**
+   * Removes every remote tool of a source from every role, or from the one role given (SPEC R16).
+   * In ownership mode, throws TP_ERR_NOT_OWNER (403) when the source belongs to another plugin key.
+   */
+  async clear (body: unknown, options: MutationOptions = {}): Promise<ClearResult> {
     this.#assertOpen()
     const request = parseOrThrow(clearSchema, body)
     const targets = this.#targets(request.role)
+    const owner = this.#ownerOf(options)
+    if (owner !== null) this.#owners.assert(request.source, owner)
     const changed: Role[] = []
     let removed = 0
     for (const role of targets) {
@@ -414,6 +443,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         throw new LimitExceededError(`source '${source}' already has ${maxToolsPerSource} tools in role '${role.name}' (limits.maxToolsPerSource)`)
       }
     }
+  }
+
+  /** The caller's owner identity in ownership mode, else null (nothing is checked). */
+  #ownerOf (options: MutationOptions): Owner | null {
+    return this.options.security.enforceOwnership ? ownerOf(options.pluginKey) : null
   }
 
   #targets (role: string | null): Role[] {

@@ -3,6 +3,7 @@
 // Everything Toolport would refuse with a 422 (SPEC R7) is checked here first, so a plugin fails
 // at construction with every problem named instead of at `start()` with the first one. Zod
 // parameter schemas are converted to JSON Schema here, once per tool.
+import { randomBytes } from 'node:crypto'
 import { z } from 'zod'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
@@ -83,6 +84,12 @@ export interface PluginOptions<T extends Record<string, unknown> = Record<string
   role?: string | null | undefined
   /** Token mode of Toolport: sent as `Authorization: Bearer <token>`. */
   token?: string | undefined
+  /**
+   * Toolport's ownership mode binds the source to this key (sent as `X-Toolport-Plugin-Key`).
+   * Default: a random key per plugin object. Pass a stable secret (e.g. read from a 0600 file) to
+   * take the source back after a restart while the old tools are still registered.
+   */
+  pluginKey?: string | undefined
   /** Address of the plugin's callback server: a loopback address (default `127.0.0.1`). */
   host?: string | undefined
   /** Port of the plugin's callback server (default 0: any free port). */
@@ -122,6 +129,7 @@ export interface ResolvedPluginOptions {
   source: string
   role: string | null
   token: string | null
+  pluginKey: string
   host: string
   port: number
   pollIntervalMs: number
@@ -184,6 +192,11 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   const token = options.token ?? null
   if (token !== null && (typeof token !== 'string' || token.trim() === '')) problem('token', 'must be a non-empty string')
 
+  const pluginKey = options.pluginKey ?? randomBytes(32).toString('base64url')
+  if (typeof pluginKey !== 'string' || !/^[\x21-\x7e]{32,512}$/.test(pluginKey)) {
+    problem('pluginKey', 'must be 32 to 512 visible ASCII characters')
+  }
+
   const host = options.host ?? '127.0.0.1'
   // An address literal, not a name: the server binds it and the callback URL carries it.
   if (typeof host !== 'string' || !isLoopbackAddress(host)) {
@@ -221,6 +234,7 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
     source,
     role,
     token,
+    pluginKey,
     host,
     port,
     pollIntervalMs,

@@ -95,6 +95,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     this.#client = new ToolportClient({
       baseUrl: options.toolportUrl,
       token: options.token,
+      pluginKey: options.pluginKey,
       requestTimeoutMs: options.requestTimeoutMs
     })
     this.#server = new CallbackServer({

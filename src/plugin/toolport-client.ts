@@ -37,6 +37,8 @@ export interface ToolportClientOptions {
   /** The API base, ending in `/`. */
   baseUrl: URL
   token: string | null
+  /** Sent on every request; Toolport's ownership mode binds the source to it. */
+  pluginKey: string
   requestTimeoutMs: number
 }
 
@@ -62,7 +64,7 @@ export class ToolportClient {
       keepAliveTimeout: 4000,
       keepAliveMaxTimeout: 4000
     })
-    this.#headers = { accept: 'application/json', 'user-agent': 'toolport-plugin' }
+    this.#headers = { accept: 'application/json', 'user-agent': 'toolport-plugin', 'x-toolport-plugin-key': options.pluginKey }
     if (options.token !== null) this.#headers.authorization = `Bearer ${options.token}`
   }
 

@@ -129,14 +129,19 @@ test('GET /openapi.json documents every API route with its success and error sta
 test('every answer of the documented routes matches its response schema (fast serializers drop nothing)', async (t) => {
   const tp = await setup(t, { security: { enforceOwnership: true } })
   await tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:one' })
+  // Ownership mode: an API client presents its plugin key.
+  const pluginKey = 'k'.repeat(43)
   const refused = await tp.app.inject({
-    method: 'POST', url: '/api/tools/register', payload: { name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:two' }
+    method: 'POST',
+    url: '/api/tools/register',
+    payload: { name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:two' },
+    headers: { 'x-toolport-plugin-key': pluginKey }
   })
-  assert.deepEqual(refused.json(), await tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:two' }))
+  assert.deepEqual(refused.json(), await tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:two' }, { pluginKey }))
   assert.equal(refused.json().failed_roles[0].owned_by, 'plugin:one')
   const list = await tp.app.inject({ method: 'GET', url: '/api/tools' })
   assert.deepEqual(list.json(), JSON.parse(JSON.stringify(tp.list())))
-  const bad = await tp.app.inject({ method: 'POST', url: '/api/tools/register', payload: { name: '' } })
+  const bad = await tp.app.inject({ method: 'POST', url: '/api/tools/register', payload: { name: '' }, headers: { 'x-toolport-plugin-key': pluginKey } })
   assert.equal(bad.statusCode, 422)
   assert.ok(Array.isArray(bad.json().details) && bad.json().details.length >= 2)
 })

@@ -2,6 +2,7 @@
 import fastify, { LogController, type FastifyInstance, type FastifyPluginCallback } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { buildGuard } from './guard.js'
+import { ConnectionPressure } from './connections.js'
 import { handleError, handleNotFound } from './errors.js'
 import { buildJsonParser } from './json-body.js'
 import { registerToolRoutes } from './tools.js'
@@ -65,6 +66,16 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
   app.addHook('onRequest', buildGuard(runtime.options.security))
+  const { limits } = runtime.options
+  const connections = new ConnectionPressure(app.server, limits)
+  if (runtime.options.security.token !== undefined) {
+    // Runs only after the guard let the request through, i.e. with the valid token: under
+    // connection pressure this socket is then shed last.
+    app.addHook('onRequest', function markTokenSocket (request, _reply, done) {
+      connections.markTrusted(request.raw.socket)
+      done()
+    })
+  }
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'string' }, buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(handleError)

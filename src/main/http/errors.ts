@@ -24,6 +24,9 @@ export function handleError (this: unknown, err: FastifyError, request: FastifyR
     // Code and message only: raw error objects may carry callback bodies or arguments.
     request.log.error({ code: (err as { code?: unknown }).code, message: err.message }, 'request failed')
   }
+  // A refused client (no token, not loopback, foreign Host/Origin, not the owner) keeps no socket:
+  // an idle keep-alive connection it holds would count against limits.maxConnections.
+  if (mapped.statusCode === 401 || mapped.statusCode === 403) reply.header('connection', 'close')
   reply.code(mapped.statusCode).type('application/json').send(errorBody(mapped))
 }
 

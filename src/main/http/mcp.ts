@@ -13,7 +13,8 @@ import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError } from '../errors.js'
 import { parseOrThrow } from '../schemas.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
-import { DEFINITION_FORMATS, toolDefinitions } from '../sessions/definitions.js'
+import { DEFINITION_FORMATS } from '../sessions/definitions.js'
+import { definitionsBody } from './definitions-body.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
 const RPC_BAD_REQUEST = -32000
@@ -94,13 +95,15 @@ const definitionsQuerySchema = z.object({
 
 /**
  * Registers `GET /api/tools/definitions?role=NAME&format=…`: a role's tools in a provider's
- * format, for a host's own LLM loop. Unknown role → 404; a bad format → 422.
+ * format, for a host's own LLM loop. Unknown role → 404; a bad format → 422; an answer larger
+ * than `limits.maxDefinitionsBytes` → 422 TP_ERR_LIMIT_EXCEEDED. The answer is streamed.
  */
 export function registerDefinitionRoutes (app: FastifyInstance, runtime: Runtime): void {
-  app.get('/api/tools/definitions', function definitionsRoute (request: FastifyRequest, reply: FastifyReply) {
+  app.get('/api/tools/definitions', async function definitionsRoute (request: FastifyRequest, reply: FastifyReply) {
     const query = parseOrThrow(definitionsQuerySchema, request.query ?? {})
     const role = runtime.roles.get(query.role)
-    reply.send({ ok: true, role: role.name, format: query.format, tools: toolDefinitions(role, query.format) })
+    const body = await definitionsBody(role, query.format, runtime.options.limits.maxDefinitionsBytes)
+    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes).send(body.stream())
   })
 }
 

@@ -30,8 +30,9 @@ function errors (...statuses: number[]): Record<number, Record<string, unknown>>
 
 const ERROR_DESCRIPTIONS: Record<number, string> = {
   400: 'malformed JSON or request (TP_ERR_BAD_JSON, TP_ERR_BAD_REQUEST)',
-  401: 'token mode: missing or wrong bearer token (TP_ERR_UNAUTHORIZED)',
-  403: 'not a loopback client, or a foreign Host/Origin (TP_ERR_NOT_LOOPBACK, TP_ERR_HOST_FORBIDDEN, TP_ERR_ORIGIN_FORBIDDEN)',
+  401: 'token mode: missing or wrong bearer token (TP_ERR_UNAUTHORIZED); ownership mode: no plugin key (TP_ERR_PLUGIN_KEY_REQUIRED)',
+  403: 'not a loopback client, a foreign Host/Origin, or another plugin key\'s source ' +
+    '(TP_ERR_NOT_LOOPBACK, TP_ERR_HOST_FORBIDDEN, TP_ERR_ORIGIN_FORBIDDEN, TP_ERR_NOT_OWNER)',
   404: 'unknown role (TP_ERR_ROLE_NOT_FOUND)',
   413: 'body too large or too deep (TP_ERR_BODY_TOO_LARGE, TP_ERR_JSON_TOO_DEEP)',
   415: 'the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)',
@@ -40,24 +41,40 @@ const ERROR_DESCRIPTIONS: Record<number, string> = {
 
 const BODY_ERRORS = [400, 404, 413, 415, 422]
 
+/** The plugin key header of register, unregister and clear (required in ownership mode only). */
+const PLUGIN_KEY_HEADERS = {
+  type: 'object',
+  properties: {
+    'x-toolport-plugin-key': {
+      type: 'string',
+      minLength: 32,
+      maxLength: 512,
+      description: 'ownership mode: the plugin key the source is bound to (see SECURITY.md); ignored otherwise'
+    }
+  }
+}
+
 /** fastify route schemas of the tool routes, keyed by route. */
 export const ROUTE_SCHEMAS: Record<string, FastifySchema> = {
   register: {
     summary: 'Register or replace one remote tool (SPEC R5–R8)',
     tags: ['tools'],
     body: jsonSchema(registerSchema, 'input'),
+    headers: PLUGIN_KEY_HEADERS,
     response: { 200: jsonSchema(registerResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   unregister: {
     summary: 'Remove a tool by name (SPEC R15, R17)',
     tags: ['tools'],
     body: jsonSchema(unregisterSchema, 'input'),
+    headers: PLUGIN_KEY_HEADERS,
     response: { 200: jsonSchema(unregisterResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   clear: {
     summary: 'Remove every tool of a source (SPEC R16, R17)',
     tags: ['tools'],
     body: jsonSchema(clearSchema, 'input'),
+    headers: PLUGIN_KEY_HEADERS,
     response: { 200: jsonSchema(clearResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   list: {

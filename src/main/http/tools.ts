@@ -1,22 +1,24 @@
 // The /api/tools routes (SPEC "Routes") and POST /api/tools/call.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
-import type { Runtime } from '../runtime.js'
+import type { MutationOptions, Runtime } from '../runtime.js'
+import { PluginKeyRequiredError } from '../errors.js'
+import { isPluginKey, PLUGIN_KEY_HEADER } from '../ownership.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
 import { ROUTE_SCHEMAS } from './openapi.js'
 import { outputJsonOf, type ToolResult } from '../dispatch/result.js'
 
 /** Registers the routes on `app`, answering from `runtime`. */
 export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
-  app.post('/api/tools/register', { schema: ROUTE_SCHEMAS.register }, async function registerRoute (request) {
-    return await runtime.register(request.body)
+  app.post('/api/tools/register', { schema: ROUTE_SCHEMAS.register }, async function registerRoute (request, reply) {
+    return await runtime.register(request.body, mutationOptions(runtime, request, reply))
   })
 
-  app.post('/api/tools/unregister', { schema: ROUTE_SCHEMAS.unregister }, async function unregisterRoute (request) {
-    return await runtime.unregister(request.body)
+  app.post('/api/tools/unregister', { schema: ROUTE_SCHEMAS.unregister }, async function unregisterRoute (request, reply) {
+    return await runtime.unregister(request.body, mutationOptions(runtime, request, reply))
   })
 
-  app.post('/api/tools/clear', { schema: ROUTE_SCHEMAS.clear }, async function clearRoute (request) {
-    return await runtime.clear(request.body)
+  app.post('/api/tools/clear', { schema: ROUTE_SCHEMAS.clear }, async function clearRoute (request, reply) {
+    return await runtime.clear(request.body, mutationOptions(runtime, request, reply))
   })
 
   // The answer is cached as bytes per registry revision: with 10 000 tools, encoding and
@@ -55,6 +57,23 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
     }
     reply.type('application/json; charset=utf-8').send(serializeToolResult(result))
   })
+}
+
+const NO_OPTIONS: MutationOptions = Object.freeze({})
+
+/**
+ * Who asks, for ownership mode: over HTTP every register, unregister and clear must present the
+ * plugin key its source is bound to (an API client is never the host). Outside ownership mode
+ * the header is ignored.
+ */
+function mutationOptions (runtime: Runtime, request: FastifyRequest, reply: FastifyReply): MutationOptions {
+  if (!runtime.options.security.enforceOwnership) return NO_OPTIONS
+  const key = request.headers[PLUGIN_KEY_HEADER]
+  if (!isPluginKey(key)) {
+    reply.header('www-authenticate', 'Toolport-Plugin-Key')
+    throw new PluginKeyRequiredError()
+  }
+  return { pluginKey: key }
 }
 
 /**

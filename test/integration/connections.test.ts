@@ -1,0 +1,216 @@
+// Connection pressure, with real sockets on 127.0.0.1: idle sockets held by another local process
+// must not lock clients out, and refused clients keep no socket.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFileSync } from 'node:child_process'
+import { once } from 'node:events'
+import { connect, type Socket } from 'node:net'
+import { randomBytes } from 'node:crypto'
+import { request } from 'undici'
+import { startToolport } from '../helpers.js'
+
+const TOKEN = randomBytes(32).toString('hex')
+/** The attack of the report: a few more idle sockets than the default maxConnections (1024). */
+const ATTACK_SOCKETS = 1030
+
+/** The soft limit on open files; each loopback connection in this process costs two. */
+function openFileLimit (): number {
+  try {
+    return Number(execFileSync('sh', ['-c', 'ulimit -n'], { encoding: 'utf8' }).trim())
+  } catch {
+    return 0
+  }
+}
+
+interface HeldSocket {
+  socket: Socket
+  isClosed: boolean
+}
+
+/** Opens `count` raw sockets (in bounded waves) and keeps them open; records which get closed. */
+async function holdSockets (port: number, count: number, firstBytes = ''): Promise<HeldSocket[]> {
+  const held: HeldSocket[] = []
+  for (let i = 0; i < count; i += 100) {
+    const wave: Array<Promise<unknown>> = []
+    for (let j = i; j < Math.min(count, i + 100); j++) {
+      const socket = connect(port, '127.0.0.1')
+      const entry: HeldSocket = { socket, isClosed: false }
+      socket.on('error', () => {})
+      socket.once('close', () => { entry.isClosed = true })
+      held.push(entry)
+      // Resolves when connected, or when the server closed the socket first.
+      wave.push(Promise.race([once(socket, 'connect'), once(socket, 'close')]).then(() => {
+        if (firstBytes !== '' && !entry.isClosed) socket.write(firstBytes)
+      }))
+    }
+    await Promise.all(wave)
+  }
+  return held
+}
+
+/** Polls `condition` every 20 ms for at most 10 s (a bound on the wait, never an assertion). */
+async function waitUntil (condition: () => boolean): Promise<void> {
+  const deadline = Date.now() + 10_000
+  while (!condition() && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 20))
+}
+
+function releaseAll (held: HeldSocket[]): void {
+  for (const h of held) h.socket.destroy()
+}
+
+async function getWithToken (url: string, token: string | null): Promise<{ statusCode: number, connection: unknown }> {
+  const res = await request(`${url}/api/tools`, {
+    headers: token === null ? {} : { authorization: `Bearer ${token}` },
+    headersTimeout: 10_000,
+    bodyTimeout: 10_000
+  })
+  await res.body.text()
+  return { statusCode: res.statusCode, connection: res.headers.connection }
+}
+
+test('a 401 answers Connection: close and the server closes that socket', async (t) => {
+  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN } })
+  const socket = connect(port, '127.0.0.1')
+  t.after(() => socket.destroy())
+  await once(socket, 'connect')
+  let answer = ''
+  socket.setEncoding('utf8').on('data', (chunk: string) => { answer += chunk })
+  const closed = once(socket, 'close')
+  // A keep-alive request without the token: the server must not keep the socket for a retry.
+  socket.write('GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n')
+  await closed
+  assert.match(answer, /^HTTP\/1\.1 401 /)
+  assert.match(answer, /\r\nconnection: close\r\n/i)
+  // With the token, the same route answers (and keeps the socket).
+  assert.equal((await getWithToken(url, TOKEN)).statusCode, 200)
+})
+
+test('a 403 (foreign Host) answers Connection: close', async (t) => {
+  const { port } = await startToolport(t, { roles: ['A'] })
+  const socket = connect(port, '127.0.0.1')
+  t.after(() => socket.destroy())
+  await once(socket, 'connect')
+  let answer = ''
+  socket.setEncoding('utf8').on('data', (chunk: string) => { answer += chunk })
+  const closed = once(socket, 'close')
+  socket.write('GET /api/tools HTTP/1.1\r\nHost: attacker.example\r\n\r\n')
+  await closed
+  assert.match(answer, /^HTTP\/1\.1 403 /)
+  assert.match(answer, /\r\nconnection: close\r\n/i)
+})
+
+test('token mode: 1030 idle sockets from another client do not lock out a request with the valid token', async (t) => {
+  const limit = openFileLimit()
+  if (limit < 3 * ATTACK_SOCKETS) {
+    t.skip(`needs ulimit -n of at least ${3 * ATTACK_SOCKETS} (have ${limit})`)
+    return
+  }
+  // The default caps; the short idle timeout is kept out of the way so that the reserve alone is
+  // what lets the request in.
+  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN }, limits: { pressureIdleTimeoutMs: 600_000 } })
+  // Half never send a byte; half send the start of a request head and stall (slowloris).
+  const silent = await holdSockets(port, ATTACK_SOCKETS / 2)
+  const stalled = await holdSockets(port, ATTACK_SOCKETS / 2, 'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\n')
+  const held = [...silent, ...stalled]
+  t.after(() => releaseAll(held))
+  // The attacker still holds most of its sockets: the server is at its reserve, not below it.
+  assert.ok(held.filter((h) => !h.isClosed).length >= 1024 - 64 - 1)
+  const served = await getWithToken(url, TOKEN)
+  assert.equal(served.statusCode, 200)
+  // The room was made by closing the attacker's idle sockets, never more than the cap allows.
+  assert.ok(held.some((h) => h.isClosed), 'some attacker sockets were closed')
+  // Without the token, the request is refused and its socket closed at once.
+  const refused = await getWithToken(url, null)
+  assert.equal(refused.statusCode, 401)
+  assert.equal(refused.connection, 'close')
+})
+
+test('without token mode, idle sockets are shed for a new client as well, and a busy request is never cut', async (t) => {
+  const limit = openFileLimit()
+  if (limit < 1000) {
+    t.skip(`needs ulimit -n of at least 1000 (have ${limit})`)
+    return
+  }
+  const { tp, url, port } = await startToolport(t, { roles: ['A'], limits: { maxConnections: 100, reservedConnections: 10 } })
+  // A tool whose call stays in flight until released: its socket is busy, not idle.
+  let release: () => void = () => {}
+  let entered: () => void = () => {}
+  const gate = new Promise<void>((resolve) => { release = resolve })
+  const started = new Promise<void>((resolve) => { entered = resolve })
+  await tp.roles.get('A').registerLocalTool({
+    name: 'slow',
+    handler: async () => {
+      entered()
+      await gate
+      return 'done'
+    }
+  })
+  const inFlight = request(`${url}/api/tools/call`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ role: 'A', name: 'slow', arguments: {} })
+  })
+  await started
+  const held = await holdSockets(port, 150)
+  t.after(() => releaseAll(held))
+  await waitUntil(() => held.filter((h) => h.isClosed).length >= 60)
+  assert.ok(held.filter((h) => h.isClosed).length >= 60, 'idle sockets past the reserve were closed')
+  assert.equal((await getWithToken(url, null)).statusCode, 200)
+  release()
+  const res = await inFlight
+  assert.equal(res.statusCode, 200)
+  assert.equal((await res.body.json() as { output: unknown }).output, 'done')
+})
+
+test('under pressure an idle socket is closed after pressureIdleTimeoutMs', async (t) => {
+  const { port } = await startToolport(t, { roles: ['A'], limits: { maxConnections: 20, reservedConnections: 10, pressureIdleTimeoutMs: 50 } })
+  const held = await holdSockets(port, 12)
+  t.after(() => releaseAll(held))
+  await waitUntil(() => held.every((h) => h.isClosed))
+  assert.equal(held.filter((h) => !h.isClosed).length, 0)
+})
+
+test('below the reserve, idle sockets are left alone', async (t) => {
+  const { url, port } = await startToolport(t, { roles: ['A'], limits: { maxConnections: 100, reservedConnections: 10, pressureIdleTimeoutMs: 10 } })
+  const held = await holdSockets(port, 20)
+  t.after(() => releaseAll(held))
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  assert.equal((await getWithToken(url, null)).statusCode, 200)
+  assert.equal(held.filter((h) => h.isClosed).length, 0)
+})
+
+test('token mode: under pressure the token holder\'s idle keep-alive socket outlives the attacker\'s', async (t) => {
+  const { port } = await startToolport(t, {
+    roles: ['A'], security: { token: TOKEN }, limits: { maxConnections: 40, reservedConnections: 5, pressureIdleTimeoutMs: 600_000 }
+  })
+  const own = connect(port, '127.0.0.1')
+  t.after(() => own.destroy())
+  await once(own, 'connect')
+  own.setEncoding('utf8')
+  let ownClosed = false
+  own.once('close', () => { ownClosed = true })
+  const ask = async (): Promise<string> => {
+    let answer = ''
+    const done = new Promise<void>((resolve) => {
+      const onData = (chunk: string): void => {
+        answer += chunk
+        if (/\r\n\r\n[\s\S]*\}$/.test(answer)) {
+          own.off('data', onData)
+          resolve()
+        }
+      }
+      own.on('data', onData)
+    })
+    own.write(`GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TOKEN}\r\n\r\n`)
+    await done
+    return answer
+  }
+  assert.match(await ask(), /^HTTP\/1\.1 200 /)
+  // Now idle (keep-alive) — then 80 attacker sockets arrive, past the cap of 40.
+  const held = await holdSockets(port, 80)
+  t.after(() => releaseAll(held))
+  await waitUntil(() => held.filter((h) => h.isClosed).length >= 40)
+  assert.ok(held.filter((h) => h.isClosed).length >= 40)
+  assert.equal(ownClosed, false, 'the token holder\'s socket was shed')
+  assert.match(await ask(), /^HTTP\/1\.1 200 /)
+})
