@@ -6,16 +6,16 @@
 // and a count cap. A problem never fails the call: the image is left out and a sentence saying
 // why goes to the model as `_image_warnings` in the output.
 
-/** Caps on the images of one reply (`dispatch.maxImages`, `dispatch.maxImageBase64Bytes`). */
+/** Caps on the images of one reply (`dispatch.maxImages`, `dispatch.maxImageBytes`). */
 export interface ImageLimits {
   /** Most images passed on from one reply; the rest are dropped with a warning. */
   maxImages: number
   /** Largest `data_b64` accepted, in bytes (characters) of base64. */
-  maxImageBase64Bytes: number
+  maxImageBytes: number
 }
 
 /** The originating application's own limits: at most 2 images, base64 of at most 2 MiB each. */
-export const DEFAULT_IMAGE_LIMITS: Readonly<ImageLimits> = Object.freeze({ maxImages: 2, maxImageBase64Bytes: 2 * 1024 * 1024 })
+export const DEFAULT_IMAGE_LIMITS: Readonly<ImageLimits> = Object.freeze({ maxImages: 2, maxImageBytes: 2 * 1024 * 1024 })
 
 /** The image types whose magic bytes are checked and that the providers accept. */
 export const IMAGE_MIME_TYPES = ['image/png', 'image/jpeg', 'image/webp', 'image/gif'] as const
@@ -104,8 +104,8 @@ function checkImage (image: unknown, n: number, limits: ImageLimits, parts: stri
     warnings.push(`image ${n}: data_b64 is missing or empty; dropped`)
     return
   }
-  if (data.length > limits.maxImageBase64Bytes) {
-    warnings.push(`image ${n}: ${data.length} bytes of base64, more than the ${limits.maxImageBase64Bytes} allowed; dropped`)
+  if (data.length > limits.maxImageBytes) {
+    warnings.push(`image ${n}: ${data.length} bytes of base64, more than the ${limits.maxImageBytes} allowed; dropped`)
     return
   }
   if (!isStrictBase64(data)) {

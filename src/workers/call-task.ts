@@ -22,7 +22,7 @@ const client = new CallbackClient({
   keepAliveTimeoutMs: options.keepAliveTimeoutMs,
   connectTimeoutMs: options.connectTimeoutMs,
   maxImages: options.maxImages,
-  maxImageBase64Bytes: options.maxImageBase64Bytes
+  maxImageBytes: options.maxImageBytes
 })
 
 // Point to point to the main thread (piscina re-emits it as the pool's 'message' event).

@@ -33,7 +33,7 @@ export interface CallbackClientOptions {
   /** Most images passed on from one reply (default 2; src/shared/images.ts). */
   maxImages?: number | undefined
   /** Largest base64 image accepted, in bytes (default 2 MiB). */
-  maxImageBase64Bytes?: number | undefined
+  maxImageBytes?: number | undefined
 }
 
 // Error codes that mean "no connection was ever established" (R13 counts these towards eviction).
@@ -433,7 +433,7 @@ export class CallbackClient {
     this.#connector = createLoopbackConnector(options.connectTimeoutMs)
     this.#imageLimits = {
       maxImages: options.maxImages ?? DEFAULT_IMAGE_LIMITS.maxImages,
-      maxImageBase64Bytes: options.maxImageBase64Bytes ?? DEFAULT_IMAGE_LIMITS.maxImageBase64Bytes
+      maxImageBytes: options.maxImageBytes ?? DEFAULT_IMAGE_LIMITS.maxImageBytes
     }
   }
 

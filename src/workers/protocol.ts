@@ -102,7 +102,7 @@ export interface WorkerOptions {
   /** Most images passed on from one reply (default 2). */
   maxImages?: number
   /** Largest base64 image accepted, in bytes (default 2 MiB). */
-  maxImageBase64Bytes?: number
+  maxImageBytes?: number
 }
 
 /** Characters of an HTTP error body kept for the model-visible message. */

@@ -55,7 +55,7 @@ async function setup (t: TestContext, mode: 'pool' | 'inline'): Promise<Setup> {
   const plugin = await startPlugin(t)
   const { tp, url } = await startToolport(t, {
     roles: ['Lanlan'],
-    dispatch: { mode, maxImages: 3, maxImageBase64Bytes: 200 }
+    dispatch: { mode, maxImages: 3, maxImageBytes: 200 }
   })
   for (const route of ROUTES) {
     const result = await tp.register({

@@ -52,7 +52,7 @@ test('good images pass with the type their bytes announce; a missing mime is tak
 })
 
 test('each problem drops its image with a warning naming it; the good ones still pass', () => {
-  const limits = { maxImages: 8, maxImageBase64Bytes: 64 }
+  const limits = { maxImages: 8, maxImageBytes: 64 }
   const checked = checkImages([
     { data_b64: 'a?b=', mime: 'image/png' },
     { data_b64: PNG, mime: 'image/gif' },

@@ -91,7 +91,7 @@ export class Dispatcher {
         keepAliveTimeoutMs: options.keepAliveTimeoutMs,
         connectTimeoutMs: options.connectTimeoutMs,
         maxImages: options.maxImages,
-        maxImageBase64Bytes: options.maxImageBase64Bytes
+        maxImageBytes: options.maxImageBytes
       })
       return
     }
@@ -101,7 +101,7 @@ export class Dispatcher {
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       connectTimeoutMs: options.connectTimeoutMs,
       maxImages: options.maxImages,
-      maxImageBase64Bytes: options.maxImageBase64Bytes
+      maxImageBytes: options.maxImageBytes
     }
     this.#cancel = new BroadcastChannel(workerData.cancelChannel)
     this.#cancel.unref()
