@@ -1,5 +1,5 @@
 // The `images` channel of a callback reply: `[{"data_b64", "mime", "vision_prompt"}]` beside
-// `output` (docs/protocol.md, "Images"; the shape of the originating application's plugins).
+// `output` (README "Errors and images from a plugin"; the shape of the originating application's plugins).
 //
 // Checked where the reply arrived (the worker thread in pool mode, src/shared so inline mode runs
 // the same code): strict base64, the image's magic bytes against its `mime`, a size cap per image

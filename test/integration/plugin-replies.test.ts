@@ -1,7 +1,8 @@
-// Tool errors and images as the originating application's plugins send them (docs/protocol.md R11
-// and "Images"), from a real Python callback server (test/fixtures/neko_plugin.py), through every
-// way a model reaches a tool: callTool, POST /api/tools/call, MCP (the official SDK Client over
-// Streamable HTTP) and the Realtime adapter (a local `ws` provider). Both dispatch modes.
+// Tool errors and images as the originating application's plugins send them (docs/protocol.md
+// R11; README "Errors and images from a plugin"), from a real Python callback server
+// (test/fixtures/neko_plugin.py), through every way a model reaches a tool: callTool,
+// POST /api/tools/call, MCP (the official SDK Client over Streamable HTTP) and the Realtime
+// adapter (a local `ws` provider). Both dispatch modes.
 import { describe, test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
