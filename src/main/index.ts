@@ -12,7 +12,7 @@ export type { ModelSession, SyncOutcome } from './roles/sync.js'
 export type { Role, LocalToolOptions } from './roles/role.js'
 export type { RoleManager } from './roles/roles.js'
 export type { ToolDefinition, ToolListing, LocalToolHandler, LocalToolContext } from './roles/tool-registry.js'
-export type { ToolResult } from './dispatch/result.js'
+export type { ToolResult, ToolImage } from './dispatch/result.js'
 export type { ToolportOptions, ResolvedOptions } from './config.js'
 export type { ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent } from './events.js'
 export { ERROR_CODES, isToolportError } from './errors.js'
@@ -27,3 +27,8 @@ export type {
   DefinitionFormat, DefinitionsByFormat, DefinitionSource, ObjectSchema, OpenAIChatTool, OpenAIRealtimeTool,
   AnthropicTool, GeminiTool, GeminiFunctionDeclaration, McpTool
 } from './sessions/definitions.js'
+export { toolResultBlock } from './sessions/result-blocks.js'
+export type {
+  ResultFormat, ResultBlocksByFormat, AnthropicToolResultBlock, AnthropicResultContent,
+  OpenAIResponsesFunctionCallOutput, OpenAIResponsesOutputContent, OpenAIChatToolMessage
+} from './sessions/result-blocks.js'

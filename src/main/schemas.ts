@@ -218,9 +218,16 @@ export const listResultSchema = z.object({
 
 export const toolResultSchema = z.object({
   is_error: z.boolean(),
-  output: z.unknown().describe('the JSON value the callback returned (or its text); null for errors'),
+  output: z.unknown().describe('the JSON value the callback returned (or its text); for a tool error the reply\'s ' +
+    '`output` (null when it had none); null for every other error. Image problems appear in it as `_image_warnings`'),
   error: z.string().optional(),
-  text: z.string().describe('what a text-only model reads: the output as text, or {"error": …}')
+  text: z.string().describe('what a text-only model reads: the output as text, or {"error": …, "output": …} ' +
+    '(`output` only when the error reply had a non-null one)'),
+  images: z.array(z.object({
+    mime_type: z.enum(['image/png', 'image/jpeg', 'image/webp', 'image/gif']),
+    data_base64: z.string().describe('standard padded base64'),
+    prompt: z.string().optional().describe('the plugin\'s vision_prompt for this image')
+  })).optional().describe('the images the tool returned that passed the checks; absent when none')
 })
 
 export const errorBodySchema = z.object({

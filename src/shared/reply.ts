@@ -1,87 +1,172 @@
-// A callback's 2xx reply body → what the model reads (SPEC R10–R12, DESIGN "Model-visible
+// A callback's 2xx reply body → what the model reads (docs/protocol.md R10–R12, "Model-visible
 // result"). Pure and shared by both threads: in pool mode it runs in the worker, so the main
 // thread receives finished strings and never parses a reply it only passes on.
+//
+// The body arrives as bytes and is decoded once, and only the part the model reads: a strict
+// validity scan over the bytes (src/shared/json-scan.ts) decides "is this JSON?" and where the
+// envelope's `output` lies, and that slice is forwarded as text without building the value.
+import { JsonScanner, RootMember } from './json-scan.js'
+import { checkImages, DEFAULT_IMAGE_LIMITS, type ImageLimits } from './images.js'
 
 /** The model-visible reading of a 2xx reply. */
 export interface MappedReply {
-  /** What a text-only model reads: the output (a string as-is, else its JSON) or `{"error": …}`. */
+  /**
+   * What a text-only model reads: the output (a string as-is, else its JSON), or for a tool error
+   * `{"error": …, "output": …}` (`output` only when the reply had a non-null one).
+   */
   text: string
-  /** True when `text` is the output's JSON (a non-string output); false when it is the string output. */
+  /** True when `text` is the output's JSON (a non-string output); false when it is the string output or an error. */
   textIsJson: boolean
   /** The tool-level error message (R11), or '' on success. */
   toolError: string
+  /**
+   * The images passed on, flat: mime type, base64 data, prompt ('' when none), for each image.
+   * Present only when the reply carried at least one good image, so that every other reply keeps
+   * the three-field shape.
+   */
+  images?: string[]
 }
 
 const EMPTY: MappedReply = Object.freeze({ text: '', textIsJson: false, toolError: '' })
 
-// The envelope as JSON.stringify (no spaces) and Python's json.dumps (", " and ": ") write it.
-const ENVELOPE_HEADS = ['{"output":', '{"output": ']
-const ENVELOPE_TAILS = [',"is_error":false}', ', "is_error": false}']
+// BOM-stripping, non-fatal UTF-8 decoding, as the WHATWG `decode` does; invalid bytes become
+// U+FFFD. Stateless between calls because each decode() is given a whole body or slice.
+const utf8 = new TextDecoder('utf-8')
+// For slices inside a body: a U+FEFF that starts a string value is content, not a BOM.
+const utf8Slice = new TextDecoder('utf-8', { ignoreBOM: true })
+// One scanner per thread: scan() is synchronous, and the spans are read right after it.
+const scanner = new JsonScanner()
+
+const WARNINGS_KEY = '"_image_warnings":'
 
 /**
  * Reads a 2xx reply body. A JSON object with `output` or `is_error` is the envelope (R10, R11),
  * and `is_error` counts only when it is the JSON value `true`; any other JSON value is the output
- * itself; a non-JSON body is text output (R12); an empty body is "".
+ * itself; a non-JSON body is text output (R12); an empty body is "". The envelope's `images` are
+ * checked against `limits` (src/shared/images.ts); problems go to the model as `_image_warnings`
+ * in the output.
+ *
+ * @example
+ * readReply(Buffer.from('{"output":{"t":28},"is_error":false}'), 'application/json') // { text: '{"t":28}', textIsJson: true, toolError: '' }
  */
-export function mapReply (body: string, contentType: string): MappedReply {
-  if (body === '') return EMPTY
-  if (!looksLikeJson(body, contentType)) return { text: body, textIsJson: false, toolError: '' }
-  const fast = canonicalEnvelope(body)
-  if (fast !== null) return fast
-  let parsed: unknown
-  try {
-    parsed = JSON.parse(body)
-  } catch {
-    return { text: body, textIsJson: false, toolError: '' }
+export function readReply (body: Uint8Array, contentType: string, limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
+  if (body.length === 0) return EMPTY
+  if (!looksLikeJson(body, contentType) || !scanner.scan(body)) {
+    return { text: utf8.decode(body), textIsJson: false, toolError: '' }
   }
-  if (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) &&
-      (Object.hasOwn(parsed, 'output') || Object.hasOwn(parsed, 'is_error'))) {
-    const envelope = parsed as { output?: unknown, is_error?: unknown, error?: unknown }
-    if (envelope.is_error === true) {
-      const error = envelopeError(envelope)
-      return { text: JSON.stringify({ error }), textIsJson: false, toolError: error }
-    }
-    const output = envelope.output === undefined ? null : envelope.output
-    if (typeof output === 'string') return { text: output, textIsJson: false, toolError: '' }
-    return { text: safeStringify(output), textIsJson: true, toolError: '' }
+  const root = body[scanner.rootStart]
+  if (root === 0x7b && (has(RootMember.output) || has(RootMember.isError))) return readEnvelope(body, limits)
+  if (root === 0x22) {
+    return { text: stringValue(body, scanner.rootStart, scanner.rootEnd, scanner.lastStringEscaped), textIsJson: false, toolError: '' }
   }
   // The body already is the output's JSON: reuse it as the model's text instead of re-encoding
   // (and a 100 000-deep reply that JSON.stringify could not encode still reads fine).
-  if (typeof parsed === 'string') return { text: parsed, textIsJson: false, toolError: '' }
-  return { text: body, textIsJson: true, toolError: '' }
+  return { text: utf8.decode(body), textIsJson: true, toolError: '' }
 }
 
 /**
- * The common success envelope `{"output": V, "is_error": false}` without building V twice: if
- * the text between the fixed head and tail parses as one JSON value, the body is exactly that
- * two-key object, and the slice is the output's JSON (measured: parse + re-encode of a 64 KiB
- * envelope costs about twice a parse). Anything else (other keys, other order) returns null.
+ * `readReply` for a body at hand as a string (tests, the micro bench, embedders that fetched a
+ * reply themselves); encodes it as UTF-8 first.
  */
-function canonicalEnvelope (body: string): MappedReply | null {
-  for (const head of ENVELOPE_HEADS) {
-    if (!body.startsWith(head)) continue
-    for (const tail of ENVELOPE_TAILS) {
-      if (!body.endsWith(tail) || body.length < head.length + tail.length + 1) continue
-      const slice = body.slice(head.length, body.length - tail.length)
-      let output: unknown
-      try {
-        output = JSON.parse(slice)
-      } catch {
-        return null
-      }
-      if (typeof output === 'string') return { text: output, textIsJson: false, toolError: '' }
-      return { text: output === null ? 'null' : slice.trim(), textIsJson: true, toolError: '' }
-    }
-  }
-  return null
+export function mapReply (body: string | Uint8Array, contentType: string, limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
+  return readReply(typeof body === 'string' ? Buffer.from(body, 'utf8') : body, contentType, limits)
 }
 
-function envelopeError (envelope: { output?: unknown, error?: unknown }): string {
-  if (typeof envelope.error === 'string' && envelope.error !== '') return envelope.error
-  if (envelope.error !== undefined && envelope.error !== null && envelope.error !== '') return safeStringify(envelope.error)
-  if (typeof envelope.output === 'string' && envelope.output !== '') return envelope.output
-  if (envelope.output !== undefined && envelope.output !== null && envelope.output !== '') return safeStringify(envelope.output)
+function has (member: RootMember): boolean {
+  return scanner.memberStart[member] !== -1
+}
+
+function readEnvelope (body: Uint8Array, limits: ImageLimits): MappedReply {
+  const isError = isTrue(body, RootMember.isError)
+  let images: string[] | undefined
+  let warnings = ''
+  if (has(RootMember.images) && !isNull(body, RootMember.images)) {
+    // Rare and small next to the output: built as a value to be checked.
+    const checked = checkImages(JSON.parse(slice(body, RootMember.images)), limits)
+    if (checked.parts.length > 0) images = checked.parts
+    if (checked.warnings.length > 0) warnings = JSON.stringify(checked.warnings)
+  }
+  const outputKind = has(RootMember.output) ? body[scanner.memberStart[RootMember.output] as number] : undefined
+  const outputIsNull = outputKind === undefined || isNull(body, RootMember.output)
+  const outputJson = outputIsNull ? '' : slice(body, RootMember.output)
+  let mapped: MappedReply
+  if (isError) {
+    const error = envelopeError(body, outputJson, outputKind)
+    const output = warnings === '' ? outputJson : withWarnings(outputJson, outputKind, warnings)
+    mapped = {
+      text: output === '' ? `{"error":${JSON.stringify(error)}}` : `{"error":${JSON.stringify(error)},"output":${output}}`,
+      textIsJson: false,
+      toolError: error
+    }
+  } else if (warnings !== '') {
+    mapped = { text: withWarnings(outputJson, outputKind, warnings), textIsJson: true, toolError: '' }
+  } else if (outputIsNull) {
+    mapped = { text: 'null', textIsJson: true, toolError: '' }
+  } else if (outputKind === 0x22) {
+    const start = scanner.memberStart[RootMember.output] as number
+    const end = scanner.memberEnd[RootMember.output] as number
+    mapped = { text: stringValue(body, start, end, scanner.memberEscaped[RootMember.output] === 1), textIsJson: false, toolError: '' }
+  } else {
+    mapped = { text: outputJson, textIsJson: true, toolError: '' }
+  }
+  if (images !== undefined) mapped.images = images
+  return mapped
+}
+
+/** R11's message: `error` (a string as-is, else its JSON), else the output, else a fixed text. */
+function envelopeError (body: Uint8Array, outputJson: string, outputKind: number | undefined): string {
+  if (has(RootMember.error) && !isNull(body, RootMember.error)) {
+    const start = scanner.memberStart[RootMember.error] as number
+    const end = scanner.memberEnd[RootMember.error] as number
+    if (body[start] === 0x22) {
+      const error = stringValue(body, start, end, scanner.memberEscaped[RootMember.error] === 1)
+      if (error !== '') return error
+    } else {
+      return safeStringify(JSON.parse(utf8Slice.decode(body.subarray(start, end))))
+    }
+  }
+  if (outputJson !== '') {
+    if (outputKind === 0x22) {
+      const output = JSON.parse(outputJson) as string
+      if (output !== '') return output
+    } else {
+      return safeStringify(JSON.parse(outputJson))
+    }
+  }
   return 'tool reported an error'
+}
+
+/**
+ * The output with the image warnings beside it, as JSON: an object gains `_image_warnings`; no
+ * output becomes `{"_image_warnings": […]}`; any other value is wrapped as `{"output": …}`.
+ */
+function withWarnings (outputJson: string, outputKind: number | undefined, warnings: string): string {
+  if (outputJson === '') return `{${WARNINGS_KEY}${warnings}}`
+  if (outputKind === 0x7b) {
+    const inner = outputJson.slice(1, -1)
+    return inner.trim() === '' ? `{${WARNINGS_KEY}${warnings}}` : `{${inner},${WARNINGS_KEY}${warnings}}`
+  }
+  return `{"output":${outputJson},${WARNINGS_KEY}${warnings}}`
+}
+
+function slice (body: Uint8Array, member: RootMember): string {
+  return utf8Slice.decode(body.subarray(scanner.memberStart[member] as number, scanner.memberEnd[member] as number))
+}
+
+function isTrue (body: Uint8Array, member: RootMember): boolean {
+  const start = scanner.memberStart[member] as number
+  return start !== -1 && scanner.memberEnd[member] === start + 4 && body[start] === 0x74 // t(rue): the scan validated the rest
+}
+
+function isNull (body: Uint8Array, member: RootMember): boolean {
+  const start = scanner.memberStart[member] as number
+  return start !== -1 && body[start] === 0x6e // n(ull)
+}
+
+/** The value of the validated JSON string at `body[start, end)`; decoded directly when it has no escapes. */
+function stringValue (body: Uint8Array, start: number, end: number, isEscaped: boolean): string {
+  if (!isEscaped) return utf8Slice.decode(body.subarray(start + 1, end - 1))
+  return JSON.parse(utf8Slice.decode(body.subarray(start, end))) as string
 }
 
 /** JSON text of a value, or a JSON string saying it could not be encoded (too deep, BigInt). */
@@ -93,11 +178,14 @@ export function safeStringify (value: unknown): string {
   }
 }
 
-function looksLikeJson (body: string, contentType: string): boolean {
+function looksLikeJson (body: Uint8Array, contentType: string): boolean {
   if (contentType.includes('json')) return true
-  // Some plugins reply JSON as text/plain or with no type; sniff the first significant character.
-  const first = body.trimStart().charCodeAt(0)
+  // Some plugins reply JSON as text/plain or with no type; sniff the first significant byte
+  // (after a UTF-8 BOM and JSON whitespace).
+  let i = body.length >= 3 && body[0] === 0xef && body[1] === 0xbb && body[2] === 0xbf ? 3 : 0
+  while (i < body.length && (body[i] === 0x20 || body[i] === 0x0a || body[i] === 0x0d || body[i] === 0x09)) i++
+  const first = body[i]
   // { [ " - 0-9 t f n
-  return first === 123 || first === 91 || first === 34 || first === 45 || (first >= 48 && first <= 57) ||
+  return first === 123 || first === 91 || first === 34 || first === 45 || (first !== undefined && first >= 48 && first <= 57) ||
     first === 116 || first === 102 || first === 110
 }

@@ -20,7 +20,9 @@ const options = workerData as WorkerOptions
 const client = new CallbackClient({
   connectionsPerOrigin: options.connectionsPerOrigin,
   keepAliveTimeoutMs: options.keepAliveTimeoutMs,
-  connectTimeoutMs: options.connectTimeoutMs
+  connectTimeoutMs: options.connectTimeoutMs,
+  maxImages: options.maxImages,
+  maxImageBytes: options.maxImageBytes
 })
 
 // Point to point to the main thread (piscina re-emits it as the pool's 'message' event).

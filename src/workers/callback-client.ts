@@ -18,7 +18,8 @@ import type { Socket } from 'node:net'
 import { buildConnector, Pool } from 'undici'
 import type { Dispatcher } from 'undici'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
-import { mapReply } from '../shared/reply.js'
+import { readReply } from '../shared/reply.js'
+import { DEFAULT_IMAGE_LIMITS, type ImageLimits } from '../shared/images.js'
 import { HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from './protocol.js'
 import type { CallOutcome, CallTask } from './protocol.js'
 
@@ -29,6 +30,10 @@ export interface CallbackClientOptions {
   keepAliveTimeoutMs: number
   /** TCP (and TLS handshake) connect timeout; each call's deadline still applies on top. */
   connectTimeoutMs: number
+  /** Most images passed on from one reply (default 2; src/shared/images.ts). */
+  maxImages?: number | undefined
+  /** Largest base64 image accepted, in bytes (default 2 MiB). */
+  maxImageBytes?: number | undefined
 }
 
 // Error codes that mean "no connection was ever established" (R13 counts these towards eviction).
@@ -56,6 +61,7 @@ const connectErrors = new WeakSet<Error>()
 // BOM-stripping, non-fatal UTF-8 decoding, as the WHATWG `decode` does; invalid bytes become
 // U+FFFD. Stateless between calls because each decode() is given a whole body.
 const utf8 = new TextDecoder('utf-8')
+const EMPTY_BODY = new Uint8Array(0)
 
 // An error status keeps only a snippet; 4 bytes per character covers any UTF-8 text.
 const SNIPPET_BYTES = HTTP_ERROR_SNIPPET_CHARS * 4
@@ -239,13 +245,15 @@ class CallAttempt implements Dispatcher.DispatchHandler {
   #keptBytes = 0
 
   readonly #running: Map<number, CallAttempt>
+  readonly #imageLimits: ImageLimits
 
   constructor (task: CallTask, signal: AbortSignal | undefined, resolve: (outcome: CallOutcome) => void,
-    running: Map<number, CallAttempt>) {
+    running: Map<number, CallAttempt>, imageLimits: ImageLimits) {
     this.task = task
     this.#signal = signal
     this.#resolve = resolve
     this.#running = running
+    this.#imageLimits = imageLimits
   }
 
   /** Arms the deadline and the caller's signal; false when the call already ended. */
@@ -336,10 +344,13 @@ class CallAttempt implements Dispatcher.DispatchHandler {
       return
     }
     // Read the reply here, on the thread that received it (the worker in pool mode), so the
-    // main thread gets finished strings (SPEC R10–R12; src/shared/reply.ts).
-    const reply = mapReply(this.#decode(), this.#contentType)
-    this.#settle(createOutcome(this.task.id, OutcomeKind.ok, this.#status, reply.text,
-      this.#contentType, '', this.#bytes, reply.textIsJson, reply.toolError))
+    // main thread gets finished strings (docs/protocol.md R10–R12; src/shared/reply.ts). The
+    // bytes are scanned, not parsed, and decoded once: only the slice the model reads.
+    const reply = readReply(this.#body(), this.#contentType, this.#imageLimits)
+    const outcome = createOutcome(this.task.id, OutcomeKind.ok, this.#status, reply.text,
+      this.#contentType, '', this.#bytes, reply.textIsJson, reply.toolError)
+    if (reply.images !== undefined) outcome.images = reply.images
+    this.#settle(outcome)
   }
 
   onResponseError (controller: Dispatcher.DispatchController | undefined, err: Error): void {
@@ -367,10 +378,14 @@ class CallAttempt implements Dispatcher.DispatchHandler {
   }
 
   #decode (): string {
+    return utf8.decode(this.#body())
+  }
+
+  /** The kept body as one buffer (the chunks as they arrived, joined once). */
+  #body (): Uint8Array {
     const chunks = this.#chunks
-    if (chunks.length === 0) return ''
-    const buffer = chunks.length === 1 ? chunks[0] as Buffer : Buffer.concat(chunks, this.#keptBytes)
-    return utf8.decode(buffer)
+    if (chunks.length === 0) return EMPTY_BODY
+    return chunks.length === 1 ? chunks[0] as Buffer : Buffer.concat(chunks, this.#keptBytes)
   }
 
   #settle (outcome: CallOutcome): void {
@@ -406,6 +421,7 @@ export class CallbackClient {
   readonly #checkedOrigins = new Map<string, string>()
   readonly #options: CallbackClientOptions
   readonly #connector: buildConnector.connector
+  readonly #imageLimits: ImageLimits
   #isClosed = false
 
   constructor (options: CallbackClientOptions) {
@@ -415,6 +431,10 @@ export class CallbackClient {
       connectTimeoutMs: options.connectTimeoutMs
     }
     this.#connector = createLoopbackConnector(options.connectTimeoutMs)
+    this.#imageLimits = {
+      maxImages: options.maxImages ?? DEFAULT_IMAGE_LIMITS.maxImages,
+      maxImageBytes: options.maxImageBytes ?? DEFAULT_IMAGE_LIMITS.maxImageBytes
+    }
   }
 
   /**
@@ -423,7 +443,7 @@ export class CallbackClient {
    */
   call (task: CallTask, signal?: AbortSignal): Promise<CallOutcome> {
     return new Promise<CallOutcome>((resolve) => {
-      const attempt = new CallAttempt(task, signal, resolve, this.#running)
+      const attempt = new CallAttempt(task, signal, resolve, this.#running, this.#imageLimits)
       this.#running.set(task.id, attempt)
       try {
         this.#start(attempt, task)

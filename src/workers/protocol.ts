@@ -73,6 +73,12 @@ export interface CallOutcome {
   message: string
   /** Bytes of reply body read. */
   bytes: number
+  /**
+   * `ok`: the reply's checked images, flat (mime type, base64 data, prompt or '' per image; see
+   * src/shared/images.ts). Present only when there is at least one, so that every other outcome
+   * keeps one fixed shape.
+   */
+  images?: string[]
 }
 
 /**
@@ -93,6 +99,10 @@ export interface WorkerOptions {
   keepAliveTimeoutMs: number
   /** Connect timeout in ms (still bounded by each call's deadline). */
   connectTimeoutMs: number
+  /** Most images passed on from one reply (default 2). */
+  maxImages?: number
+  /** Largest base64 image accepted, in bytes (default 2 MiB). */
+  maxImageBytes?: number
 }
 
 /** Characters of an HTTP error body kept for the model-visible message. */

@@ -13,6 +13,7 @@ const PUBLIC_VALUES = [
   'createToolport',
   'isLoopbackAddress',
   'toolDefinitions',
+  'toolResultBlock',
   'isToolportError',
   'toolportPlugin'
 ]

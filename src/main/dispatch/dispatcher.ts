@@ -89,7 +89,9 @@ export class Dispatcher {
       this.#client = new CallbackClient({
         connectionsPerOrigin: options.connectionsPerOrigin,
         keepAliveTimeoutMs: options.keepAliveTimeoutMs,
-        connectTimeoutMs: options.connectTimeoutMs
+        connectTimeoutMs: options.connectTimeoutMs,
+        maxImages: options.maxImages,
+        maxImageBytes: options.maxImageBytes
       })
       return
     }
@@ -97,7 +99,9 @@ export class Dispatcher {
       cancelChannel: `toolport:cancel:${randomUUID()}`,
       connectionsPerOrigin: options.connectionsPerOrigin,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
-      connectTimeoutMs: options.connectTimeoutMs
+      connectTimeoutMs: options.connectTimeoutMs,
+      maxImages: options.maxImages,
+      maxImageBytes: options.maxImageBytes
     }
     this.#cancel = new BroadcastChannel(workerData.cancelChannel)
     this.#cancel.unref()

@@ -2,15 +2,33 @@
 import type { CallOutcome } from '../../workers/protocol.js'
 import { mapReply, safeStringify } from '../../shared/reply.js'
 
-/** What a tool call returns to the model session (DESIGN "Core contracts"). */
+/** One image a tool returned (the reply's `images`, checked where it arrived). */
+export interface ToolImage {
+  /** `image/png`, `image/jpeg`, `image/webp` or `image/gif`: what the data's magic bytes say. */
+  mime_type: string
+  /** The image, standard padded base64. */
+  data_base64: string
+  /** The plugin's `vision_prompt` for this image, when it gave one. */
+  prompt?: string
+}
+
+/** What a tool call returns to the model session (docs/architecture.md "Core contracts"). */
 export interface ToolResult {
   is_error: boolean
-  /** The JSON value the callback returned (or its text); null for errors. */
+  /**
+   * The JSON value the callback returned (or its text). For a tool error, the reply's `output`
+   * (null when it had none); null for every other error.
+   */
   output: unknown
   /** Set when `is_error`. */
   error?: string
-  /** What a text-only model session reads: the output (a string as-is, else JSON), or `{"error": …}`. */
+  /**
+   * What a text-only model session reads: the output (a string as-is, else JSON), or
+   * `{"error": …, "output": …}` (`output` only when the error reply carried a non-null one).
+   */
   text: string
+  /** The images the tool returned that passed the checks; absent when there are none. */
+  images?: ToolImage[]
 }
 
 /** Builds an error result; `text` is `{"error":"…"}` so the model sees a uniform shape. */
@@ -34,7 +52,7 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext, maxR
   switch (outcome.kind) {
     case 'ok':
       // The reply was already read where it arrived (the worker, in pool mode).
-      return mappedReplyResult(outcome.text, outcome.textIsJson, outcome.toolError)
+      return mappedReplyResult(outcome.text, outcome.textIsJson, outcome.toolError, outcome.images)
     case 'http':
       return errorResult(`tool callback returned HTTP ${outcome.status}` +
         (outcome.text === '' ? '' : `: ${outcome.text}`))
@@ -70,16 +88,32 @@ export function outputJsonOf (result: ToolResult): string | undefined {
 
 /**
  * Builds the ToolResult of a mapped 2xx reply. A non-string output is parsed from its JSON only
- * when someone reads `output` (the HTTP route never does), and at most once.
+ * when someone reads `output` (the HTTP route never does), and at most once. A tool error's
+ * output is the `output` member of its text (`{"error":…,"output":…}`), read the same lazy way.
  */
-export function mappedReplyResult (text: string, textIsJson: boolean, toolError: string): ToolResult {
-  if (toolError !== '') return { is_error: true, output: null, error: toolError, text }
-  if (!textIsJson) return { is_error: false, output: text, text }
-  const outputJson = text
+export function mappedReplyResult (text: string, textIsJson: boolean, toolError: string,
+  images?: readonly string[]): ToolResult {
+  let result: ToolResult
+  if (toolError !== '') {
+    // The worker wrote the text as `{"error":<JSON string>,"output":<JSON>}` (src/shared/reply.ts).
+    const head = `{"error":${JSON.stringify(toolError)},"output":`
+    result = text.startsWith(head)
+      ? lazyOutputResult(true, text.slice(head.length, -1), text, toolError)
+      : { is_error: true, output: null, error: toolError, text }
+  } else if (!textIsJson) {
+    result = { is_error: false, output: text, text }
+  } else {
+    result = lazyOutputResult(false, text, text, undefined)
+  }
+  if (images !== undefined && images.length > 0) result.images = toolImages(images)
+  return result
+}
+
+function lazyOutputResult (isError: boolean, outputJson: string, text: string, error: string | undefined): ToolResult {
   let parsed: unknown
   let isParsed = false
   const result: ToolResult = {
-    is_error: false,
+    is_error: isError,
     get output (): unknown {
       if (!isParsed) {
         parsed = JSON.parse(outputJson)
@@ -89,17 +123,30 @@ export function mappedReplyResult (text: string, textIsJson: boolean, toolError:
     },
     text
   }
+  if (error !== undefined) result.error = error
   outputJsonByResult.set(result, outputJson)
   return result
+}
+
+/** The flat image parts of an outcome (mime, data, prompt per image) as ToolImages. */
+function toolImages (parts: readonly string[]): ToolImage[] {
+  const images: ToolImage[] = []
+  for (let i = 0; i + 2 < parts.length; i += 3) {
+    const image: ToolImage = { mime_type: parts[i] as string, data_base64: parts[i + 1] as string }
+    const prompt = parts[i + 2] as string
+    if (prompt !== '') image.prompt = prompt
+    images.push(image)
+  }
+  return images
 }
 
 /**
  * Reads a 2xx reply body (R10–R12; see src/shared/reply.ts for the rules). The pool maps replies
  * in the worker; this is the same reading for a body at hand.
  */
-export function replyToResult (body: string, contentType: string): ToolResult {
+export function replyToResult (body: string | Uint8Array, contentType: string): ToolResult {
   const mapped = mapReply(body, contentType)
-  return mappedReplyResult(mapped.text, mapped.textIsJson, mapped.toolError)
+  return mappedReplyResult(mapped.text, mapped.textIsJson, mapped.toolError, mapped.images)
 }
 
 /** `output` as the model reads it: a string as-is, anything else as JSON. */

@@ -6,6 +6,7 @@ import { isPluginKey, PLUGIN_KEY_HEADER } from '../ownership.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
 import { ROUTE_SCHEMAS } from './openapi.js'
 import { outputJsonOf, type ToolResult } from '../dispatch/result.js'
+import { safeStringify } from '../../shared/reply.js'
 
 /** Registers the routes on `app`, answering from `runtime`. */
 export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
@@ -87,8 +88,9 @@ export function serializeToolResult (result: ToolResult): string {
     const output = result.output
     outputJson = typeof output === 'string'
       ? JSON.stringify(output)
-      : result.is_error || output === null || output === undefined || result.text === '' ? 'null' : result.text
+      : output === null || output === undefined || result.text === '' ? 'null' : result.is_error ? safeStringify(output) : result.text
   }
   const error = result.error === undefined ? '' : `,"error":${JSON.stringify(result.error)}`
-  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(result.text)}}`
+  const images = result.images === undefined ? '' : `,"images":${JSON.stringify(result.images)}`
+  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(result.text)}${images}}`
 }

@@ -322,9 +322,16 @@ export class McpSession implements ModelSession {
   }
 }
 
-/** A ToolResult as MCP's CallToolResult: the model's text, `isError`, and the object output as is. */
+/**
+ * A ToolResult as MCP's CallToolResult: the model's text, one `image` content item per image the
+ * tool returned, `isError`, and the object output as is.
+ */
 export function toCallToolResult (result: ToolResult): CallToolResult {
-  const out: CallToolResult = { content: [{ type: 'text', text: result.text }], isError: result.is_error }
+  const content: CallToolResult['content'] = [{ type: 'text', text: result.text }]
+  if (result.images !== undefined) {
+    for (const image of result.images) content.push({ type: 'image', data: image.data_base64, mimeType: image.mime_type })
+  }
+  const out: CallToolResult = { content, isError: result.is_error }
   if (!result.is_error && isPlainObject(result.output)) out.structuredContent = result.output
   return out
 }

@@ -22,6 +22,7 @@ import { errorText } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { toolDefinitions } from './definitions.js'
+import { textOnlyOutput } from './result-blocks.js'
 
 /** A client event the adapter sends (`session.update`, `conversation.item.create`, `response.create`). */
 export interface RealtimeClientEvent {
@@ -357,7 +358,7 @@ class RealtimeAdapter implements RealtimeSession {
     const event: RealtimeClientEvent = {
       type: 'conversation.item.create',
       event_id: `tp_${randomUUID()}`,
-      item: { type: 'function_call_output', call_id: callId, output: result.text }
+      item: { type: 'function_call_output', call_id: callId, output: textOnlyOutput(result) }
     }
     if (!response.isDone) {
       response.held.push(event)
