@@ -85,6 +85,8 @@ class _Watch:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     follower: asyncio.Task[None] | None = None
+    #: True while the event stream is open.
+    streaming: bool = False
 
 
 class Plugin:
@@ -269,6 +271,12 @@ class Plugin:
     def is_running(self) -> bool:
         return self._state == "running"
 
+    @property
+    def watch_mode(self) -> str:
+        """How the plugin watches Toolport now: ``"events"`` while it follows the event stream,
+        else ``"polling"``."""
+        return "events" if self._watch.streaming else "polling"
+
     def callback_url(self, name: str) -> str:
         """The callback URL a tool is registered with (``""`` before ``start()``)."""
         return self._server.callback_url(name) if self._server.origin else ""
@@ -446,9 +454,13 @@ class Plugin:
         while self._state == "running":
             try:
                 async with self._client.events(_EVENT_TYPES) as stream:
-                    async for event, data in stream:
-                        attempt = 0
-                        self._on_event(event, data)
+                    self._watch.streaming = True
+                    try:
+                        async for event, data in stream:
+                            attempt = 0
+                            self._on_event(event, data)
+                    finally:
+                        self._watch.streaming = False
             except NoEventStream:
                 self._log.debug("Toolport has no event stream; checking every %g s instead", self._poll_interval)
                 self._watch.use_events = False
