@@ -19,15 +19,18 @@ ENV = {**os.environ, "PIP_RETRIES": os.environ.get("PIP_RETRIES", "0"), "PIP_DIS
 @pytest.mark.timeout(240)
 def test_the_wheel_installs_in_a_fresh_venv_and_imports(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(PROJECT)],
+    # --no-isolation: the build backend (hatchling) comes pinned from requirements-test.txt
+    # instead of a fresh download into a throwaway environment on every run.
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(PROJECT)],
                    check=True, capture_output=True, text=True, env=ENV)
     wheels = list(dist.glob("toolport_plugin-*-py3-none-any.whl"))
     assert len(wheels) == 1, list(dist.iterdir())
 
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(wheels[0])],
+    # The test environment's pip installs into the fresh venv (pip --python), sparing ensurepip.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheels[0])],
                    check=True, capture_output=True, text=True, env=ENV)
     probe = (
         "import toolport_plugin as t; from typing import Literal\n"
