@@ -124,7 +124,7 @@ class ToolportClient:
     async def events(self, types: list[str]) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
         """Opens ``GET /api/events`` (Server-Sent Events) and yields an iterator of (event, data).
 
-        Raises ``NoEventStream`` when Toolport answers 404 (a Toolport without the stream). The
+        Raises ``NoEventStream`` when Toolport answers 4xx (404: a Toolport without the stream). The
         iterator ends when the stream does (Toolport closed or went away).
         """
         session = self._open()
@@ -138,8 +138,10 @@ class ToolportClient:
             raise PluginError(UNREACHABLE, f"cannot reach Toolport at {self.base_url} (GET /api/events): {_describe(err)}") from err
         try:
             content_type = res.headers.get("content-type", "")
-            if res.status == 404 or (res.status < 300 and not content_type.startswith("text/event-stream")):
-                raise NoEventStream()
+            # 404: a Toolport without the stream. Any other 4xx (a filter it does not know…) or a
+            # body that is not an event stream: not usable either; polling still works.
+            if 400 <= res.status < 500 or (res.status < 300 and not content_type.startswith("text/event-stream")):
+                raise NoEventStream(f"HTTP {res.status} ({content_type or 'no content type'})")
             if res.status >= 300:
                 raise PluginError(REFUSED, f"Toolport refused GET /api/events: HTTP {res.status}", status=res.status)
             yield _read_events(res)

@@ -44,6 +44,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_TOOLPORT_URL = "http://127.0.0.1:3917"
 _EVENT_TYPES = ["hello", "evicted", "unregistered", "cleared", "role-added"]
 _MAX_NAME_CHARS = 64
+# First reconnection to the event stream after 0.25–0.5 s, then doubling up to max_backoff.
+_RECONNECT_BASE_SECONDS = 0.5
 _MAX_SOURCE_CHARS = 256
 
 
@@ -439,9 +441,10 @@ class Plugin:
             return False
         return True
 
-    def _backoff(self, failures: int) -> float:
+    def _backoff(self, failures: int, base: float | None = None) -> float:
         """Exponential backoff with equal jitter: ceiling/2 + random(ceiling/2)."""
-        ceiling = min(self._max_backoff, self._poll_interval * 2 ** min(max(failures - 1, 0), 30))
+        base = self._poll_interval if base is None else base
+        ceiling = min(self._max_backoff, base * 2 ** min(max(failures - 1, 0), 30))
         return ceiling / 2 + random.random() * ceiling / 2
 
     def _start_follower(self) -> None:
@@ -461,16 +464,17 @@ class Plugin:
                             self._on_event(event, data)
                     finally:
                         self._watch.streaming = False
-            except NoEventStream:
-                self._log.debug("Toolport has no event stream; checking every %g s instead", self._poll_interval)
+            except NoEventStream as err:
+                self._log.debug("Toolport's event stream is not usable (%s); checking every %g s instead", err, self._poll_interval)
                 self._watch.use_events = False
                 self._watch.wake.set()  # the check loop switches to the poll interval now
                 return
             except PluginError as err:
                 self._log.debug("event stream: %s", err.message)
             attempt += 1
-            # The stream ended: Toolport stopped or restarted. Reconnect soon, backing off while it is down.
-            await asyncio.sleep(self._backoff(attempt))
+            # The stream ended: Toolport stopped or restarted. Reconnect at once (a restarted
+            # Toolport is back within a second or so), backing off while it stays down.
+            await asyncio.sleep(self._backoff(attempt, _RECONNECT_BASE_SECONDS))
 
     def _on_event(self, event: str, data: dict[str, Any]) -> None:
         if event == "hello":
