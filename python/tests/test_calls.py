@@ -308,6 +308,40 @@ async def test_a_closed_connection_cancels_the_handler(api: Api) -> None:
         assert reasons == ["disconnected"]
 
 
+async def test_stop_lets_calls_in_flight_finish_for_the_grace_period_then_cancels_them(api: Api) -> None:
+    plugin = new_plugin(api)
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @plugin.tool(timeout_seconds=30)
+    async def slow(seconds: float) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "done"
+
+    await plugin.start()
+    quick = asyncio.create_task(api.call("slow", {"seconds": 0.5}))
+    await asyncio.wait_for(started.wait(), 10)
+    stopped = await plugin.stop(grace=5)
+    assert stopped.is_cleared
+    assert (await quick)["output"] == "done"  # it finished although stop() had begun
+    assert not cancelled.is_set()
+
+    plugin = new_plugin(api)
+    plugin.tool(slow)
+    started.clear()
+    await plugin.start()
+    stuck = asyncio.create_task(api.call("slow", {"seconds": 30}))
+    await asyncio.wait_for(started.wait(), 10)
+    await plugin.stop(grace=0.2)
+    await asyncio.wait_for(cancelled.wait(), 5)  # past the grace period the handler is cancelled
+    assert (await stuck)["is_error"] is True
+
+
 async def test_the_callback_server_answers_only_toolport_calls(api: Api) -> None:
     plugin = new_plugin(api)
 

@@ -189,6 +189,7 @@ class Plugin:
         self._watch = _Watch(use_events=use_events)
         self._stopping: asyncio.Future[StopResult] | None = None
         self._stop_requested = asyncio.Event()
+        self._listener_tasks: set[asyncio.Future[Any]] = set()
 
     # ---- declaring tools -------------------------------------------------------------------
 
@@ -252,9 +253,16 @@ class Plugin:
             try:
                 result = listener(payload)
                 if inspect.isawaitable(result):
-                    asyncio.ensure_future(result)
+                    task = asyncio.ensure_future(result)
+                    self._listener_tasks.add(task)  # held until done: the loop keeps only weak references
+                    task.add_done_callback(self._listener_done)
             except Exception:  # a listener's bug must not stop the plugin
                 self._log.exception("a %r listener raised", event)
+
+    def _listener_done(self, task: asyncio.Future[Any]) -> None:
+        self._listener_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("an async listener raised", exc_info=task.exception())
 
     def _report(self, err: PluginError, level: int) -> None:
         if self._listeners["error"]:
