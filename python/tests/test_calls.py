@@ -207,9 +207,9 @@ async def test_a_tool_error_carries_its_output_and_other_exceptions_never_a_trac
         result = await api.call("get_weather", {"city": "Atlantis"})
         assert result["is_error"] is True
         assert result["error"] == "NO_DATA"
-        # What the model reads. TIGHTEN after merge (results helper): the text must then be
-        # exactly {"error":"NO_DATA","output":{"reason":"no such city"}}.
-        assert json.loads(result["text"])["error"] == "NO_DATA"
+        # What the model reads. TIGHTEN after merge (results helper): only the second form, with
+        # the output, is right; the first is what Toolport answered before it read `output`.
+        assert json.loads(result["text"]) in ({"error": "NO_DATA"}, {"error": "NO_DATA", "output": {"reason": "no such city"}})
 
         status, reply = await post_callback(plugin, "get_weather", {"city": "Oslo"})
         assert reply == {"error": "KeyError: 'secret internals'", "is_error": True}
