@@ -142,6 +142,7 @@ async def test_start_waits_for_a_toolport_that_is_not_up_yet(own_api: Api) -> No
     assert "echo" not in await api.names()
 
 
+@pytest.mark.timeout(120)
 async def test_the_example_plugin_serves_survives_a_restart_and_clears_on_sigterm(own_api: Api) -> None:
     api = own_api
     env = {**os.environ, "TOOLPORT_URL": api.tp.url, "PYTHONPATH": str(REPO / "python" / "src")}
@@ -158,7 +159,9 @@ async def test_the_example_plugin_serves_survives_a_restart_and_clears_on_sigter
 
         api.tp.kill()
         await asyncio.to_thread(api.tp.start)
-        await api.wait_for(lambda: _has(api, "get_weather"), timeout=15, what="get_weather registered again")
+        # The example polls with the defaults (every 2 s, backing off while Toolport is down), so
+        # a slow restart on a busy machine can take a few backoff steps: wait generously.
+        await api.wait_for(lambda: _has(api, "get_weather"), timeout=45, what="get_weather registered again")
 
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
