@@ -28,8 +28,9 @@ _LISTENING = re.compile(r"Toolport listening on (http://\S+)")
 class Toolport:
     """One Toolport process; ``kill()`` and ``start()`` again on the same port simulate a crash."""
 
-    def __init__(self, roles: list[str]) -> None:
+    def __init__(self, roles: list[str], extra_args: list[str] | None = None) -> None:
         self.roles = roles
+        self.extra_args = extra_args or []
         self.port = 0
         self.url = ""
         self.proc: subprocess.Popen[str] | None = None
@@ -41,6 +42,7 @@ class Toolport:
         args = [node, str(CLI), "serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warn"]
         for role in self.roles:
             args += ["--role", role]
+        args += self.extra_args
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPORT_")}
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         assert self.proc.stdout is not None
@@ -81,10 +83,10 @@ class Toolport:
                 self.proc.wait(5)
 
 
-def _start_toolport(roles: list[str]) -> Toolport:
+def start_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:
     if not CLI.exists():
         pytest.fail(f"{CLI} is missing: run `npm run build` in {REPO} first (scripts/test-python.sh does)")
-    tp = Toolport(roles)
+    tp = Toolport(roles, extra_args)
     tp.start()
     return tp
 
@@ -92,7 +94,7 @@ def _start_toolport(roles: list[str]) -> Toolport:
 @pytest.fixture(scope="session")
 def toolport() -> Iterator[Toolport]:
     """A Toolport shared by the tests that neither kill nor restart it."""
-    tp = _start_toolport(["default", "Mochi"])
+    tp = start_toolport(["default", "Mochi"])
     yield tp
     tp.stop()
 
@@ -100,7 +102,7 @@ def toolport() -> Iterator[Toolport]:
 @pytest.fixture
 def own_toolport() -> Iterator[Toolport]:
     """A Toolport of the test's own, for tests that kill it."""
-    tp = _start_toolport(["default"])
+    tp = start_toolport(["default"])
     yield tp
     tp.stop()
 

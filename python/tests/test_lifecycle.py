@@ -11,9 +11,9 @@ import uuid
 import aiohttp
 import pytest
 
-from toolport_plugin import Plugin, RegisteredEvent
+from toolport_plugin import Plugin, PluginError, RegisteredEvent
 
-from .conftest import REPO, Api
+from .conftest import REPO, Api, start_toolport
 
 EXAMPLE = REPO / "examples" / "weather_plugin_sdk.py"
 
@@ -180,3 +180,44 @@ async def _has(api: Api, name: str) -> bool:
 
 async def _mode(plugin: Plugin, mode: str) -> bool:
     return plugin.watch_mode == mode
+
+
+async def test_token_mode_sends_the_bearer_token_on_every_request(tmp_path: os.PathLike[str]) -> None:
+    token_file = os.path.join(tmp_path, "token")
+    with open(token_file, "w") as f:
+        f.write(uuid.uuid4().hex + uuid.uuid4().hex)
+    os.chmod(token_file, 0o600)
+    tp = await asyncio.to_thread(start_toolport, ["default"], ["--token-file", token_file])
+    try:
+        refused = Plugin("no-token", toolport_url=tp.url)
+        refused.tool(_echo)
+        with pytest.raises(PluginError) as info:
+            await refused.start()
+        assert (info.value.code, info.value.status, info.value.toolport_code) == ("TP_ERR_PLUGIN_REFUSED", 401, "TP_ERR_UNAUTHORIZED")
+
+        plugin = Plugin("with-token", toolport_url=tp.url, token_file=token_file, poll_interval=0.3)
+        plugin.tool(_echo)
+        async with plugin:
+            with open(token_file) as f:
+                headers = {"authorization": f"Bearer {f.read().strip()}"}
+            async with aiohttp.ClientSession(headers=headers) as session:
+                async with session.get(tp.url + "/api/tools?role=default") as res:
+                    assert [t["name"] for t in (await res.json())["tools_by_role"]["default"]] == ["_echo"]
+        async with aiohttp.ClientSession(headers=headers) as session:
+            async with session.get(tp.url + "/api/tools?role=default") as res:
+                assert (await res.json())["tools_by_role"]["default"] == []  # the stop's clear was authorised too
+    finally:
+        await asyncio.to_thread(tp.stop)
+
+
+async def test_a_named_role_gets_the_tools_alone_and_only_its_registrations_are_cleared(api: Api) -> None:
+    plugin = new_plugin(api, role="Mochi")
+    plugin.tool(_echo)
+    async with plugin:
+        assert "_echo" in await api.names("Mochi")
+        assert "_echo" not in await api.names("default")
+    assert "_echo" not in await api.names("Mochi")
+
+
+async def _echo(text: str) -> str:
+    return text
