@@ -68,6 +68,13 @@ def test_scalars_literals_optionals_and_containers_map_to_json_schema() -> None:
     assert p["k"] == {"enum": ["red", "blue"]}
     assert p["m"] == {"type": "string", "description": "a city name", "default": "Oslo"}
     assert "ctx" not in p  # the context is injected, never asked of the model
+
+    def g(x: int, ctx: Optional[CallContext] = None) -> None:
+        pass
+
+    g_schema, g_sig = schema_of(g)
+    assert list(g_schema["properties"]) == ["x"]
+    assert g_sig.context_param == "ctx"
     assert schema["required"] == ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"]
     assert schema["additionalProperties"] is False
 

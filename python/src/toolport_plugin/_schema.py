@@ -178,7 +178,8 @@ class Signature:
         params: list[inspect.Parameter] = []
         for p in sig.parameters.values():
             tp = hints.get(p.name, p.annotation)
-            if tp is context_type:
+            if tp is context_type or (typing.get_origin(tp) in (Union, types.UnionType)
+                                      and context_type in typing.get_args(tp)):  # CallContext | None
                 self.context_param = p.name
                 continue
             if p.kind is inspect.Parameter.VAR_KEYWORD:
