@@ -15,10 +15,11 @@ Example::
 
     plugin.run()
 """
+from ._options import DEFAULT_TOOLPORT_URL
 from ._results import Image, ToolError, ToolOutput
 from ._tool import CallContext, Tool
 from .errors import PLUGIN_ERROR_CODES, PluginError
-from .plugin import DEFAULT_TOOLPORT_URL, Plugin, RegisteredEvent, StartResult, StopResult
+from .plugin import Plugin, RegisteredEvent, StartResult, StopResult
 
 __version__ = "0.1.0"
 

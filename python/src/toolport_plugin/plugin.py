@@ -22,18 +22,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import random
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from . import errors
 from ._client import NoEventStream, ToolportClient
-from ._loopback import is_loopback_hostname
+from ._options import check_options
 from ._schema import JsonSchema, SchemaError, Signature
 from ._server import CallbackServer
 from ._tool import CallContext, Tool
@@ -41,12 +39,10 @@ from .errors import PluginError, is_transient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEFAULT_TOOLPORT_URL = "http://127.0.0.1:3917"
 _EVENT_TYPES = ["hello", "evicted", "unregistered", "cleared", "role-added"]
 _MAX_NAME_CHARS = 64
 # First reconnection to the event stream after 0.25–0.5 s, then doubling up to max_backoff.
 _RECONNECT_BASE_SECONDS = 0.5
-_MAX_SOURCE_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -124,52 +120,12 @@ class Plugin:
         max_body_bytes: int = 8 * 1024 * 1024,
         logger: logging.Logger | None = None,
     ) -> None:
-        problems: list[dict[str, str]] = []
-
-        def bad(path: str, message: str) -> None:
-            problems.append({"path": path, "message": message})
-
-        source = id if isinstance(id, str) and id.startswith("plugin:") else f"plugin:{id}"
-        if not isinstance(id, str) or source == "plugin:":
-            bad("id", "must be a non-empty string (the source becomes plugin:<id>)")
-        elif len(source) > _MAX_SOURCE_CHARS:
-            bad("id", f"plugin:<id> must be at most {_MAX_SOURCE_CHARS} characters")
-        url = toolport_url or os.environ.get("TOOLPORT_URL") or DEFAULT_TOOLPORT_URL
-        try:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or not is_loopback_hostname(parts.hostname):
-                bad("toolport_url", f"must be an http(s) URL on a loopback address (got {url!r})")
-            elif parts.username or parts.password:
-                bad("toolport_url", "must not carry credentials; use token=")
-            _ = parts.port  # raises for a bad port
-        except ValueError as err:
-            bad("toolport_url", f"is not a URL: {err}")
-        if role is not None and (not isinstance(role, str) or role == ""):
-            bad("role", "must be a role name, or None for every role")
-        if not is_loopback_hostname(host) or host == "localhost":
-            bad("host", "must be a loopback IP address such as 127.0.0.1 or ::1")
-        if not isinstance(port, int) or not 0 <= port <= 65535:
-            bad("port", "must be 0 (any free port) to 65535")
-        for name, value in (("poll_interval", poll_interval), ("resync_interval", resync_interval),
-                            ("max_backoff", max_backoff), ("request_timeout", request_timeout)):
-            if not isinstance(value, (int, float)) or value <= 0:
-                bad(name, "must be a positive number of seconds")
-        if not isinstance(start_timeout, (int, float)) or start_timeout < 0:
-            bad("start_timeout", "must be 0 or more seconds")
-        if not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
-            bad("max_body_bytes", "must be at least 1024")
-        token_file = token_file or (os.environ.get("TOOLPORT_TOKEN_FILE") if token is None else None)
-        if token is None and token_file:
-            try:
-                with open(token_file, encoding="utf-8") as f:
-                    token = f.read().strip()
-            except OSError as err:
-                bad("token_file", f"cannot be read: {err.strerror}")
-        if token is not None and (not isinstance(token, str) or token == "" or any(c in token for c in "\r\n")):
-            bad("token", "must be a non-empty single-line string")
-        if problems:
-            raise PluginError(errors.OPTIONS, "invalid plugin options: " + "; ".join(f"{p['path']} {p['message']}" for p in problems),
-                              details=problems)
+        source, url, token = check_options(
+            id, toolport_url=toolport_url, role=role, token=token, token_file=token_file, host=host, port=port,
+            seconds={"poll_interval": poll_interval, "resync_interval": resync_interval,
+                     "max_backoff": max_backoff, "request_timeout": request_timeout},
+            start_timeout=start_timeout, max_body_bytes=max_body_bytes,
+        )
 
         self.source = source
         self.role = role
