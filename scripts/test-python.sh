@@ -5,7 +5,9 @@
 # into python/.venv (gitignored; reinstalled when the requirements change), builds dist/ when it
 # is missing or older than src/, and runs pytest; extra arguments go to pytest.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+here="${BASH_SOURCE[0]%/*}"
+[ "$here" != "${BASH_SOURCE[0]}" ] || here=.
+cd "$here/.."
 
 py=""
 for candidate in "${PYTHON:-}" python3 python3.13 python3.12 python3.11 python3.10; do
