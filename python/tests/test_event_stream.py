@@ -29,8 +29,11 @@ class StandIn:
         self.queue: asyncio.Queue[str | None] | None = None
         self.types: list[str] = []
         self.url = ""
+        self.rejects_filter = False
 
     async def events(self, request: web.Request) -> web.StreamResponse:
+        if self.rejects_filter and "types" in request.query:
+            return web.json_response({"ok": False, "code": "TP_ERR_VALIDATION"}, status=422)
         self.types = request.query.get("types", "").split(",")
         res = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await res.prepare(request)
@@ -94,7 +97,7 @@ async def test_the_event_stream_repairs_a_restart_and_an_eviction_without_pollin
 
     async with plugin:
         await until(lambda: plugin.watch_mode == "events", "the stream followed")
-        assert {"hello", "evicted"} <= set(stand_in.types)
+        assert {"evicted", "unregistered", "cleared", "role-added"} <= set(stand_in.types)
 
         # A restart: the registry is empty, the stream ends, the next hello names a new instance.
         first = stand_in.queue
@@ -120,3 +123,16 @@ async def test_the_event_stream_repairs_a_restart_and_an_eviction_without_pollin
         assert stand_in.registrations == before
     assert stand_in.tools == []  # the clean stop cleared the source
 
+
+
+async def test_a_stream_that_refuses_the_filter_is_followed_unfiltered(stand_in: StandIn) -> None:
+    stand_in.rejects_filter = True
+    plugin = Plugin("unfiltered", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        await until(lambda: plugin.watch_mode == "events", "the stream followed")
+        assert stand_in.types == [""]

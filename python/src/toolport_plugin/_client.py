@@ -27,6 +27,10 @@ _MAX_EVENT_LINE_BYTES = 1024 * 1024
 class NoEventStream(Exception):
     """This Toolport does not serve ``GET /api/events``; the caller falls back to polling."""
 
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 class ToolportClient:
     def __init__(self, base_url: str, token: str | None, request_timeout: float) -> None:
@@ -121,14 +125,14 @@ class ToolportClient:
         return answer
 
     @asynccontextmanager
-    async def events(self, types: list[str]) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
+    async def events(self, types: list[str] | None) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
         """Opens ``GET /api/events`` (Server-Sent Events) and yields an iterator of (event, data).
 
         Raises ``NoEventStream`` when Toolport answers 4xx (404: a Toolport without the stream). The
         iterator ends when the stream does (Toolport closed or went away).
         """
         session = self._open()
-        url = f"{self.base_url}api/events?types={quote(','.join(types), safe=',')}"
+        url = f"{self.base_url}api/events" + ("" if types is None else f"?types={quote(','.join(types), safe=',')}")
         headers = {**self._headers(), "accept": "text/event-stream"}
         # No read timeout: the stream is quiet between events. Connecting has the usual budget.
         timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_connect=self._timeout, sock_read=None)
@@ -141,7 +145,7 @@ class ToolportClient:
             # 404: a Toolport without the stream. Any other 4xx (a filter it does not know…) or a
             # body that is not an event stream: not usable either; polling still works.
             if 400 <= res.status < 500 or (res.status < 300 and not content_type.startswith("text/event-stream")):
-                raise NoEventStream(f"HTTP {res.status} ({content_type or 'no content type'})")
+                raise NoEventStream(f"HTTP {res.status} ({content_type or 'no content type'})", res.status)
             if res.status >= 300:
                 raise PluginError(REFUSED, f"Toolport refused GET /api/events: HTTP {res.status}", status=res.status)
             yield _read_events(res)

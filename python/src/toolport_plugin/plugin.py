@@ -39,7 +39,8 @@ from .errors import PluginError, is_transient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_EVENT_TYPES = ["hello", "evicted", "unregistered", "cleared", "role-added"]
+# `hello` opens every stream whatever the filter, so it is not asked for.
+_EVENT_TYPES = ["evicted", "unregistered", "cleared", "role-added"]
 _MAX_NAME_CHARS = 64
 # First reconnection to the event stream after 0.25–0.5 s, then doubling up to max_backoff.
 _RECONNECT_BASE_SECONDS = 0.5
@@ -418,10 +419,14 @@ class Plugin:
     async def _follow_events(self) -> None:
         """Follows ``GET /api/events`` while Toolport serves it; returns when it does not."""
         attempt = 0
+        types: list[str] | None = _EVENT_TYPES
         while self._state == "running":
             try:
-                async with self._client.events(_EVENT_TYPES) as stream:
+                async with self._client.events(types) as stream:
                     self._watch.streaming = True
+                    # Every (re)connection: repair whatever happened while not following (a
+                    # restart empties the registry; the hello below names the new instance).
+                    self._watch.wake.set()
                     try:
                         async for event, data in stream:
                             attempt = 0
@@ -429,6 +434,9 @@ class Plugin:
                     finally:
                         self._watch.streaming = False
             except NoEventStream as err:
+                if err.status in (400, 422) and types is not None:
+                    types = None  # a filter this Toolport does not take: follow every event instead
+                    continue
                 self._log.debug("Toolport's event stream is not usable (%s); checking every %g s instead", err, self._poll_interval)
                 self._watch.use_events = False
                 self._watch.wake.set()  # the check loop switches to the poll interval now
@@ -448,8 +456,6 @@ class Plugin:
                 if previous is not None and instance != previous:
                     self._log.info("Toolport restarted (instance %s → %s); registering again", previous, instance)
                 self._watch.instance_id = instance
-            # Every (re)connection: repair whatever happened while not following.
-            self._watch.wake.set()
         elif event == "evicted":
             tools = data.get("tools") if isinstance(data.get("tools"), list) else []
             ours = any(isinstance(t, dict) and t.get("name") in self._tools for t in tools)
