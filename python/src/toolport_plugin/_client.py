@@ -1,0 +1,190 @@
+"""The SDK's client of Toolport's HTTP API: register, clear, list, health, and the event stream.
+
+Every request to Toolport goes through ``_request`` (and the stream through ``events``), which add
+the headers in one place (``_headers``), so a credential scheme beyond the bearer token is one
+change here. The client has its own aiohttp session with ``trust_env=False``: a proxy configured in
+the environment must never see this loopback traffic or its token.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from .errors import REFUSED, UNREACHABLE, PluginError
+
+# A list of every role's tools can be large, but not this large; past it the answer is refused.
+_MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# One SSE line longer than this is not a Toolport event.
+_MAX_EVENT_LINE_BYTES = 1024 * 1024
+
+
+class NoEventStream(Exception):
+    """This Toolport does not serve ``GET /api/events``; the caller falls back to polling."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ToolportClient:
+    def __init__(self, base_url: str, token: str | None, request_timeout: float) -> None:
+        self.base_url = base_url if base_url.endswith("/") else base_url + "/"
+        self._token = token
+        self._timeout = request_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _headers(self, *, json_body: bool = False) -> dict[str, str]:
+        headers = {"accept": "application/json", "user-agent": "toolport-plugin-python"}
+        if self._token is not None:
+            headers["authorization"] = f"Bearer {self._token}"
+        if json_body:
+            headers["content-type"] = "application/json"
+        return headers
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Idle sockets close after 4 s, before Toolport's side does, so a poll never writes
+            # into a socket the server is closing.
+            connector = aiohttp.TCPConnector(limit=4, keepalive_timeout=4.0)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def register(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/tools/register``; an ``ok: false`` answer (no role took it) is an error."""
+        answer = await self._request("POST", "api/tools/register", body)
+        if answer.get("ok") is not True:
+            reason = answer.get("error") if isinstance(answer.get("error"), str) else "no role accepted it"
+            raise PluginError(REFUSED, f"Toolport did not register {body.get('name')!r}: {reason}")
+        return answer
+
+    async def clear(self, source: str, role: str | None) -> int:
+        """``POST /api/tools/clear``; returns how many registrations it removed."""
+        answer = await self._request("POST", "api/tools/clear", {"source": source, "role": role})
+        removed = answer.get("removed")
+        return removed if isinstance(removed, int) else 0
+
+    async def list(self, role: str | None) -> dict[str, list[dict[str, Any]]]:
+        """``GET /api/tools``: every current role's tools (or one role's), by role."""
+        path = "api/tools" if role is None else f"api/tools?role={quote(role, safe='')}"
+        answer = await self._request("GET", path)
+        by_role = answer.get("tools_by_role")
+        if not isinstance(by_role, dict):
+            raise PluginError(REFUSED, "Toolport listed no tools_by_role: is this a Toolport API?")
+        return {name: [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+                for name, rows in by_role.items()}
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /api/health``; a 503 (not ready) is an error like any other 5xx."""
+        return await self._request("GET", "api/health")
+
+    async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        session = self._open()
+        url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        try:
+            async with session.request(
+                method, url, headers=self._headers(json_body=body is not None),
+                data=None if body is None else json.dumps(body), timeout=timeout, allow_redirects=False,
+            ) as res:
+                status = res.status
+                raw = await res.content.read(_MAX_ANSWER_BYTES + 1)
+                if len(raw) > _MAX_ANSWER_BYTES:
+                    raise PluginError(REFUSED, f"Toolport's answer to {method} /{path} is larger than {_MAX_ANSWER_BYTES} bytes")
+        except PluginError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            what = f"no answer within {self._timeout} s" if isinstance(err, asyncio.TimeoutError) else _describe(err)
+            raise PluginError(UNREACHABLE, f"cannot reach Toolport at {self.base_url} ({method} /{path}): {what}") from err
+        try:
+            parsed = json.loads(raw) if raw else {}
+        except ValueError:
+            parsed = None
+        answer = parsed if isinstance(parsed, dict) else None
+        if status >= 300 or answer is None:
+            # Toolport's error body: {ok: false, statusCode, code, error, message, details?}.
+            code = answer.get("code") if answer and isinstance(answer.get("code"), str) else None
+            message = answer.get("message") if answer and isinstance(answer.get("message"), str) else f"HTTP {status}"
+            details = [d for d in answer.get("details", []) if isinstance(d, dict)] if answer and isinstance(answer.get("details"), list) else []
+            detail_text = "; ".join(f"{d.get('path', '')}: {d.get('message', '')}" for d in details)
+            raise PluginError(
+                REFUSED,
+                f"Toolport refused {method} /{path}: {message}" + (f" [{code}]" if code else "") + (f" ({detail_text})" if detail_text else ""),
+                status=status, toolport_code=code, details=details,
+            )
+        return answer
+
+    @asynccontextmanager
+    async def events(self, types: list[str] | None) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
+        """Opens ``GET /api/events`` (Server-Sent Events) and yields an iterator of (event, data).
+
+        Raises ``NoEventStream`` when Toolport answers 4xx (404: a Toolport without the stream). The
+        iterator ends when the stream does (Toolport closed or went away).
+        """
+        session = self._open()
+        url = f"{self.base_url}api/events" + ("" if types is None else f"?types={quote(','.join(types), safe=',')}")
+        headers = {**self._headers(), "accept": "text/event-stream"}
+        # No read timeout: the stream is quiet between events. Connecting has the usual budget.
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_connect=self._timeout, sock_read=None)
+        try:
+            res = await session.get(url, headers=headers, timeout=timeout, allow_redirects=False)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise PluginError(UNREACHABLE, f"cannot reach Toolport at {self.base_url} (GET /api/events): {_describe(err)}") from err
+        try:
+            content_type = res.headers.get("content-type", "")
+            # 404: a Toolport without the stream. Any other 4xx (a filter it does not know…) or a
+            # body that is not an event stream: not usable either; polling still works.
+            if 400 <= res.status < 500 or (res.status < 300 and not content_type.startswith("text/event-stream")):
+                raise NoEventStream(f"HTTP {res.status} ({content_type or 'no content type'})", res.status)
+            if res.status >= 300:
+                raise PluginError(REFUSED, f"Toolport refused GET /api/events: HTTP {res.status}", status=res.status)
+            yield _read_events(res)
+        finally:
+            res.close()
+
+
+async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Parses an SSE stream (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
+    event, data = "message", []
+    try:
+        while True:
+            line_bytes = await res.content.readline()
+            if not line_bytes:
+                return
+            if len(line_bytes) > _MAX_EVENT_LINE_BYTES:
+                raise PluginError(REFUSED, "Toolport sent an event line larger than 1 MiB")
+            line = line_bytes.decode("utf-8", "replace").rstrip("\r\n")
+            if line == "":
+                if data:
+                    try:
+                        payload = json.loads("\n".join(data))
+                    except ValueError:
+                        payload = None
+                    yield event, payload if isinstance(payload, dict) else {}
+                event, data = "message", []
+            elif line.startswith(":"):
+                continue
+            else:
+                field, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if field == "event":
+                    event = value
+                elif field == "data":
+                    data.append(value)
+    except (aiohttp.ClientError, OSError, ValueError) as err:  # ValueError: a line past aiohttp's limit
+        raise PluginError(UNREACHABLE, f"the event stream broke: {_describe(err)}") from err
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

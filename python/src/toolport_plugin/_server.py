@@ -1,0 +1,187 @@
+"""The plugin's callback server (docs/protocol.md R9–R12, R14), on aiohttp.
+
+aiohttp because it is the long-standing, actively maintained asyncio HTTP server *and* client: one
+dependency serves Toolport's callbacks and talks to Toolport's API (and reads its event stream),
+keep-alive is on by default, and its ``handler_cancellation`` cancels a request's handler when
+the client hangs up — exactly what a cancelled call needs.
+
+Every call that reaches a tool is answered HTTP 200 with the ``{output, is_error}`` envelope: an
+HTTP error would also become a tool error (R12), but a worse one for the model. HTTP errors are
+kept for requests that are not Toolport calls at all. Calls carry the user's conversation (R14),
+so the server only answers Toolport: it binds a loopback address, every tool path carries a
+128-bit random segment a web page cannot guess, the Host header must name loopback (DNS
+rebinding), a browser's Origin header is refused, and bodies must be ``application/json``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, unquote
+
+from aiohttp import web
+
+from ._loopback import is_loopback_host_header
+from ._results import error_reply, exception_reply, output_reply
+from ._schema import ArgumentsError
+from ._tool import CallContext, Tool
+
+# Below Toolport's 4 s client keep-alive would race it; 5 s lets Toolport close idle sockets first.
+_KEEPALIVE_SECONDS = 5.0
+
+
+class CallbackServer:
+    def __init__(self, host: str, port: int, max_body_bytes: int, tools: Mapping[str, Tool], logger: logging.Logger) -> None:
+        self._host = host
+        self._port = port
+        self._max_body_bytes = max_body_bytes
+        self._tools = tools
+        self._log = logger
+        self._prefix = f"/{secrets.token_urlsafe(16)}/tools/"
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._bound_port = 0
+
+    @property
+    def origin(self) -> str:
+        """``http://host:port`` once listening (the origin Toolport's eviction counts by)."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._bound_port}" if self._bound_port else ""
+
+    def callback_url(self, name: str) -> str:
+        return f"{self.origin}{self._prefix}{quote(name, safe='')}"
+
+    async def listen(self) -> str:
+        app = web.Application(client_max_size=self._max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
+        )
+        await self._runner.setup()
+        await self._bind(self._port)
+        return self.origin
+
+    async def _bind(self, port: int) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self._host, port, reuse_address=True)
+        await self._site.start()
+        server = self._site._server  # the asyncio Server: the only place the bound port is known
+        sockets = getattr(server, "sockets", None) or []
+        self._bound_port = sockets[0].getsockname()[1] if sockets else port
+
+    async def close(self, grace: float) -> None:
+        """Stops accepting, lets calls in flight finish for ``grace`` seconds, then cancels them."""
+        if self._runner is None:
+            return
+        runner, self._runner = self._runner, None
+        runner._shutdown_timeout = grace  # aiohttp reads the grace period from the runner
+        await runner.cleanup()
+
+    async def _suspend(self) -> None:
+        """Stops listening and drops every connection, keeping the port's number (tests use it
+        to make Toolport see connection failures at this origin)."""
+        assert self._runner is not None and self._site is not None
+        await self._site.stop()
+        self._site = None
+        server = self._runner.server
+        if server is not None:
+            for conn in list(server.connections):
+                conn.force_close()
+                if conn.transport is not None:
+                    conn.transport.close()
+
+    async def _resume(self) -> None:
+        await self._bind(self._bound_port)
+
+    def _refusal(self, request: web.Request) -> tuple[int, str] | None:
+        if not is_loopback_host_header(request.headers.get("host")):
+            return 403, "the Host header must name a loopback address"
+        if "origin" in request.headers:
+            return 403, "browser requests are not accepted"
+        if not request.path.startswith(self._prefix):
+            return 404, "not found"
+        if request.method != "POST":
+            return 405, "only POST"
+        if request.content_type != "application/json":
+            return 415, "the body must be application/json"
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return web.Response(status=refusal[0], text=refusal[1])
+        tool = self._tools.get(unquote(request.path[len(self._prefix):]))
+        if tool is None:
+            return web.Response(status=404, text="no such tool")
+        try:
+            body = json.loads(await request.read())
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=413, text=f"the body is larger than {self._max_body_bytes} bytes",
+                                headers={"connection": "close"})
+        except ValueError:
+            return web.Response(status=400, text="the body is not valid JSON")
+        if not isinstance(body, dict):
+            return web.Response(status=400, text="the body must be a JSON object")
+        return _reply(await self._call(tool, body, request))
+
+    async def _call(self, tool: Tool, body: dict[str, Any], request: web.Request) -> bytes:
+        call_id = body.get("call_id")
+        if not isinstance(call_id, str):
+            call_id = request.headers.get("x-toolport-call-id", "")
+        ctx = CallContext(tool.name, call_id, _deadline_ms(request.headers.get("x-toolport-deadline-ms"), tool.timeout_seconds))
+
+        args = body.get("arguments")
+        if args is None and isinstance(body.get("raw_arguments"), str):
+            try:
+                args = json.loads(body["raw_arguments"] or "{}")
+            except ValueError:
+                return error_reply("invalid arguments: not valid JSON")
+        try:
+            kwargs = tool.signature.arguments({} if args is None else args)
+        except ArgumentsError as err:
+            return error_reply(f"invalid arguments: {err}")
+
+        task = tool.invoke(kwargs, ctx)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=ctx.deadline_ms / 1000)
+        except asyncio.CancelledError:
+            # aiohttp cancels this handler when Toolport closes the connection: the call was
+            # cancelled, or Toolport's own deadline ran out first. Nobody awaits the answer.
+            ctx._cancel("disconnected")
+            task.cancel()
+            task.add_done_callback(_consume)
+            raise
+        if not done:
+            ctx._cancel("deadline")
+            task.cancel()
+            task.add_done_callback(_consume)
+            return error_reply(f"the call's deadline of {ctx.deadline_ms} ms passed")
+        try:
+            result = task.result()
+        except asyncio.CancelledError:
+            return error_reply("the tool was cancelled")
+        except Exception as err:  # the tool's failure is the model's business, as a tool error
+            self._log.debug("tool %r (call %s) raised %s", tool.name, ctx.call_id, type(err).__name__, exc_info=True)
+            return exception_reply(err)
+        return output_reply(result)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieves an abandoned task's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _reply(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json", charset="utf-8",
+                        headers={"cache-control": "no-store"})
+
+
+def _deadline_ms(header: str | None, timeout_seconds: float) -> int:
+    """Toolport's header when it is a positive integer, else the tool's own timeout."""
+    if header is not None and header.isascii() and header.isdigit() and int(header) > 0:
+        return int(header)
+    return round(timeout_seconds * 1000)

@@ -1,0 +1,80 @@
+"""A declared tool, and the context a handler may ask for."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._schema import JsonSchema, Signature
+
+
+class CallContext:
+    """What a handler gets besides its arguments: annotate one parameter with ``CallContext``.
+
+    - ``name``, ``call_id``: the tool and the model's call id (``x-toolport-call-id``).
+    - ``deadline_ms``: Toolport's ``x-toolport-deadline-ms`` (else the tool's timeout), counted
+      from when the call arrived; ``remaining()`` is what is left of it, in seconds.
+    - ``cancelled``: a ``threading.Event`` set when the call is abandoned (deadline passed, or
+      Toolport closed the connection); ``cancel_reason`` is ``"deadline"`` or ``"disconnected"``.
+      An ``async`` handler is cancelled (``asyncio.CancelledError``) at that moment; a plain
+      function runs in a worker thread, which Python cannot interrupt, so a long one should check
+      ``ctx.cancelled`` and return early.
+
+    Example::
+
+        @plugin.tool()
+        async def slow(query: str, ctx: CallContext) -> str:
+            return await search(query, timeout=ctx.remaining())
+    """
+
+    __slots__ = ("name", "call_id", "deadline_ms", "cancelled", "cancel_reason", "_deadline_at")
+
+    def __init__(self, name: str, call_id: str, deadline_ms: int) -> None:
+        self.name = name
+        self.call_id = call_id
+        self.deadline_ms = deadline_ms
+        self.cancelled = threading.Event()
+        self.cancel_reason: str | None = None
+        self._deadline_at = time.monotonic() + deadline_ms / 1000
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (0 once it has passed)."""
+        return max(0.0, self._deadline_at - time.monotonic())
+
+    def _cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool as declared with ``@plugin.tool``."""
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    signature: Signature
+    timeout_seconds: float
+
+    @property
+    def parameters(self) -> JsonSchema:
+        """The JSON Schema registered with Toolport."""
+        return self.signature.schema
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))
+
+    def invoke(self, kwargs: dict[str, Any], ctx: CallContext) -> asyncio.Future[Any]:
+        """Starts the handler as a task (a plain function in a worker thread)."""
+        if self.signature.context_param is not None:
+            kwargs = {**kwargs, self.signature.context_param: ctx}
+        if self.is_async:
+            return asyncio.ensure_future(self.fn(**kwargs))
+        # to_thread copies the context variables, so logging context and the like carry over.
+        return asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))

@@ -1,0 +1,550 @@
+"""A plugin's life: serve callbacks, register, keep the registrations alive, clear them on stop.
+
+Registrations are runtime-only (docs/protocol.md R3), and a plugin's tools also vanish when
+Toolport evicts its origin (R13) or someone unregisters them (R15). So, once started, the plugin
+watches Toolport:
+
+- **Event stream** (when Toolport serves ``GET /api/events``): each connection starts with a
+  ``hello`` naming the Toolport instance; every (re)connection runs one check, so a restart (a new
+  ``instance_id``) or anything missed while disconnected is repaired at once. ``evicted`` events
+  for this plugin's origin or tools, ``unregistered``, ``cleared`` and ``role-added`` run a check
+  too, and a slow periodic check (``resync_interval``) guards against anything missed.
+- **Polling** (a Toolport without the stream): a check every ``poll_interval`` (±20 % jitter so
+  plugins restarted together do not poll in step).
+
+A *check* lists the tools (``GET /api/tools``) and registers whatever of this plugin's tools a role
+lacks. While Toolport is down, checks and reconnections back off exponentially with jitter, up to
+``max_backoff``. Only one exchange with Toolport that registers runs at a time (``_lock``), and
+``stop()`` waits for it before clearing, so a registration never lands after the clear.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from . import errors
+from ._client import NoEventStream, ToolportClient
+from ._options import check_options
+from ._schema import JsonSchema, SchemaError, Signature
+from ._server import CallbackServer
+from ._tool import CallContext, Tool
+from .errors import PluginError, is_transient
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# `hello` opens every stream whatever the filter, so it is not asked for.
+_EVENT_TYPES = ["evicted", "unregistered", "cleared", "role-added"]
+_MAX_NAME_CHARS = 64
+# First reconnection to the event stream after 0.25–0.5 s, then doubling up to max_backoff.
+_RECONNECT_BASE_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class RegisteredEvent:
+    """Passed to ``on("registered", …)`` listeners."""
+
+    names: list[str]
+    roles: list[str]
+    #: ``"start"`` or ``"restored"`` (a check found them missing and registered them again).
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartResult:
+    #: Base URL of the callback server, e.g. ``http://127.0.0.1:41234``.
+    url: str
+    names: list[str]
+    roles: list[str]
+
+
+@dataclass(frozen=True)
+class StopResult:
+    #: True when Toolport confirmed the clear (R16).
+    is_cleared: bool
+    #: How many registrations the clear removed.
+    removed: int
+    #: Why the clear failed (Toolport down, …), or None.
+    error: PluginError | None = None
+
+
+@dataclass
+class _Watch:
+    """The watcher's state (only touched from the event loop)."""
+
+    failures: int = 0
+    use_events: bool = True
+    instance_id: str | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    follower: asyncio.Task[None] | None = None
+    #: True while the event stream is open.
+    streaming: bool = False
+
+
+class Plugin:
+    """A Toolport plugin: declare tools with ``@plugin.tool``, then ``run()`` it.
+
+    Example::
+
+        plugin = Plugin("weather")          # source "plugin:weather"
+
+        @plugin.tool(description="Get the weather for a city.")
+        async def get_weather(city: str, unit: Literal["c", "f"] = "c") -> dict:
+            return {"city": city, "temperature": 28}
+
+        plugin.run()                        # until SIGINT/SIGTERM; then clears its tools
+    """
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - the plugin's id is what users call it
+        *,
+        toolport_url: str | None = None,
+        role: str | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        poll_interval: float = 2.0,
+        resync_interval: float = 30.0,
+        max_backoff: float = 30.0,
+        request_timeout: float = 10.0,
+        start_timeout: float = 30.0,
+        use_events: bool = True,
+        max_body_bytes: int = 8 * 1024 * 1024,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        source, url, token = check_options(
+            id, toolport_url=toolport_url, role=role, token=token, token_file=token_file, host=host, port=port,
+            seconds={"poll_interval": poll_interval, "resync_interval": resync_interval,
+                     "max_backoff": max_backoff, "request_timeout": request_timeout},
+            start_timeout=start_timeout, max_body_bytes=max_body_bytes,
+        )
+
+        self.source = source
+        self.role = role
+        self._poll_interval = float(poll_interval)
+        self._resync_interval = float(resync_interval)
+        self._max_backoff = float(max_backoff)
+        self._start_timeout = float(start_timeout)
+        self._log = logger or logging.getLogger("toolport_plugin")
+        self._tools: dict[str, Tool] = {}
+        self._client = ToolportClient(url, token, float(request_timeout))
+        self._server = CallbackServer(host, port, max_body_bytes, self._tools, self._log)
+        self._listeners: dict[str, list[Callable[[Any], Any]]] = {"registered": [], "error": []}
+        self._state = "idle"  # idle → starting → running → stopping → stopped
+        self._lock = asyncio.Lock()
+        self._has_registered = False
+        self._conflicts: set[tuple[str, str, str, str]] = set()
+        self._watch = _Watch(use_events=use_events)
+        self._stopping: asyncio.Future[StopResult] | None = None
+        self._stop_requested = asyncio.Event()
+        self._listener_tasks: set[asyncio.Future[Any]] = set()
+
+    # ---- declaring tools -------------------------------------------------------------------
+
+    def tool(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: JsonSchema | None = None,
+        timeout_seconds: float = 30,
+    ) -> Any:
+        """Declares a tool; use as ``@plugin.tool`` or ``@plugin.tool(description=..., ...)``.
+
+        The parameters' JSON Schema comes from the type hints (``int``, ``float``, ``bool``,
+        ``str``, ``Literal``, ``list[...]``, ``dict[str, ...]``, ``Optional``, ``Enum``,
+        ``TypedDict``, dataclasses, pydantic models), or is given as ``parameters`` (then the
+        arguments arrive as keyword arguments as they are). A parameter annotated ``CallContext``
+        receives the call's context. ``description`` defaults to the docstring.
+        """
+        def decorate(f: F) -> F:
+            self._add_tool(f, name, description, parameters, timeout_seconds)
+            return f
+        return decorate(fn) if fn is not None else decorate
+
+    def _add_tool(self, fn: Callable[..., Any], name: str | None, description: str | None,
+                  parameters: JsonSchema | None, timeout_seconds: float) -> None:
+        if self._state != "idle":
+            raise PluginError(errors.STATE, "tools must be declared before start()")
+        tool_name = name or getattr(fn, "__name__", "")
+        if not isinstance(tool_name, str) or not 1 <= len(tool_name) <= _MAX_NAME_CHARS:
+            raise PluginError(errors.OPTIONS, f"a tool name must be 1–{_MAX_NAME_CHARS} characters (got {tool_name!r})")
+        if tool_name in self._tools:
+            raise PluginError(errors.OPTIONS, f"the tool {tool_name!r} is declared twice")
+        if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)) or not 0 < timeout_seconds <= 300:
+            raise PluginError(errors.OPTIONS, f"timeout_seconds of {tool_name!r} must be > 0 and ≤ 300")
+        try:
+            signature = Signature(fn, tool_name, parameters, CallContext)
+        except SchemaError as err:
+            raise PluginError(errors.OPTIONS, str(err)) from err
+        text = description if description is not None else (inspect.getdoc(fn) or "")
+        self._tools[tool_name] = Tool(tool_name, text, fn, signature, float(timeout_seconds))
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The declared tools, by name (``tool.parameters`` is the registered JSON Schema)."""
+        return dict(self._tools)
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def on(self, event: str, listener: Callable[[Any], Any]) -> None:
+        """Listens to ``"registered"`` (a ``RegisteredEvent``) or ``"error"`` (a ``PluginError``
+        from the background: a failed check, re-registration or clear; retried by itself).
+        A listener may be a plain or an ``async`` function."""
+        if event not in self._listeners:
+            raise ValueError(f"unknown event {event!r} (known: registered, error)")
+        self._listeners[event].append(listener)
+
+    def _emit(self, event: str, payload: Any) -> None:
+        for listener in list(self._listeners[event]):
+            try:
+                result = listener(payload)
+                if inspect.isawaitable(result):
+                    task = asyncio.ensure_future(result)
+                    self._listener_tasks.add(task)  # held until done: the loop keeps only weak references
+                    task.add_done_callback(self._listener_done)
+            except Exception:  # a listener's bug must not stop the plugin
+                self._log.exception("a %r listener raised", event)
+
+    def _listener_done(self, task: asyncio.Future[Any]) -> None:
+        self._listener_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("an async listener raised", exc_info=task.exception())
+
+    def _report(self, err: PluginError, level: int) -> None:
+        if self._listeners["error"]:
+            self._emit("error", err)
+        else:
+            self._log.log(level, "%s", err)
+
+    # ---- life ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL of the callback server (``""`` before ``start()``)."""
+        return self._server.origin
+
+    @property
+    def is_running(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def watch_mode(self) -> str:
+        """How the plugin watches Toolport now: ``"events"`` while it follows the event stream,
+        else ``"polling"``."""
+        return "events" if self._watch.streaming else "polling"
+
+    def callback_url(self, name: str) -> str:
+        """The callback URL a tool is registered with (``""`` before ``start()``)."""
+        return self._server.callback_url(name) if self._server.origin else ""
+
+    async def start(self) -> StartResult:
+        """Serves the callbacks and registers every tool; returns once all are registered.
+
+        While Toolport is unreachable or busy it retries for ``start_timeout`` seconds (so a
+        plugin may start before Toolport); an answer saying the registration is wrong (4xx)
+        raises at once. On failure whatever was registered is cleared and the server closed.
+        """
+        if self._state != "idle":
+            raise PluginError(errors.STATE, f"start() needs a new Plugin (this one is {self._state})")
+        if not self._tools:
+            raise PluginError(errors.OPTIONS, "declare at least one tool with @plugin.tool before start()")
+        self._state = "starting"
+        try:
+            url = await self._server.listen()
+            names, roles = await self._register_at_start()
+            if self._state != "starting":
+                raise _stopped_during_start()
+        except BaseException:
+            if self._state == "starting":
+                await self.stop(grace=0)
+            raise
+        self._state = "running"
+        self._watch.tasks.append(asyncio.create_task(self._check_loop(), name="toolport-plugin-checks"))
+        if self._watch.use_events:
+            self._start_follower()
+        self._log.info("registered %d tool(s) of %s (roles: %s); callbacks at %s",
+                       len(names), self.source, ", ".join(roles) or "none", url)
+        self._emit("registered", RegisteredEvent(names, roles, "start"))
+        return StartResult(url, names, roles)
+
+    async def stop(self, grace: float = 5.0) -> StopResult:
+        """Stops watching, clears the source (R16) so no new call arrives, then closes the server,
+        letting calls in flight finish for ``grace`` seconds. Never raises: a failed clear is in
+        the result (and an ``error`` event)."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        return await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float) -> StopResult:
+        self._state = "stopping"
+        self._stop_requested.set()
+        # Wait for the one registering exchange in flight, then end the watchers, so no
+        # registration can land after the clear below.
+        async with self._lock:
+            tasks = [*self._watch.tasks, *([self._watch.follower] if self._watch.follower else [])]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            result = StopResult(False, 0, None)
+            # Nothing of ours can be registered if no registration ever succeeded; another
+            # instance's tools under the same source are then none of our business.
+            if self._has_registered:
+                try:
+                    removed = await self._client.clear(self.source, self.role)
+                    result = StopResult(True, removed, None)
+                except PluginError as err:
+                    result = StopResult(False, 0, err)
+                    self._report(err, logging.WARNING)
+        await self._server.close(grace)
+        await self._client.close()
+        self._state = "stopped"
+        return result
+
+    async def __aenter__(self) -> Plugin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def run(self) -> None:
+        """Starts the plugin and serves until SIGINT or SIGTERM, then stops it (clearing its
+        tools). Blocks; runs its own event loop. Raises what ``start()`` raises."""
+        asyncio.run(self._run_until_signal())
+
+    async def _run_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, done.set)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
+                pass
+        try:
+            await self.start()
+            try:
+                await done.wait()
+            finally:
+                await self.stop()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    # ---- registering -----------------------------------------------------------------------
+
+    def _registration(self, tool: Tool, role: str | None) -> dict[str, Any]:
+        """The wire form of one registration: the one place it is built."""
+        return {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+            "callback_url": self._server.callback_url(tool.name),
+            "role": role,
+            "source": self.source,
+            "timeout_seconds": tool.timeout_seconds,
+        }
+
+    async def _register(self, tools: list[Tool], role: str | None) -> tuple[list[str], list[str]]:
+        """Registers ``tools`` with ``role``, one request each (Toolport syncs every role's
+        sessions before it answers, so a burst would gain nothing). Caller holds ``_lock``."""
+        names: list[str] = []
+        roles: list[str] = []
+        for tool in tools:
+            if self._state in ("stopping", "stopped"):
+                break
+            answer = await self._client.register(self._registration(tool, role))
+            self._has_registered = True
+            names.append(tool.name)
+            roles.extend(r for r in answer.get("affected_roles", []) if isinstance(r, str) and r not in roles)
+            if answer.get("failed_roles"):
+                # R8: the registry has it; the role's next successful sync carries it to the model.
+                self._log.warning("%r registered, but %d role(s) failed to sync it to their sessions",
+                                  tool.name, len(answer["failed_roles"]))
+        return names, roles
+
+    async def _register_at_start(self) -> tuple[list[str], list[str]]:
+        give_up_at = time.monotonic() + self._start_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self._lock:
+                    return await self._register(list(self._tools.values()), self.role)
+            except PluginError as err:
+                if self._state != "starting":
+                    raise _stopped_during_start() from err
+                if not is_transient(err) or self._start_timeout == 0:
+                    raise
+                left = give_up_at - time.monotonic()
+                if left <= 0:
+                    raise PluginError(errors.START_TIMEOUT,
+                                      f"could not register with Toolport within {self._start_timeout:g} s: {err.message}") from err
+                self._log.debug("start: attempt %d failed, retrying: %s", attempt, err.message)
+                if await self._sleep(min(left, self._backoff(attempt))):
+                    raise _stopped_during_start() from err
+
+    # ---- watching --------------------------------------------------------------------------
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleeps; True when stop() came first."""
+        try:
+            await asyncio.wait_for(self._stop_requested.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def _backoff(self, failures: int, base: float | None = None) -> float:
+        """Exponential backoff with equal jitter: ceiling/2 + random(ceiling/2)."""
+        base = self._poll_interval if base is None else base
+        ceiling = min(self._max_backoff, base * 2 ** min(max(failures - 1, 0), 30))
+        return ceiling / 2 + random.random() * ceiling / 2
+
+    def _start_follower(self) -> None:
+        if self._watch.follower is None or self._watch.follower.done():
+            self._watch.follower = asyncio.create_task(self._follow_events(), name="toolport-plugin-events")
+
+    async def _follow_events(self) -> None:
+        """Follows ``GET /api/events`` while Toolport serves it; returns when it does not."""
+        attempt = 0
+        types: list[str] | None = _EVENT_TYPES
+        while self._state == "running":
+            try:
+                async with self._client.events(types) as stream:
+                    self._watch.streaming = True
+                    # Every (re)connection: repair whatever happened while not following (a
+                    # restart empties the registry; the hello below names the new instance).
+                    self._watch.wake.set()
+                    try:
+                        async for event, data in stream:
+                            attempt = 0
+                            self._on_event(event, data)
+                    finally:
+                        self._watch.streaming = False
+            except NoEventStream as err:
+                if err.status in (400, 422) and types is not None:
+                    types = None  # a filter this Toolport does not take: follow every event instead
+                    continue
+                self._log.debug("Toolport's event stream is not usable (%s); checking every %g s instead", err, self._poll_interval)
+                self._watch.use_events = False
+                self._watch.wake.set()  # the check loop switches to the poll interval now
+                return
+            except PluginError as err:
+                self._log.debug("event stream: %s", err.message)
+            attempt += 1
+            # The stream ended: Toolport stopped or restarted. Reconnect at once (a restarted
+            # Toolport is back within a second or so), backing off while it stays down.
+            await asyncio.sleep(self._backoff(attempt, _RECONNECT_BASE_SECONDS))
+
+    def _on_event(self, event: str, data: dict[str, Any]) -> None:
+        if event == "hello":
+            instance = data.get("instance_id")
+            previous = self._watch.instance_id
+            if isinstance(instance, str):
+                if previous is not None and instance != previous:
+                    self._log.info("Toolport restarted (instance %s → %s); registering again", previous, instance)
+                self._watch.instance_id = instance
+        elif event == "evicted":
+            tools = data.get("tools") if isinstance(data.get("tools"), list) else []
+            ours = any(isinstance(t, dict) and t.get("name") in self._tools for t in tools)
+            if data.get("origin") == self._server.origin or ours:
+                self._log.info("Toolport evicted this plugin's origin %s; registering again", data.get("origin"))
+                self._watch.wake.set()
+        else:  # unregistered, cleared, role-added: one of ours may be gone, or a role may lack them
+            self._watch.wake.set()
+
+    async def _check_loop(self) -> None:
+        watch = self._watch
+        while self._state == "running":
+            if watch.failures > 0:
+                delay = self._backoff(watch.failures)
+            elif watch.use_events:
+                delay = self._resync_interval
+            else:
+                delay = self._poll_interval * (0.8 + 0.4 * random.random())
+            try:
+                await asyncio.wait_for(watch.wake.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+            watch.wake.clear()
+            if self._state != "running":
+                return
+            try:
+                async with self._lock:
+                    if self._state != "running":
+                        return
+                    await self._check()
+            except PluginError as err:
+                watch.failures += 1
+                self._report(err, logging.WARNING if watch.failures == 1 else logging.DEBUG)
+                continue
+            if watch.failures > 0:
+                self._log.info("Toolport answers again after %d failed check(s)", watch.failures)
+                watch.failures = 0
+                # A Toolport that came back may be a newer one, with the event stream.
+                if not watch.use_events:
+                    watch.use_events = True
+                    self._start_follower()
+
+    async def _check(self) -> None:
+        """One check: list the tools, register again whatever of ours a role lacks. A name held
+        by another source or at another URL is left alone (warned about once): re-registering
+        would start a tug of war with whoever replaced it (R5 lets anyone replace a name)."""
+        listed = await self._client.list(self.role)
+        missing: dict[str, list[str]] = {}
+        for role_name, rows in listed.items():
+            by_name = {row.get("name"): row for row in rows}
+            for tool in self._tools.values():
+                row = by_name.get(tool.name)
+                if row is None:
+                    missing.setdefault(tool.name, []).append(role_name)
+                else:
+                    self._note_conflict(role_name, tool, row)
+        if not missing:
+            return
+        names: list[str] = []
+        roles: list[str] = []
+        try:
+            for tool_name, missing_roles in missing.items():
+                # With a fixed role, or missing everywhere (a restart): one registration as at
+                # start. Otherwise only the roles that lack it, so a role where another source
+                # holds the name keeps it; with role=None this also reaches roles created later.
+                everywhere = self.role is not None or len(missing_roles) == len(listed)
+                for target in ([self.role] if everywhere else missing_roles):
+                    done_names, done_roles = await self._register([self._tools[tool_name]], target)
+                    roles.extend(r for r in done_roles if r not in roles)
+                    if done_names and tool_name not in names:
+                        names.append(tool_name)
+        finally:
+            if names:
+                self._log.info("registered again (they were missing): %s", ", ".join(names))
+                self._emit("registered", RegisteredEvent(names, roles, "restored"))
+
+    def _note_conflict(self, role: str, tool: Tool, row: dict[str, Any]) -> None:
+        source, url = str(row.get("source", "")), str(row.get("callback_url", ""))
+        if source == self.source and url == self._server.callback_url(tool.name):
+            return
+        key = (role, tool.name, source, url)
+        if key in self._conflicts:
+            return
+        self._conflicts.add(key)
+        owner = f"another callback ({url or 'a local tool'})" if source == self.source else f"source {source or 'local'!r}"
+        self._log.warning("%r in role %r now belongs to %s; leaving it alone", tool.name, role, owner)
+
+
+def _stopped_during_start() -> PluginError:
+    return PluginError(errors.STATE, "stop() was called before start() finished")
+
+

@@ -1,0 +1,138 @@
+"""The watcher's event-stream path, against a stand-in that speaks the documented contract.
+
+Toolport's ``GET /api/events`` (``hello`` with ``instance_id``, ``evicted`` with ``origin`` and
+``tools``) is built in parallel with this SDK; until a Toolport in this checkout serves it, this
+stand-in (the four routes the plugin uses, nothing else) exercises the SDK's side: reconnecting
+when the stream ends, repairing after a new ``instance_id``, and reacting to an eviction of its
+own origin only. test_lifecycle.py has the same scenario against the real Toolport, and runs it
+as soon as that Toolport serves the stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from toolport_plugin import Plugin
+
+
+class StandIn:
+    def __init__(self) -> None:
+        self.tools: list[dict[str, Any]] = []
+        self.instance = "A"
+        self.registrations = 0
+        self.queue: asyncio.Queue[str | None] | None = None
+        self.types: list[str] = []
+        self.url = ""
+        self.rejects_filter = False
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        if self.rejects_filter and "types" in request.query:
+            return web.json_response({"ok": False, "code": "TP_ERR_VALIDATION"}, status=422)
+        self.types = request.query.get("types", "").split(",")
+        res = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await res.prepare(request)
+        await res.write(f"event: hello\ndata: {json.dumps({'instance_id': self.instance})}\n\n".encode())
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.queue = queue
+        while (item := await queue.get()) is not None:
+            await res.write(item.encode())
+        assert request.transport is not None
+        request.transport.close()  # as a killed Toolport would: the stream just ends
+        return res
+
+    async def list_tools(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "tools_by_role": {"default": self.tools}})
+
+    async def register(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.registrations += 1
+        self.tools = [t for t in self.tools if t["name"] != body["name"]]
+        self.tools.append({"name": body["name"], "source": body["source"], "callback_url": body["callback_url"]})
+        return web.json_response({"ok": True, "registered": body["name"], "affected_roles": ["default"], "failed_roles": []})
+
+    async def clear(self, request: web.Request) -> web.Response:
+        removed, self.tools = len(self.tools), []
+        return web.json_response({"ok": True, "removed": removed, "affected_roles": ["default"], "failed_roles": []})
+
+
+@pytest.fixture
+async def stand_in() -> AsyncIterator[StandIn]:
+    server = StandIn()
+    app = web.Application()
+    app.router.add_get("/api/events", server.events)
+    app.router.add_get("/api/tools", server.list_tools)
+    app.router.add_post("/api/tools/register", server.register)
+    app.router.add_post("/api/tools/clear", server.clear)
+    runner = web.AppRunner(app, shutdown_timeout=0, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    yield server
+    if server.queue is not None:
+        await server.queue.put(None)
+    await runner.cleanup()
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout, f"{what} not reached within {timeout} s"
+        await asyncio.sleep(0.02)
+
+
+async def test_the_event_stream_repairs_a_restart_and_an_eviction_without_polling(stand_in: StandIn) -> None:
+    # Checks every 60 s at most: only the stream can bring the tools back in time.
+    plugin = Plugin("events", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        await until(lambda: plugin.watch_mode == "events", "the stream followed")
+        assert {"evicted", "unregistered", "cleared", "role-added"} <= set(stand_in.types)
+
+        # A restart: the registry is empty, the stream ends, the next hello names a new instance.
+        first = stand_in.queue
+        assert first is not None
+        stand_in.tools, stand_in.instance = [], "B"
+        await first.put(None)
+        await until(lambda: [t["name"] for t in stand_in.tools] == ["echo"], "echo registered again after the restart")
+        await until(lambda: stand_in.queue is not first and plugin.watch_mode == "events", "the stream followed again")
+        assert plugin._watch.instance_id == "B"
+
+        # An eviction of this plugin's origin (a comment line and a two-line data field on the way).
+        assert stand_in.queue is not None
+        stand_in.tools = []
+        await stand_in.queue.put(": keep-alive\n\n")
+        evicted = {"origin": plugin.url, "tools": [{"role": "default", "name": "echo"}], "roles": ["default"]}
+        await stand_in.queue.put(f"event: evicted\ndata: {json.dumps(evicted)}\n\n")
+        await until(lambda: [t["name"] for t in stand_in.tools] == ["echo"], "echo registered again after the eviction")
+
+        # Another origin's eviction is none of this plugin's business.
+        before = stand_in.registrations
+        await stand_in.queue.put('event: evicted\ndata: {"origin": "http://127.0.0.1:1",\ndata: "tools": [], "roles": []}\n\n')
+        await asyncio.sleep(0.3)
+        assert stand_in.registrations == before
+    assert stand_in.tools == []  # the clean stop cleared the source
+
+
+
+async def test_a_stream_that_refuses_the_filter_is_followed_unfiltered(stand_in: StandIn) -> None:
+    stand_in.rejects_filter = True
+    plugin = Plugin("unfiltered", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        await until(lambda: plugin.watch_mode == "events", "the stream followed")
+        assert stand_in.types == [""]

@@ -1,0 +1,223 @@
+"""Staying registered: Toolport killed and restarted, the plugin's origin evicted, a clean stop."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import aiohttp
+import pytest
+
+from toolport_plugin import Plugin, PluginError, RegisteredEvent
+
+from .conftest import REPO, Api, start_toolport
+
+EXAMPLE = REPO / "examples" / "weather_plugin_sdk.py"
+
+
+def new_plugin(api: Api, **options: object) -> Plugin:
+    options.setdefault("poll_interval", 0.3)
+    return Plugin(f"test-{uuid.uuid4().hex[:8]}", toolport_url=api.tp.url, **options)  # type: ignore[arg-type]
+
+
+async def has_events(api: Api) -> bool:
+    async with api.session.get(api.tp.url + "/api/events") as res:
+        return res.status == 200
+
+
+async def test_toolport_killed_and_restarted_gets_the_tools_back(own_api: Api) -> None:
+    api = own_api
+    # Toolport may take seconds to boot on a busy machine; a 1 s cap on the backoff keeps the
+    # plugin's retries close behind it, so the printed figure is about the SDK, not the boot.
+    plugin = new_plugin(api, max_backoff=1.0)
+    restored: list[RegisteredEvent] = []
+    plugin.on("registered", restored.append)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        assert await api.names() == ["echo"]
+        api.tp.kill()  # SIGKILL: no goodbye, every registration gone (docs/protocol.md R3)
+        await asyncio.sleep(0.5)  # the plugin sees Toolport gone for a moment
+        await asyncio.to_thread(api.tp.start)  # the same port, an empty registry
+        took = await api.wait_for(lambda: _has(api, "echo"), timeout=10, what="echo registered again")
+        print(f"tools back {took:.2f} s after Toolport listened again (watch mode: {plugin.watch_mode})")
+        assert (await api.call("echo", {"text": "back"}))["output"] == "back"
+        assert [e.reason for e in restored] == ["start", "restored"]
+        assert restored[1].names == ["echo"]
+        assert restored[1].roles == ["default"]
+        # TIGHTEN after merge (event stream): the plugin must then follow it.
+        if await has_events(api):
+            await api.wait_for(lambda: _mode(plugin, "events"), timeout=10, what="the event stream followed")
+
+
+async def test_with_the_event_stream_a_restart_is_repaired_without_polling(own_api: Api) -> None:
+    api = own_api
+    if not await has_events(api):
+        pytest.skip("this Toolport has no GET /api/events yet; the polling path is tested above")
+    # Checks only every 60 s: only the event stream can bring the tools back in time.
+    plugin = new_plugin(api, poll_interval=60, resync_interval=60)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        await api.wait_for(lambda: _mode(plugin, "events"), timeout=10, what="the event stream followed")
+        before = plugin._watch.instance_id
+        assert before is not None
+        api.tp.kill()
+        await asyncio.to_thread(api.tp.start)
+        await api.wait_for(lambda: _has(api, "echo"), timeout=10, what="echo registered again")
+        assert plugin._watch.instance_id not in (None, before)
+
+
+async def test_an_evicted_origin_gets_its_tools_back(api: Api) -> None:
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        assert "echo" in await api.names()
+        # The plugin's server stops answering: Toolport's calls fail to connect, and after three
+        # such failures it evicts every plugin: tool at this origin (docs/protocol.md R13).
+        await plugin._server._suspend()
+        for _ in range(10):
+            result = await api.call("echo", {"text": "x"})
+            assert result["is_error"] is True
+            if "echo" not in await api.names():
+                break
+        await plugin._server._resume()
+        await api.wait_for(lambda: _has(api, "echo"), timeout=10, what="echo registered again")
+        assert (await api.call("echo", {"text": "back"}))["output"] == "back"
+
+
+async def test_a_clean_stop_clears_the_source(api: Api) -> None:
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    async def one() -> int:
+        return 1
+
+    @plugin.tool
+    async def two() -> int:
+        return 2
+
+    started = await plugin.start()
+    assert started.names == ["one", "two"]
+    assert sorted(started.roles) == ["Mochi", "default"]
+    for role, rows in (await api.tools()).items():
+        assert {"one", "two"} <= {r["name"] for r in rows}, role
+    stopped = await plugin.stop()
+    assert (stopped.is_cleared, stopped.removed, stopped.error) == (True, 4, None)
+    for rows in (await api.tools()).values():
+        assert not [r for r in rows if r["source"] == plugin.source]
+    # The callback server is closed too.
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as s:
+            await s.post(started.url + "/", json={})
+
+
+async def test_start_waits_for_a_toolport_that_is_not_up_yet(own_api: Api) -> None:
+    api = own_api
+    api.tp.kill()
+    plugin = new_plugin(api, start_timeout=30)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    starting = asyncio.create_task(plugin.start())
+    await asyncio.sleep(0.5)
+    assert not starting.done()
+    await asyncio.to_thread(api.tp.start)
+    result = await asyncio.wait_for(starting, 20)
+    assert result.names == ["echo"]
+    await plugin.stop()
+    assert "echo" not in await api.names()
+
+
+@pytest.mark.timeout(120)
+async def test_the_example_plugin_serves_survives_a_restart_and_clears_on_sigterm(own_api: Api) -> None:
+    api = own_api
+    env = {**os.environ, "TOOLPORT_URL": api.tp.url, "PYTHONPATH": str(REPO / "python" / "src")}
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(EXAMPLE), env=env,
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        assert "registered 1 tool(s) of plugin:weather-sdk" in line, line
+        result = await api.call("get_weather", {"city": "Oslo", "unit": "f"})
+        assert result["output"] == {"city": "Oslo", "temperature": 27, "unit": "f"}
+        result = await api.call("get_weather", {"city": "Atlantis"})
+        assert (result["is_error"], result["error"]) == (True, "NO_DATA")
+
+        api.tp.kill()
+        await asyncio.to_thread(api.tp.start)
+        # The example polls with the defaults (every 2 s, backing off while Toolport is down), so
+        # a slow restart on a busy machine can take a few backoff steps: wait generously.
+        await api.wait_for(lambda: _has(api, "get_weather"), timeout=45, what="get_weather registered again")
+
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        assert "get_weather" not in await api.names()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def _has(api: Api, name: str) -> bool:
+    return name in await api.names()
+
+
+async def _mode(plugin: Plugin, mode: str) -> bool:
+    return plugin.watch_mode == mode
+
+
+async def test_token_mode_sends_the_bearer_token_on_every_request(tmp_path: os.PathLike[str]) -> None:
+    token_file = os.path.join(tmp_path, "token")
+    with open(token_file, "w") as f:
+        f.write(uuid.uuid4().hex + uuid.uuid4().hex)
+    os.chmod(token_file, 0o600)
+    tp = await asyncio.to_thread(start_toolport, ["default"], ["--token-file", token_file])
+    try:
+        refused = Plugin("no-token", toolport_url=tp.url)
+        refused.tool(_echo)
+        with pytest.raises(PluginError) as info:
+            await refused.start()
+        assert (info.value.code, info.value.status, info.value.toolport_code) == ("TP_ERR_PLUGIN_REFUSED", 401, "TP_ERR_UNAUTHORIZED")
+
+        plugin = Plugin("with-token", toolport_url=tp.url, token_file=token_file, poll_interval=0.3)
+        plugin.tool(_echo)
+        async with plugin:
+            with open(token_file) as f:
+                headers = {"authorization": f"Bearer {f.read().strip()}"}
+            async with aiohttp.ClientSession(headers=headers) as session:
+                async with session.get(tp.url + "/api/tools?role=default") as res:
+                    assert [t["name"] for t in (await res.json())["tools_by_role"]["default"]] == ["_echo"]
+        async with aiohttp.ClientSession(headers=headers) as session:
+            async with session.get(tp.url + "/api/tools?role=default") as res:
+                assert (await res.json())["tools_by_role"]["default"] == []  # the stop's clear was authorised too
+    finally:
+        await asyncio.to_thread(tp.stop)
+
+
+async def test_a_named_role_gets_the_tools_alone_and_only_its_registrations_are_cleared(api: Api) -> None:
+    plugin = new_plugin(api, role="Mochi")
+    plugin.tool(_echo)
+    async with plugin:
+        assert "_echo" in await api.names("Mochi")
+        assert "_echo" not in await api.names("default")
+    assert "_echo" not in await api.names("Mochi")
+
+
+async def _echo(text: str) -> str:
+    return text

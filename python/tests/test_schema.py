@@ -1,0 +1,161 @@
+"""Type hints → JSON Schema, argument conversion and reply encoding, without a server."""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Optional, TypedDict, Union
+
+import pydantic
+import pytest
+
+from toolport_plugin import CallContext, Image, Plugin, PluginError, ToolError, ToolOutput
+from toolport_plugin._results import exception_reply, output_reply
+from toolport_plugin._schema import ArgumentsError
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Point(TypedDict):
+    x: int
+    y: int
+
+
+@dataclass
+class Box:
+    corner: Point
+    size: float
+    tags: list[str] = field(default_factory=list)
+
+
+class Inner(pydantic.BaseModel):
+    n: int
+
+
+class Outer(pydantic.BaseModel):
+    inner: Inner
+    label: str = "x"
+
+
+def schema_of(fn: Any, **options: Any) -> tuple[dict[str, Any], Any]:
+    plugin = Plugin("schema")
+    plugin.tool(fn, **options)
+    tool = plugin.tools[fn.__name__]
+    return tool.parameters, tool.signature
+
+
+def test_scalars_literals_optionals_and_containers_map_to_json_schema() -> None:
+    def f(a: int, b: float, c: bool, d: str, e: Literal[1, 2], f: Optional[str], g: list[int], h: dict[str, float],
+          i: tuple[int, str], j: Union[int, str], k: Color, m: Annotated[str, "a city name"] = "Oslo",
+          ctx: CallContext = None) -> None:  # type: ignore[assignment]
+        pass
+
+    schema, _ = schema_of(f)
+    p = schema["properties"]
+    assert p["a"] == {"type": "integer"}
+    assert p["b"] == {"type": "number"}
+    assert p["c"] == {"type": "boolean"}
+    assert p["d"] == {"type": "string"}
+    assert p["e"] == {"type": "integer", "enum": [1, 2]}
+    assert p["f"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    assert p["g"] == {"type": "array", "items": {"type": "integer"}}
+    assert p["h"] == {"type": "object", "additionalProperties": {"type": "number"}}
+    assert p["i"]["minItems"] == p["i"]["maxItems"] == 2
+    assert p["j"] == {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+    assert p["k"] == {"enum": ["red", "blue"]}
+    assert p["m"] == {"type": "string", "description": "a city name", "default": "Oslo"}
+    assert "ctx" not in p  # the context is injected, never asked of the model
+
+    def g(x: int, ctx: Optional[CallContext] = None) -> None:
+        pass
+
+    g_schema, g_sig = schema_of(g)
+    assert list(g_schema["properties"]) == ["x"]
+    assert g_sig.context_param == "ctx"
+    assert schema["required"] == ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"]
+    assert schema["additionalProperties"] is False
+
+
+def test_typeddicts_dataclasses_and_pydantic_models_are_objects_and_arrive_as_themselves() -> None:
+    def f(box: Box, outer: Outer, color: Color = Color.RED, scale: float = 1.0) -> None:
+        pass
+
+    schema, sig = schema_of(f)
+    box = schema["properties"]["box"]
+    assert box["required"] == ["corner", "size"]
+    assert box["properties"]["corner"]["required"] == ["x", "y"]
+    # pydantic's shared definitions are hoisted to the top, where its $refs point.
+    assert "Inner" in schema["$defs"]
+    assert schema["properties"]["outer"]["properties"]["inner"] == {"$ref": "#/$defs/Inner"}
+
+    args = sig.arguments({"box": {"corner": {"x": 1, "y": 2}, "size": 3}, "outer": {"inner": {"n": 4}}, "color": "blue", "scale": 2})
+    assert args["box"] == Box(corner={"x": 1, "y": 2}, size=3.0)
+    assert args["outer"] == Outer(inner=Inner(n=4))
+    assert args["color"] is Color.BLUE
+    assert args["scale"] == 2.0 and isinstance(args["scale"], float)
+
+    with pytest.raises(ArgumentsError) as info:
+        sig.arguments({"box": {"corner": {"x": "1"}, "size": 3}, "outer": {"inner": {}}})
+    message = str(info.value)
+    assert "box/corner/x: '1' is not of type 'integer'" in message
+    assert "box/corner: 'y' is a required property" in message
+    assert "outer/inner: 'n' is a required property" in message
+
+
+def test_an_explicit_schema_is_registered_and_enforced_as_given() -> None:
+    params = {"type": "object", "properties": {"q": {"type": "string", "minLength": 2}}, "required": ["q"]}
+
+    def f(**kwargs: Any) -> None:
+        pass
+
+    schema, sig = schema_of(f, parameters=params)
+    assert schema == params
+    assert sig.arguments({"q": "ab", "extra": 1}) == {"q": "ab", "extra": 1}
+    with pytest.raises(ArgumentsError, match="q: 'a' is too short"):
+        sig.arguments({"q": "a"})
+
+
+def test_signatures_that_cannot_be_tools_are_refused_when_declared() -> None:
+    plugin = Plugin("bad")
+
+    def positional(a: int, /) -> None:
+        pass
+
+    def unknown(a: complex) -> None:
+        pass
+
+    def keys(a: dict[int, str]) -> None:
+        pass
+
+    for fn in (positional, unknown, keys):
+        with pytest.raises(PluginError) as info:
+            plugin.tool(fn)
+        assert info.value.code == "TP_ERR_PLUGIN_OPTIONS"
+    with pytest.raises(PluginError):
+        plugin.tool(name="x" * 65)(lambda: None)
+    with pytest.raises(PluginError):
+        plugin.tool(timeout_seconds=301)(lambda: None)
+
+
+def test_replies_encode_outputs_images_and_errors() -> None:
+    assert json.loads(output_reply(Box(corner={"x": 1, "y": 2}, size=1.5))) == {
+        "output": {"corner": {"x": 1, "y": 2}, "size": 1.5, "tags": []}, "is_error": False}
+    assert json.loads(output_reply(Outer(inner=Inner(n=1)))) == {"output": {"inner": {"n": 1}, "label": "x"}, "is_error": False}
+    assert json.loads(output_reply(None)) == {"output": None, "is_error": False}
+    image = Image.from_bytes(b"\x89PNG", mime="image/png")
+    assert json.loads(output_reply([image, image]))["images"] == [{"data_b64": "iVBORw==", "mime": "image/png"}] * 2
+    assert json.loads(output_reply(ToolOutput("ok", images=[image])))["output"] == "ok"
+
+    not_json = json.loads(output_reply({"x": float("nan")}))
+    assert not_json["is_error"] is True
+    assert not_json["error"].startswith("the tool's output could not be encoded as JSON")
+    assert json.loads(output_reply(object()))["is_error"] is True
+
+    assert json.loads(exception_reply(ToolError("NO_DATA", output={"a": 1}))) == {"error": "NO_DATA", "output": {"a": 1}, "is_error": True}
+    assert json.loads(exception_reply(ToolError("plain"))) == {"error": "plain", "is_error": True}
+    assert json.loads(exception_reply(ValueError())) == {"error": "ValueError", "is_error": True}
+    with pytest.raises(ValueError):
+        Image.from_bytes(b"x", mime="text/plain")
