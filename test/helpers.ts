@@ -205,7 +205,7 @@ export function isCode (code: string, statusCode: number) {
 }
 
 /**
- * Asserts an HTTP error reply: its status, and a body of the DESIGN shape
+ * Asserts an HTTP error reply: its status, and a body of the shape in docs/protocol.md "Errors of the API itself"
  * `{ ok: false, statusCode, code, error, message, details? }` with this code.
  */
 export function assertError (reply: JsonReply, statusCode: number, code: string): void {

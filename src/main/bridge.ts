@@ -1,11 +1,11 @@
-// The stdio bridge behind `toolport mcp --role NAME [--url …]` (issue #5 §1): a stdio MCP server
+// The stdio bridge behind `toolport mcp --role NAME [--url …]` : a stdio MCP server
 // for clients that only launch stdio servers, forwarding to a running Toolport's /mcp/:role with
 // the SDK's Client over Streamable HTTP.
 //
 // - tools/list and tools/call are forwarded as they are (results, `isError`, `structuredContent`);
 //   a downstream cancellation cancels the upstream call (the SDK sends notifications/cancelled).
 // - Upstream `notifications/tools/list_changed` is forwarded downstream, so the client re-lists.
-// - Toolport may start after the bridge, or restart (registrations are runtime only, SPEC R3):
+// - Toolport may start after the bridge, or restart (registrations are runtime only, docs/protocol.md R3):
 //   the bridge reconnects with backoff, re-initializes a lost session, and tells the client to
 //   re-list. While Toolport is unreachable the list is empty and calls are model-visible errors.
 // - stdout carries the protocol only; diagnostics go to `log` (stderr in the CLI).

@@ -79,7 +79,7 @@ export const optionsSchema = z.strictObject({
   port: z.number().int().min(0).max(65_535).default(3917),
   /** A role's sync to its model sessions fails after this long. */
   syncTimeoutMs: z.number().int().min(1).max(600_000).default(10_000),
-  /** Consecutive connection failures at one origin that evict its `plugin:` tools (SPEC R13). */
+  /** Consecutive connection failures at one origin that evict its `plugin:` tools (docs/protocol.md R13). */
   evictionThreshold: z.number().int().min(1).max(1000).default(3),
   /** fastify/pino logger: false (silent), true (info) or a level name. */
   /** Serve Prometheus metrics at GET /metrics (and count them). */

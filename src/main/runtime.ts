@@ -27,14 +27,14 @@ const HEALTH_SWEEP_MS = 60_000
 const UNKNOWN_TOOL_NAMES = 20
 
 /**
- * A role that did not take a change (DESIGN: objects): its sessions failed to sync, or (ownership
+ * A role that did not take a change (docs/protocol.md R8: objects): its sessions failed to sync, or (ownership
  * mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
  */
 export interface FailedRole { role: string, error: string, owned_by?: string }
 /** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
 export interface RefusedRole { role: string, owned_by: string }
 
-/** Result of `register` (SPEC R8). */
+/** Result of `register` (docs/protocol.md R8). */
 export interface RegisterResult {
   ok: boolean
   registered: string
@@ -43,7 +43,7 @@ export interface RegisterResult {
   /** Set when `ok` is false: why nothing accepted it. */
   error?: string
 }
-/** Result of `unregister` (SPEC R15, R17). */
+/** Result of `unregister` (docs/protocol.md R15, R17). */
 export interface UnregisterResult {
   ok: boolean
   removed: boolean
@@ -51,14 +51,14 @@ export interface UnregisterResult {
   failed_roles: FailedRole[]
   refused_roles: RefusedRole[]
 }
-/** Result of `clear` (SPEC R16, R17). */
+/** Result of `clear` (docs/protocol.md R16, R17). */
 export interface ClearResult {
   ok: boolean
   removed: number
   affected_roles: string[]
   failed_roles: FailedRole[]
 }
-/** Result of `list` (SPEC R18). */
+/** Result of `list` (docs/protocol.md R18). */
 export interface ListResult {
   ok: true
   tools_by_role: Record<string, readonly ToolListing[]>
@@ -75,7 +75,7 @@ export interface HealthReport {
   dispatch: { mode: 'pool' | 'inline', threads: number, in_flight: number, queued: number, utilization: number }
 }
 
-/** A model's tool call (DESIGN "Core contracts"). */
+/** A model's tool call (`raw_arguments` wins over `arguments`: docs/protocol.md R9). */
 export interface ToolCall {
   name: string
   call_id?: string | undefined
@@ -188,7 +188,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /**
-   * Registers or replaces (SPEC R5) one remote tool in the target roles, then waits for each
+   * Registers or replaces (docs/protocol.md R5) one remote tool in the target roles, then waits for each
    * role's sync. `body` has the wire shape of `POST /api/tools/register`.
    * Throws TP_ERR_VALIDATION (422) or TP_ERR_ROLE_NOT_FOUND (404).
    */
@@ -236,7 +236,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /**
-   * Removes one tool by name from every role, or from the one role given (SPEC R15). With
+   * Removes one tool by name from every role, or from the one role given (docs/protocol.md R15). With
    * `expected_source`, a role whose tool belongs to another source is skipped and listed in
    * `refused_roles`; local tools are always refused.
    */
@@ -261,7 +261,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const affected = await syncAll(changed, failed)
     if (changed.length > 0) this.log.info({ tool: request.name, roles: affected, failed: failed.length }, 'tool unregistered')
     return {
-      // DESIGN: no failures, or something was removed (the registry is authoritative).
+      // docs/protocol.md R17: no failures, or something was removed (the registry is authoritative).
       ok: failed.length === 0 || changed.length > 0,
       removed: changed.length > 0,
       affected_roles: affected,
@@ -270,7 +270,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
-  /** Removes every remote tool of a source from every role, or from the one role given (SPEC R16). */
+  /** Removes every remote tool of a source from every role, or from the one role given (docs/protocol.md R16). */
   async clear (body: unknown): Promise<ClearResult> {
     this.#assertOpen()
     const request = parseOrThrow(clearSchema, body)
@@ -290,7 +290,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     return { ok: failed.length === 0 || removed > 0, removed, affected_roles: affected, failed_roles: failed }
   }
 
-  /** Lists the tools of every current role, or of one (SPEC R18), in registration order. */
+  /** Lists the tools of every current role, or of one (docs/protocol.md R18), in registration order. */
   list (role?: string | null): ListResult {
     const toolsByRole: Record<string, readonly ToolListing[]> = Object.create(null)
     if (role !== undefined && role !== null) {
@@ -360,7 +360,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     this.#evict(entry.origin)
   }
 
-  /** Removes every `plugin:` tool at `origin` from every role (SPEC R13); each affected role syncs once. */
+  /** Removes every `plugin:` tool at `origin` from every role (docs/protocol.md R13); each affected role syncs once. */
   #evict (origin: string): void {
     const roles: Role[] = []
     const tools = new Set<string>()

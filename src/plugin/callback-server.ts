@@ -1,8 +1,8 @@
-// The plugin's own callback server (SPEC R9–R12, R14): node:http on a loopback address.
+// The plugin's own callback server (docs/protocol.md R9–R12, R14): node:http on a loopback address.
 //
 // node:http rather than fastify: one route, no plugins, and the SDK must not pull a logger or
 // a framework into every plugin process. The server answers every call that reaches a tool with
-// HTTP 200 and the `{output, is_error}` envelope (SPEC R10, R11): an HTTP error would also become a
+// HTTP 200 and the `{output, is_error}` envelope (docs/protocol.md R10, R11): an HTTP error would also become a
 // tool error (R12), but a worse one for the model ("returned HTTP 500" instead of the reason).
 // HTTP errors are kept for requests that are not Toolport calls at all.
 //
@@ -27,7 +27,7 @@ export interface CallbackServerOptions {
   logger: PluginLogger
 }
 
-/** The `{output, is_error}` / `{error, is_error}` envelope (SPEC R10, R11), as JSON text. */
+/** The `{output, is_error}` / `{error, is_error}` envelope (docs/protocol.md R10, R11), as JSON text. */
 type Envelope = string
 
 // Reasons the handler's signal gives; DOMException names match what fetch and timers use.
@@ -144,7 +144,7 @@ export class CallbackServer {
       return
     }
     if (typeof body !== 'object' || body === null) {
-      sendPlain(res, 400, 'the body must be a JSON object (SPEC R9)')
+      sendPlain(res, 400, 'the body must be a JSON object (docs/protocol.md R9)')
       return
     }
     const headerCallId = req.headers['x-toolport-call-id']

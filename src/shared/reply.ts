@@ -1,5 +1,5 @@
-// A callback's 2xx reply body → what the model reads (SPEC R10–R12, DESIGN "Model-visible
-// result"). Pure and shared by both threads: in pool mode it runs in the worker, so the main
+// A callback's 2xx reply body → what the model reads (docs/protocol.md R10–R12 and
+// "Model-visible result"). Pure and shared by both threads: in pool mode it runs in the worker, so the main
 // thread receives finished strings and never parses a reply it only passes on.
 
 /** The model-visible reading of a 2xx reply. */

@@ -1,4 +1,4 @@
-// The `toolport` command (issue 2 "CLI"): a real child process driven over real HTTP on 127.0.0.1.
+// The `toolport` command: a real child process driven over real HTTP on 127.0.0.1.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'

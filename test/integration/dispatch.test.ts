@@ -1,4 +1,4 @@
-// Tool dispatch end to end (SPEC R9–R13), in both dispatch modes, against real callback servers
+// Tool dispatch end to end (docs/protocol.md R9–R13), in both dispatch modes, against real callback servers
 // on 127.0.0.1 and (in pool mode) real worker threads.
 import { describe, test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
@@ -109,7 +109,7 @@ for (const mode of MODES) {
       assert.equal(result.text, 'plain text reply, not JSON')
     })
 
-    test('DESIGN: an empty reply is the empty string; a JSON value without the envelope is the output itself', async (t) => {
+    test('model-visible result: an empty reply is the empty string; a JSON value without the envelope is the output itself', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'empty', callback_url: `${s.url}/empty` })
@@ -180,7 +180,7 @@ for (const mode of MODES) {
       assert.ok(result.text.length >= 200_000)
     })
 
-    test('DESIGN: invalid JSON arguments are answered to the model without calling the plugin', async (t) => {
+    test('arguments: invalid JSON arguments are answered to the model without calling the plugin', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'echo', callback_url: `${s.url}/echo` })
@@ -190,7 +190,7 @@ for (const mode of MODES) {
       assert.equal(s.requests.length, 0)
     })
 
-    test('DESIGN: arguments that fail the parameters schema are answered without calling the plugin', async (t) => {
+    test('arguments: arguments that fail the parameters schema are answered without calling the plugin', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, {
@@ -209,7 +209,7 @@ for (const mode of MODES) {
       assert.equal(s.requests.length, 1)
     })
 
-    test('DESIGN: a parameters schema that does not compile disables validation instead of the tool', async (t) => {
+    test('arguments: a parameters schema that does not compile disables validation instead of the tool', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'odd', callback_url: `${s.url}/echo`, parameters: { type: 'no-such-type' } })

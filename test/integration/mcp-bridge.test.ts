@@ -1,4 +1,4 @@
-// The stdio bridge (`toolport mcp --role NAME --url …`, issue #5 §1), spawned through the SDK's
+// The stdio bridge (`toolport mcp --role NAME --url …`), spawned through the SDK's
 // StdioClientTransport exactly as Claude Desktop or Cursor would launch it, against a real
 // listening Toolport and real plugin callbacks.
 import { test, type TestContext } from 'node:test'
@@ -60,7 +60,7 @@ async function register (url: string, body: Record<string, unknown>): Promise<vo
   assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
 }
 
-test('issue #5 §1: through the stdio bridge, list → register over HTTP → list_changed forwarded → list → call → result', async (t) => {
+test('bridge: through the stdio bridge, list → register over HTTP → list_changed forwarded → list → call → result', async (t) => {
   const { url } = await startTp(t)
   const server = await callbacks(t)
   const { client, notices } = await bridge(t, 'Lanlan', url)
@@ -88,7 +88,7 @@ test('issue #5 §1: through the stdio bridge, list → register over HTTP → li
   assert.deepEqual(JSON.parse(server.requests[0]!.body).arguments, { location: 'Shanghai' })
 })
 
-test('issue #5 §1: cancelling a call at the bridge cancels it in Toolport', async (t) => {
+test('bridge: cancelling a call at the bridge cancels it in Toolport', async (t) => {
   const { tp, url } = await startTp(t)
   const server = await callbacks(t)
   const { client } = await bridge(t, 'Lanlan', url)
@@ -104,7 +104,7 @@ test('issue #5 §1: cancelling a call at the bridge cancels it in Toolport', asy
   assert.equal((await finished)[0].outcome, 'cancelled')
 })
 
-test('issue #5 §1: when its client goes away the bridge ends its upstream session, which detaches from the role', async (t) => {
+test('bridge: when its client goes away the bridge ends its upstream session, which detaches from the role', async (t) => {
   const { tp, url } = await startTp(t)
   const { client } = await bridge(t, 'Lanlan', url)
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
@@ -114,7 +114,7 @@ test('issue #5 §1: when its client goes away the bridge ends its upstream sessi
   assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
 })
 
-test('issue #5 §1: the bridge re-initializes after Toolport restarts (runtime-only registrations, R3) and asks the client to re-list', async (t) => {
+test('bridge: the bridge re-initializes after Toolport restarts (runtime-only registrations, R3) and asks the client to re-list', async (t) => {
   const first = await startTp(t)
   const port = Number(new URL(first.url).port)
   const { client, notices } = await bridge(t, 'Lanlan', first.url)
@@ -130,7 +130,7 @@ test('issue #5 §1: the bridge re-initializes after Toolport restarts (runtime-o
   assert.equal(second.tp.roles.get('Lanlan').sessions().length, 1)
 })
 
-test('issue #5 §1: a bridge started before Toolport lists nothing, answers calls with an error, and connects once Toolport is up', async (t) => {
+test('bridge: a bridge started before Toolport lists nothing, answers calls with an error, and connects once Toolport is up', async (t) => {
   const port = await closedPort()
   const url = `http://127.0.0.1:${port}`
   const { client, notices, stderr } = await bridge(t, 'Lanlan', url)
@@ -147,7 +147,7 @@ test('issue #5 §1: a bridge started before Toolport lists nothing, answers call
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
 })
 
-test('issue #5 §1 / R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
+test('bridge, R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
   const { url } = await startTp(t)
   const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp', '--role', 'Nobody', '--url', url], {
     cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe']
@@ -163,7 +163,7 @@ test('issue #5 §1 / R6: `toolport mcp` for a role the Toolport does not have ex
   assert.equal(stdout, '', 'stdout carries the protocol only')
 })
 
-test('issue #5 §1: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
+test('bridge: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
   const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
   t.after(() => { child.kill() })
   let stderr = ''

@@ -1,4 +1,4 @@
-// The defences beyond SPEC R1 (issue "Security"): token mode, ownership mode, size limits and caps,
+// The defences beyond docs/protocol.md R1: token mode, ownership mode, size limits and caps,
 // random bodies never 5xx, and private data never reaching the logs.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
@@ -53,7 +53,7 @@ test('ownership mode: a registration cannot replace a tool another source owns (
   assert.equal((await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:weather', description: 'v2' })).ok, true)
 })
 
-test('without ownership mode a registration replaces any remote tool of that name (SPEC R5)', async (t) => {
+test('without ownership mode a registration replaces any remote tool of that name (docs/protocol.md R5)', async (t) => {
   const tp = await setup(t)
   await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:weather' })
   assert.equal((await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:other' })).ok, true)

@@ -1,8 +1,8 @@
-// Callback reply → ToolResult → the text a model reads (SPEC R10–R12, DESIGN "Model-visible result").
+// Callback reply → ToolResult → the text a model reads (docs/protocol.md R10–R12, "Model-visible result").
 import type { CallOutcome } from '../../workers/protocol.js'
 import { mapReply, safeStringify } from '../../shared/reply.js'
 
-/** What a tool call returns to the model session (DESIGN "Core contracts"). */
+/** What a tool call returns to the model session (docs/protocol.md "Model-visible result"). */
 export interface ToolResult {
   is_error: boolean
   /** The JSON value the callback returned (or its text); null for errors. */

@@ -4,7 +4,7 @@ import { ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
 
 /**
  * The current roles. A role added later starts with an empty registry: a global registration
- * reaches only the roles that exist when it is handled (SPEC R4).
+ * reaches only the roles that exist when it is handled (docs/protocol.md R4).
  *
  * @example
  * tp.roles.add('Nova'); tp.roles.names() // [..., 'Nova']

@@ -1,6 +1,6 @@
 // A role's sync to its live model sessions: serialised, coalesced, never regressing, with a timeout.
 //
-// Invariants (DESIGN "Sync"):
+// Invariants (docs/protocol.md "Sync"):
 // - At most one sync of a role runs at a time, so a session never sees two pushes overlap.
 // - Each sync pushes the snapshot current when it *starts*; since syncs run one after another,
 //   a later push always carries a snapshot at least as new as an earlier one (no regression).
@@ -97,7 +97,7 @@ export class RoleSync {
 
   async #run (): Promise<SyncOutcome> {
     const sessions = this.#source.sessions()
-    // A role with no session syncs trivially and counts as accepted (DESIGN).
+    // A role with no session syncs trivially and counts as accepted (docs/protocol.md "Sync").
     if (sessions.length === 0) return SYNC_OK
     this.#count++
     const started = performance.now()

@@ -1,4 +1,4 @@
-// Per-role MCP endpoint sessions (issue #5 §1): each MCP client session is a ModelSession of its
+// Per-role MCP endpoint sessions: each MCP client session is a ModelSession of its
 // role, built on the official SDK's low-level `Server` and `StreamableHTTPServerTransport`.
 //
 // - The sync is `notifications/tools/list_changed` on the client's event stream (its GET): MCP

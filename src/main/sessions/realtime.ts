@@ -1,4 +1,4 @@
-// The OpenAI-Realtime session adapter (issue #5 §2): a ModelSession for a host that owns a
+// The OpenAI-Realtime session adapter: a ModelSession for a host that owns a
 // realtime WebSocket (OpenAI, Azure, GLM: the flat tool dialect; Qwen-Omni, StepFun: nested).
 //
 // The host hands every server event to `handleServerEvent` and gives the adapter a `send`; the
