@@ -3,7 +3,7 @@
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
 import type { Worker } from 'node:worker_threads'
-import { pino, type Logger } from 'pino'
+import type { Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
 import { ClosedError, LimitExceededError, validationError } from './errors.js'
 import type { ToolportEvents } from './events.js'
@@ -20,6 +20,7 @@ import { errorText } from './roles/sync.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
 import { VERSION } from './version.js'
+import { createLogger } from './logger.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
@@ -489,23 +490,6 @@ async function runLocalTool (entry: ToolEntry, args: unknown, role: string, call
     running.delete(cancel)
     signal?.removeEventListener('abort', cancel)
   }
-}
-
-/**
- * The logger the runtime and fastify share; pino `redact` is a safety net for private data.
- * `pretty` renders human-readable lines through pino-pretty (the CLI uses it on a terminal).
- */
-export function createLogger (setting: ResolvedOptions['logger'], pretty = false): Logger {
-  const level = setting === true ? 'info' : setting === false ? 'silent' : setting
-  return pino({
-    level,
-    redact: {
-      paths: ['arguments', 'raw_arguments', 'output', 'body', '*.arguments', '*.raw_arguments', '*.output', '*.body',
-        'req.headers.authorization', 'req.headers.cookie'],
-      censor: '[redacted]'
-    },
-    ...(pretty ? { transport: { target: 'pino-pretty', options: { colorize: true, translateTime: 'HH:MM:ss.l', ignore: 'pid,hostname' } } } : {})
-  })
 }
 
 function noop (): void {}

@@ -4,13 +4,14 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
-import { spawn } from 'node:child_process'
+import { PassThrough } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { main } from '../../src/main/cli.js'
 import { httpJson } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
@@ -149,26 +150,32 @@ test('bridge: a bridge started before Toolport lists nothing, answers calls with
 
 test('bridge, R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
   const { url } = await startTp(t)
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp', '--role', 'Nobody', '--url', url], {
-    cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe']
-  })
-  t.after(() => { child.kill() })
-  let stderr = ''
-  let stdout = ''
-  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
-  child.stdout.on('data', (chunk: Buffer) => { stdout += chunk.toString('utf8') })
-  const [code] = await once(child, 'close')
+  const { code, stdout, stderr } = await runMainCollecting(t, ['mcp', '--role', 'Nobody', '--url', url])
   assert.equal(code, 1)
   assert.match(stderr, /TP_ERR_ROLE_NOT_FOUND/)
   assert.equal(stdout, '', 'stdout carries the protocol only')
 })
 
 test('bridge: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
-  t.after(() => { child.kill() })
-  let stderr = ''
-  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
-  const [code] = await once(child, 'close')
+  const { code, stderr } = await runMainCollecting(t, ['mcp'])
   assert.equal(code, 2)
   assert.match(stderr, /--role/)
 })
+
+/**
+ * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
+ * its own streams and an empty environment; resolves with its exit code and everything it wrote.
+ */
+async function runMainCollecting (t: TestContext, args: string[]): Promise<{ code: number, stdout: string, stderr: string }> {
+  const stdin = new PassThrough()
+  const out = new PassThrough()
+  const err = new PassThrough()
+  let stdout = ''
+  let stderr = ''
+  out.setEncoding('utf8').on('data', (chunk: string) => { stdout += chunk })
+  err.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
+  const controller = new AbortController()
+  t.after(() => { controller.abort('SIGTERM'); stdin.end() })
+  const code = await main(args, { stdin, stdout: out, stderr: err, env: {}, stop: controller.signal })
+  return { code, stdout, stderr }
+}
