@@ -23,6 +23,7 @@ import {
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import { MCP_SERVER_INFO } from './sessions/mcp.js'
 import { RoleNotFoundError } from './errors.js'
+import { noop } from '../shared/util.js'
 
 export interface BridgeOptions {
   /** The role whose tools the client gets. */
@@ -295,5 +296,3 @@ function describe (err: unknown): string {
   const code = (err.cause as { code?: unknown } | undefined)?.code
   return typeof code === 'string' ? `${err.message} (${code})` : err.message
 }
-
-function noop (): void {}

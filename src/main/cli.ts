@@ -13,6 +13,7 @@ import { createLogger } from './logger.js'
 import { optionsFromEnv, parseOptions, ENVIRONMENT } from './config.js'
 import { isToolportError } from './errors.js'
 import { startBridge } from './cli-bridge.js'
+import { errorText, isPlainObject, noop } from '../shared/util.js'
 
 const USAGE = `Usage: toolport <command> [options]
 
@@ -96,7 +97,7 @@ function report (err: unknown, io: CliIo): number {
     io.stderr.write(`toolport: ${err.message} (${err.code})\n`)
     return 1
   }
-  io.stderr.write(`toolport: ${(err as Error)?.message ?? String(err)}\n`)
+  io.stderr.write(`toolport: ${errorText(err)}\n`)
   return 1
 }
 
@@ -135,7 +136,7 @@ async function mcp (args: string[], io: CliIo): Promise<number> {
     if (err instanceof TypeError) throw new UsageError(err.message)
     throw err
   }
-  const stop = (): void => { bridge.close().catch(() => {}) }
+  const stop = (): void => { bridge.close().catch(noop) }
   if (io.stop.aborted) stop()
   else io.stop.addEventListener('abort', stop, { once: true })
   await bridge.closed
@@ -195,7 +196,7 @@ function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (ar
   try {
     return parseArgs({ args, strict: true, allowPositionals: false, options }).values
   } catch (err) {
-    throw new UsageError((err as Error).message)
+    throw new UsageError(errorText(err))
   }
 }
 
@@ -207,7 +208,7 @@ function readTokenFile (file: string): string {
     mode = statSync(file).mode
     text = readFileSync(file, 'utf8')
   } catch (err) {
-    throw new InputError(`cannot read the token file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    throw new InputError(`cannot read the token file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
   }
   if ((mode & 0o077) !== 0) {
     throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
@@ -222,14 +223,14 @@ function readConfigFile (file: string): Record<string, unknown> {
   try {
     text = readFileSync(file, 'utf8')
   } catch (err) {
-    throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
   }
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
     return value as Record<string, unknown>
   } catch (err) {
-    throw new InputError(`the config file ${file} is not a JSON object of options: ${(err as Error).message}`)
+    throw new InputError(`the config file ${file} is not a JSON object of options: ${errorText(err)}`)
   }
 }
 
@@ -237,13 +238,9 @@ function readConfigFile (file: string): Record<string, unknown> {
 function mergeOptions (target: Record<string, unknown>, source: Record<string, unknown>): void {
   for (const [key, value] of Object.entries(source)) {
     const current = target[key]
-    if (isObject(current) && isObject(value)) target[key] = { ...current, ...value }
+    if (isPlainObject(current) && isPlainObject(value)) target[key] = { ...current, ...value }
     else target[key] = value
   }
-}
-
-function isObject (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
 }
 
 /** True when this file is the program being run (`toolport …`, or node/tsx on this file). */

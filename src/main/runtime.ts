@@ -16,7 +16,7 @@ import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
-import { errorText } from './roles/sync.js'
+import { errorText, noop } from '../shared/util.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
 import { VERSION } from './version.js'
@@ -491,5 +491,3 @@ async function runLocalTool (entry: ToolEntry, args: unknown, role: string, call
     signal?.removeEventListener('abort', cancel)
   }
 }
-
-function noop (): void {}

@@ -3,6 +3,7 @@
 import { z } from 'zod'
 import { checkCallbackUrl, type CallbackUrlParts } from '../shared/loopback.js'
 import { validationError, type ErrorDetail, type ToolportError } from './errors.js'
+import { codePointLength, isPlainObject } from '../shared/util.js'
 
 /** A JSON Schema object, as given by a plugin (kept as-is, shown to the model). */
 export type JsonSchemaObject = Record<string, unknown>
@@ -157,16 +158,6 @@ export function toValidationError (error: z.ZodError): ToolportError {
     message: issue.message
   }))
   return validationError(details)
-}
-
-/** A plain JSON object: not null, not an array. */
-export function isPlainObject (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
-
-function codePointLength (s: string): number {
-  // The string iterator walks code points, so a surrogate pair counts once.
-  return [...s].length
 }
 
 // Response shapes. They document the API (OpenAPI at /openapi.json) and give fastify the JSON

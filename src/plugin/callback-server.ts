@@ -18,6 +18,7 @@ import type { AddressInfo, Socket } from 'node:net'
 import { z } from 'zod'
 import { isLoopbackHostname } from '../shared/loopback.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
+import { errorText } from '../shared/util.js'
 
 export interface CallbackServerOptions {
   host: string
@@ -117,7 +118,7 @@ export class CallbackServer {
       }
       this.#call(tool, body, req, res).catch((err: unknown) => {
         // #call answers every outcome itself; reaching this is a bug in the SDK, not the tool.
-        this.#options.logger.error?.(`internal error answering a call of '${tool.name}': ${(err as Error)?.message}`)
+        this.#options.logger.error?.(`internal error answering a call of '${tool.name}': ${errorText(err)}`)
         if (!res.headersSent) sendPlain(res, 500, 'internal error in the plugin SDK')
       })
     }, () => { res.destroy() })

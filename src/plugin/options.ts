@@ -6,6 +6,7 @@
 import { z } from 'zod'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
+import { codePointLength, errorText, isPlainObject, MAX_TIMER_MS } from '../shared/util.js'
 
 /** A JSON Schema object, as Toolport shows it to the model. */
 export type JsonSchemaObject = Record<string, unknown>
@@ -139,7 +140,6 @@ export interface ResolvedPluginOptions {
 // Mirrors of Toolport's limits (docs/protocol.md R7 and src/main/schemas.ts), checked early for clear errors.
 const MAX_TIMEOUT_SECONDS = 300
 const MAX_SOURCE_CHARS = 256
-const MAX_TIMER_MS = 2_147_483_647
 
 const EMPTY_PARAMETERS: JsonSchemaObject = Object.freeze({ type: 'object', properties: {} })
 
@@ -288,7 +288,7 @@ function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
   try {
     converted = z.toJSONSchema(schema, { target: 'draft-07', io: 'input' }) as Record<string, unknown>
   } catch (err) {
-    return `the zod schema has no JSON Schema form: ${(err as Error).message}`
+    return `the zod schema has no JSON Schema form: ${errorText(err)}`
   }
   delete converted.$schema
   if (converted.type !== 'object') return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
@@ -318,13 +318,4 @@ function milliseconds (value: number | undefined, fallback: number, min: number,
 /** A zod 4 schema (classic or mini): every one carries its internals under `_zod`. */
 function isZodSchema (value: unknown): value is z.core.$ZodType {
   return typeof value === 'object' && value !== null && '_zod' in value
-}
-
-function isPlainObject (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
-
-/** Length in code points, as Toolport counts a name: a surrogate pair is one character. */
-function codePointLength (s: string): number {
-  return Array.from(s).length
 }

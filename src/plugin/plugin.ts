@@ -16,6 +16,7 @@ import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
 import { ToolportClient, type RegisterBody } from './toolport-client.js'
+import { errorText, noop } from '../shared/util.js'
 
 /** Why tools were registered: the first registration, or a check that found them missing. */
 export type RegisteredReason = 'start' | 'restored'
@@ -185,9 +186,9 @@ export class Plugin extends EventEmitter<PluginEvents> {
         if (startTimeoutMs === 0) throw err
         if (leftMs <= 0) {
           throw new PluginError(PLUGIN_ERROR_CODES.startTimeout,
-            `could not register with Toolport within ${startTimeoutMs} ms: ${(err as Error).message}`, { cause: err })
+            `could not register with Toolport within ${startTimeoutMs} ms: ${errorText(err)}`, { cause: err })
         }
-        this.#options.logger.debug?.(`start: attempt ${attempt} failed, retrying: ${(err as Error).message}`)
+        this.#options.logger.debug?.(`start: attempt ${attempt} failed, retrying: ${errorText(err)}`)
         try {
           await sleep(Math.min(leftMs, this.#backoffMs(attempt)), undefined, { signal })
         } catch {
@@ -327,7 +328,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     this.#timer = null
     // Let the one exchange in flight finish, so no registration can land after the clear.
     await this.#check
-    if (this.#starting !== null) await this.#starting.catch(() => {})
+    if (this.#starting !== null) await this.#starting.catch(noop)
 
     let result: StopResult = { isCleared: false, removed: 0, error: null }
     // Nothing of ours can be registered if no registration ever succeeded; another instance's
@@ -361,5 +362,5 @@ function stoppedDuringStart (): PluginError {
 
 function asPluginError (err: unknown): PluginError {
   if (err instanceof PluginError) return err
-  return new PluginError(PLUGIN_ERROR_CODES.unreachable, `unexpected failure: ${(err as Error)?.message ?? String(err)}`, { cause: err })
+  return new PluginError(PLUGIN_ERROR_CODES.unreachable, `unexpected failure: ${errorText(err)}`, { cause: err })
 }

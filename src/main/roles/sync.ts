@@ -9,6 +9,7 @@
 //   running sync shares that one next sync (coalescing): N concurrent mutations cost ≤ 2 syncs.
 // - A sync that throws or passes `timeoutMs` fails for its callers; nothing is rolled back.
 import type { ToolDefinition } from './tool-registry.js'
+import { errorText, noop } from '../../shared/util.js'
 
 /** What a host implements (or an adapter provides) to be a role's live model session. */
 export interface ModelSession {
@@ -189,12 +190,3 @@ async function pushTo (session: ModelSession, tools: readonly ToolDefinition[], 
     return `session ${session.id}: ${errorText(err)}`
   }
 }
-
-/** A one-line description of a thrown value, never a stack trace. */
-export function errorText (err: unknown): string {
-  if (err instanceof Error) return err.message === '' ? err.name : err.message
-  if (typeof err === 'string') return err
-  return 'unknown error'
-}
-
-function noop (): void {}

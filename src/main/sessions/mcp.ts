@@ -23,7 +23,7 @@ import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { ToolResult } from '../dispatch/result.js'
-import { isPlainObject } from '../schemas.js'
+import { isPlainObject, noop } from '../../shared/util.js'
 import { toolDefinitions } from './definitions.js'
 
 /** The name and version Toolport gives MCP clients in `initialize`. */
@@ -342,5 +342,3 @@ function packageVersion (): string {
     return '0.0.0'
   }
 }
-
-function noop (): void {}

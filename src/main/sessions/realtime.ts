@@ -18,7 +18,7 @@
 import { randomUUID } from 'node:crypto'
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
-import { errorText } from '../roles/sync.js'
+import { errorText, noop } from '../../shared/util.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { toolDefinitions } from './definitions.js'
@@ -506,5 +506,3 @@ function trim (collection: Set<string> | Map<string, unknown>): void {
   const oldest = collection.keys().next().value
   if (oldest !== undefined) collection.delete(oldest)
 }
-
-function noop (): void {}
