@@ -21,7 +21,7 @@ import {
   type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
-import { MCP_SERVER_INFO } from './sessions/mcp.js'
+import { MCP_SERVER_INFO, mcpInstructions } from './sessions/mcp.js'
 import { RoleNotFoundError } from './errors.js'
 import { noop } from '../shared/util.js'
 
@@ -100,8 +100,7 @@ class StdioBridge implements Bridge {
     this.#stdio = new StdioServerTransport(options.stdin, options.stdout)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
-      instructions: `The tools of the Toolport role '${options.role}'. The list changes while you run: ` +
-        'tools/list again when notified.'
+      instructions: mcpInstructions(options.role)
     })
     this.#server.setRequestHandler(ListToolsRequestSchema, (request) => this.#listTools(request))
     this.#server.setRequestHandler(CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))

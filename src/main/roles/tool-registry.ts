@@ -117,10 +117,6 @@ export class ToolRegistry {
     return this.#byName.get(name)
   }
 
-  has (name: string): boolean {
-    return this.#byName.has(name)
-  }
-
   /**
    * Adds or replaces (docs/protocol.md R5) a tool; returns the entry it replaced. A replaced tool moves to the
    * end of the order, as a new registration of that name would.
@@ -186,10 +182,6 @@ export class ToolRegistry {
 
   names (): string[] {
     return [...this.#byName.keys()]
-  }
-
-  entries (): IterableIterator<ToolEntry> {
-    return this.#byName.values()
   }
 
   #deleteNames (names: Set<string> | undefined, predicate: (entry: ToolEntry) => boolean): ToolEntry[] {

@@ -118,11 +118,6 @@ export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionS
   return built
 }
 
-/** True for a format name `toolDefinitions` knows. */
-export function isDefinitionFormat (value: unknown): value is DefinitionFormat {
-  return typeof value === 'string' && (DEFINITION_FORMATS as readonly string[]).includes(value)
-}
-
 const objectSchemas = new WeakMap<JsonSchemaObject, ObjectSchema>()
 
 /**
