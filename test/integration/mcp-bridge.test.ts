@@ -10,9 +10,9 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
-import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { closedPort } from '../fixtures/callback-server.js'
 import { main } from '../../src/main/cli.js'
-import { httpJson } from '../helpers.js'
+import { callbackServer as callbacks, registerOverHttp as register } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 const CLI = fileURLToPath(new URL('../../src/main/cli.ts', import.meta.url))
@@ -48,17 +48,6 @@ async function bridge (t: TestContext, role: string, url: string): Promise<Bridg
   t.after(() => client.close())
   await client.connect(transport)
   return { client, notices, stderr: () => stderr }
-}
-
-async function callbacks (t: TestContext): Promise<CallbackServer> {
-  const server = await startCallbackServer()
-  t.after(() => server.close())
-  return server
-}
-
-async function register (url: string, body: Record<string, unknown>): Promise<void> {
-  const reply = await httpJson(`${url}/api/tools/register`, 'POST', body)
-  assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
 }
 
 test('bridge: through the stdio bridge, list → register over HTTP → list_changed forwarded → list → call → result', async (t) => {

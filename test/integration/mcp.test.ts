@@ -11,8 +11,7 @@ import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelco
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
-import { startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
-import { assertError, httpJson } from '../helpers.js'
+import { assertError, callbackServer as callbacks, httpJson } from '../helpers.js'
 
 const WEATHER_PARAMS = {
   type: 'object',
@@ -58,12 +57,6 @@ async function setup (t: TestContext): Promise<Setup> {
     return { client, transport, notices, get noticeCount () { return noticeCount } }
   }
   return { tp, url, connect }
-}
-
-async function callbacks (t: TestContext): Promise<CallbackServer> {
-  const server = await startCallbackServer()
-  t.after(() => server.close())
-  return server
 }
 
 async function register (url: string, body: Record<string, unknown>): Promise<void> {

@@ -18,6 +18,20 @@ class Revisions {
   }
 }
 
+/**
+ * 200 changes, each followed by a sync request, yielding to the event loop after a change with
+ * probability `yieldChance`, so requests land both during and between running syncs.
+ */
+async function interleavedRequests (sync: RoleSync, revisions: Revisions, yieldChance: number): Promise<SyncOutcome[]> {
+  const pending: Array<Promise<SyncOutcome>> = []
+  for (let i = 0; i < 200; i++) {
+    revisions.revision++
+    pending.push(sync.request())
+    if (Math.random() < yieldChance) await turn()
+  }
+  return await Promise.all(pending)
+}
+
 function syncFor (sessions: ModelSession[], timeoutMs = 10_000, revisions = new Revisions()): RoleSync {
   return new RoleSync({ definitions: () => revisions.definitions(), sessions: () => sessions }, timeoutMs)
 }
@@ -81,13 +95,7 @@ test('sync: syncs of one role never overlap, even under many interleaved request
   const revisions = new Revisions()
   const s = session('s', 'random', { maxDelayMs: 3 })
   const sync = syncFor([s], 10_000, revisions)
-  const pending: Array<Promise<SyncOutcome>> = []
-  for (let i = 0; i < 200; i++) {
-    revisions.revision++
-    pending.push(sync.request())
-    if (Math.random() < 0.3) await turn()
-  }
-  const outcomes = await Promise.all(pending)
+  const outcomes = await interleavedRequests(sync, revisions, 0.3)
   assert.ok(outcomes.every((o) => o.ok))
   assert.equal(s.maxActive, 1)
 })
@@ -96,13 +104,7 @@ test('sync: a later push never carries an older snapshot, and the last push is t
   const revisions = new Revisions()
   const s = session('s', 'random', { maxDelayMs: 3 })
   const sync = syncFor([s], 10_000, revisions)
-  const pending: Array<Promise<SyncOutcome>> = []
-  for (let i = 0; i < 200; i++) {
-    revisions.revision++
-    pending.push(sync.request())
-    if (Math.random() < 0.5) await turn()
-  }
-  await Promise.all(pending)
+  await interleavedRequests(sync, revisions, 0.5)
   const pushed = s.received.map(revisionOf)
   for (let i = 1; i < pushed.length; i++) {
     assert.ok((pushed[i] as number) >= (pushed[i - 1] as number), `push ${i} regressed: ${pushed.join(',')}`)
