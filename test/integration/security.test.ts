@@ -2,13 +2,14 @@
 // random bodies never 5xx, and private data never reaching the logs.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createInterface } from 'node:readline'
+import { PassThrough } from 'node:stream'
 import fc from 'fast-check'
 import { request } from 'undici'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
+import { main } from '../../src/main/cli.js'
 import { startCallbackServer } from '../fixtures/callback-server.js'
 import { createTestToolport } from '../helpers.js'
 
@@ -218,13 +219,19 @@ test('R14: arguments, outputs and callback bodies never reach the logs, at any l
   const canary = `canary-${process.pid}-${Date.now()}-7f3e`
   const callback = await startCallbackServer()
   t.after(() => callback.close())
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/main/cli.ts', 'serve', '--port', '0', '--role', 'A',
-    '--log-level', 'trace'],
-  { stdio: ['ignore', 'pipe', 'pipe'] })
-  t.after(() => { if (child.exitCode === null) child.kill('SIGKILL') })
+  // The `toolport serve` command in-process, with its own stdout and stderr (what its logs reach).
+  const stdout = new PassThrough()
+  const stderr = new PassThrough()
+  const stop = new AbortController()
+  const exited = main(['serve', '--port', '0', '--role', 'A', '--log-level', 'trace'],
+    { stdin: new PassThrough(), stdout, stderr, env: {}, stop: stop.signal })
+  t.after(async () => {
+    stop.abort('SIGTERM')
+    await exited
+  })
   const output: string[] = []
-  child.stderr.on('data', (chunk: Buffer) => output.push(chunk.toString()))
-  const lines = createInterface({ input: child.stdout })
+  stderr.on('data', (chunk: Buffer) => output.push(chunk.toString()))
+  const lines = createInterface({ input: stdout })
   let base = ''
   for await (const line of lines) {
     output.push(line)
@@ -267,8 +274,10 @@ test('R14: arguments, outputs and callback bodies never reach the logs, at any l
   await call('/api/tools/call', { role: 'A', name: 'fails', arguments: { secret: canary } })
   await call('/api/tools/call', { role: 'A', name: `no-such-${canary}`.slice(0, 60), arguments: {} })
   await call('/api/tools/register', { name: 'bad', callback_url: `http://${canary}.example/`, description: canary })
-  child.kill('SIGTERM')
-  await once(child, 'exit')
+  stop.abort('SIGTERM')
+  assert.equal(await exited, 0)
+  stdout.end()
+  await once(stdout, 'end')
   const log = output.join('\n')
   assert.match(log, /tool call finished/, 'calls were logged (metadata) at debug')
   assert.ok(!log.includes(canary), 'the canary appears in the logs')
