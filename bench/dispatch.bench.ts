@@ -26,13 +26,7 @@ interface Plan {
 function plan (ctx: BenchContext): Plan {
   return ctx.isQuick
     ? { concurrency: [1, 128], sizes: ['small', 'large'], warmupMs: 100, durationMs: 250, maxCalls: 20_000 }
-    : {
-        concurrency: [1, 16, 128, 1024],
-        sizes: ['small', 'large'],
-        warmupMs: 300,
-        durationMs: 1_000,
-        maxCalls: 100_000
-      }
+    : { concurrency: [1, 16, 128, 1024], sizes: ['small', 'large'], warmupMs: 300, durationMs: 1_000, maxCalls: 100_000 }
 }
 
 const PATH_ORDER = ['raw undici', 'toolport pool', 'toolport inline', 'fetch', 'node:http'] as const
@@ -117,13 +111,7 @@ function find (cells: readonly Cell[], size: Route, concurrency: number, path: s
   return cells.find((c) => c.size === size && c.concurrency === concurrency && c.path === path)
 }
 
-function summarize (cells: readonly Cell[], p: Plan): {
-  tables: Table[],
-  checks: Check[],
-  notes: string[],
-  chart: ChartSeries[],
-  data: unknown
-} {
+function summarize (cells: readonly Cell[], p: Plan): { tables: Table[], checks: Check[], notes: string[], chart: ChartSeries[], data: unknown } {
   const tables: Table[] = []
   const chart: ChartSeries[] = []
   const data: unknown[] = []
@@ -180,12 +168,9 @@ function summarize (cells: readonly Cell[], p: Plan): {
   }
   const notes = [
     'Each loop: warm-up, then a window bounded by time and call count; req/s counts calls completed inside the window.',
-    '"req/s vs raw" is the median of per-repetition ratios (each run paired with the raw-undici run of the same ' +
-      'repetition).',
+    '"req/s vs raw" is the median of per-repetition ratios (each run paired with the raw-undici run of the same repetition).',
     `raw undici and Toolport use ${64} connections per origin; fetch and node:http use their defaults (no cap).`,
-    'CPU µs/call: CPU time over the window divided by the calls completed in it, for the bench process (every ' +
-      'thread: main, pool worker, GC), its main thread alone, and the callback server process. CPU is what runs ' +
-      'out on 2 cores, and it moves far less than wall-clock figures when other processes compete.'
+    'CPU µs/call: CPU time over the window divided by the calls completed in it, for the bench process (every thread: main, pool worker, GC), its main thread alone, and the callback server process. CPU is what runs out on 2 cores, and it moves far less than wall-clock figures when other processes compete.'
   ]
   if (errors > 0) notes.push(`${errors} calls failed in measuring windows (see the "failed" column).`)
   return { tables, checks: checks(cells), notes, chart, data }

@@ -136,10 +136,8 @@ export const memoryScenario: Scenario = {
       tables: [memTable, idleTable],
       checks,
       notes: [
-        'RSS is the whole process (main thread, worker threads, sockets); "calls pending" counts calls admitted ' +
-          'and not yet answered when the peak was sampled.',
-        'With 64 connections per origin only 64 calls are at the callback at once; the rest wait in the undici ' +
-          'pool queue (the 1024-connection row puts every call on its own socket).'
+        'RSS is the whole process (main thread, worker threads, sockets); "calls pending" counts calls admitted and not yet answered when the peak was sampled.',
+        'With 64 connections per origin only 64 calls are at the callback at once; the rest wait in the undici pool queue (the 1024-connection row puts every call on its own socket).'
       ],
       data: { probes: Object.fromEntries(probes), idle: Object.fromEntries(failedAfterIdle) }
     }

@@ -29,8 +29,7 @@ import { renderMarkdown, renderText } from './lib/report.js'
 import type { BenchContext, MachineInfo, RunReport, Scenario, ScenarioReport } from './lib/report.js'
 
 const SCENARIOS: readonly Scenario[] = [
-  dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario,
-  tuningScenario
+  dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario, tuningScenario
 ]
 /** Run only when named in --scope. */
 const OPT_IN = new Set(['tuning'])
@@ -55,10 +54,7 @@ function parseFlags (argv: readonly string[]): Flags {
   let out = ''
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string
-    const [name, inline] = arg.includes('=')
-      ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)]
-      : [arg,
-          undefined]
+    const [name, inline] = arg.includes('=') ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)] : [arg, undefined]
     const value = (): string => {
       const v = inline ?? argv[++i]
       if (v === undefined || v === '') fail(`${name} needs a value`)

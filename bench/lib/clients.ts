@@ -100,11 +100,7 @@ export function nodeHttpPath (port: number): DispatchPath {
         port,
         path,
         method: 'POST',
-        headers: {
-          'content-type': 'application/json',
-          'content-length': Buffer.byteLength(body),
-          'x-toolport-call-id': 'call_http'
-        }
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-toolport-call-id': 'call_http' }
       }
       return function httpCall (): Promise<boolean> {
         return new Promise((resolve) => {
@@ -142,8 +138,7 @@ export async function createBenchToolport (origin: string, options: ToolportOpti
   return tp
 }
 
-export async function toolportPath (origin: string, mode: 'pool' | 'inline',
-  dispatch: ToolportOptions['dispatch'] = {}): Promise<DispatchPath & { tp: Toolport }> {
+export async function toolportPath (origin: string, mode: 'pool' | 'inline', dispatch: ToolportOptions['dispatch'] = {}): Promise<DispatchPath & { tp: Toolport }> {
   const tp = await createBenchToolport(origin, { dispatch: { ...dispatch, mode } })
   let seq = 0
   return {

@@ -26,8 +26,7 @@ export const OriginForbiddenError = createError('TP_ERR_ORIGIN_FORBIDDEN',
   'cross-origin request refused: %s', 403)
 
 /** 401: token mode is on and the request lacks the right `Authorization: Bearer` token. */
-export const UnauthorizedError = createError('TP_ERR_UNAUTHORIZED', 'a valid Authorization: Bearer token is required',
-  401)
+export const UnauthorizedError = createError('TP_ERR_UNAUTHORIZED', 'a valid Authorization: Bearer token is required', 401)
 
 /** 422: a registration would take a role past `maxToolsPerRole` or a source past `maxToolsPerSource`. */
 export const LimitExceededError = createError('TP_ERR_LIMIT_EXCEEDED', 'limit exceeded: %s', 422)

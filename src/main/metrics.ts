@@ -88,12 +88,9 @@ export class Metrics {
       registers
     })
     // Gauges are read when scraped, so the hot path pays nothing for them.
-    scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered',
-      source.pendingCalls)
-    scrapedGauge(registers, 'toolport_dispatch_queue_depth', 'Calls waiting to be handed to a worker',
-      source.queuedCalls)
-    scrapedGauge(registers, 'toolport_pool_utilization', 'Worker pool utilisation (0-1, piscina); 0 in inline mode',
-      source.poolUtilization)
+    scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered', source.pendingCalls)
+    scrapedGauge(registers, 'toolport_dispatch_queue_depth', 'Calls waiting to be handed to a worker', source.queuedCalls)
+    scrapedGauge(registers, 'toolport_pool_utilization', 'Worker pool utilisation (0-1, piscina); 0 in inline mode', source.poolUtilization)
     scrapedGauge(registers, 'toolport_pool_threads', 'Worker threads in the pool; 0 in inline mode', source.poolThreads)
     new Gauge({ // eslint-disable-line no-new
       name: 'toolport_registry_tools',

@@ -215,19 +215,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const role of targets) {
       const existing = role.registry.get(entry.name)
       if (existing !== undefined && !existing.isRemote) {
-        failed.push({
-          role: role.name,
-          error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API`,
-          owned_by: existing.source
-        })
+        failed.push({ role: role.name, error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API`, owned_by: existing.source })
         continue
       }
       if (existing !== undefined && this.options.security.enforceOwnership && existing.source !== entry.source) {
-        failed.push({
-          role: role.name,
-          error: `'${entry.name}' belongs to source '${existing.source}'`,
-          owned_by: existing.source
-        })
+        failed.push({ role: role.name, error: `'${entry.name}' belongs to source '${existing.source}'`, owned_by: existing.source })
         continue
       }
       role.registry.set(entry)
@@ -238,20 +230,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       accepted.push(role)
     }
     const affected = await syncAll(accepted, failed)
-    const result: RegisterResult = {
-      ok: affected.length > 0,
-      registered: entry.name,
-      affected_roles: affected,
-      failed_roles: failed
-    }
+    const result: RegisterResult = { ok: affected.length > 0, registered: entry.name, affected_roles: affected, failed_roles: failed }
     if (!result.ok) result.error = targets.length === 0 ? 'no roles exist' : 'no role accepted the registration'
-    this.log.info({
-      tool: entry.name,
-      source: entry.source,
-      origin: entry.origin,
-      roles: affected,
-      failed: failed.length
-    }, 'tool registered')
+    this.log.info({ tool: entry.name, source: entry.source, origin: entry.origin, roles: affected, failed: failed.length }, 'tool registered')
     return result
   }
 
@@ -269,8 +250,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const role of targets) {
       const existing = role.registry.get(request.name)
       if (existing === undefined) continue
-      if (!existing.isRemote || (request.expected_source !== undefined &&
-        existing.source !== request.expected_source)) {
+      if (!existing.isRemote || (request.expected_source !== undefined && existing.source !== request.expected_source)) {
         refused.push({ role: role.name, owned_by: existing.source })
         continue
       }
@@ -280,10 +260,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
-    if (changed.length > 0) {
-      this.log.info({ tool: request.name, roles: affected, failed: failed.length },
-        'tool unregistered')
-    }
+    if (changed.length > 0) this.log.info({ tool: request.name, roles: affected, failed: failed.length }, 'tool unregistered')
     return {
       // docs/protocol.md R17: no failures, or something was removed (the registry is authoritative).
       ok: failed.length === 0 || changed.length > 0,
@@ -310,10 +287,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
-    if (removed > 0) {
-      this.log.info({ source: request.source, removed, roles: affected, failed: failed.length },
-        'source cleared')
-    }
+    if (removed > 0) this.log.info({ source: request.source, removed, roles: affected, failed: failed.length }, 'source cleared')
     return { ok: failed.length === 0 || removed > 0, removed, affected_roles: affected, failed_roles: failed }
   }
 
@@ -336,23 +310,16 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const role = this.roles.get(roleName)
     const started = performance.now()
     const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
-    if (this.#closed) {
-      return this.#finish(role, call.name, callId, started, 'busy',
-        errorResult('Toolport is shutting down; the tool was not called'))
-    }
+    if (this.#closed) return this.#finish(role, call.name, callId, started, 'busy', errorResult('Toolport is shutting down; the tool was not called'))
     const entry = role.registry.get(call.name)
     if (entry === undefined) {
       const available = describeAvailable(role.registry.names())
-      return this.#finish(role, call.name, callId, started, 'unknown_tool',
-        errorResult(`unknown tool '${call.name}'; ${available}`))
+      return this.#finish(role, call.name, callId, started, 'unknown_tool', errorResult(`unknown tool '${call.name}'; ${available}`))
     }
     const args = readArguments(call.raw_arguments, call.arguments)
     if (!args.ok) return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error))
     const problem = checkArguments(entry, args.value, this.#onBadSchema)
-    if (problem !== '') {
-      return this.#finish(role, entry.name, callId, started, 'invalid_arguments',
-        errorResult(problem))
-    }
+    if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem))
     if (entry.handler !== null) {
       const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal, this.#localCalls)
       return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result)
@@ -420,17 +387,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     syncing.finally(() => this.#background.delete(syncing)).catch(noop)
   }
 
-  #finish (role: Role, name: string, callId: string, started: number,
-    outcome: ToolportEvents['call-finished'][0]['outcome'], result: ToolResult): ToolResult {
+  #finish (role: Role, name: string, callId: string, started: number, outcome: ToolportEvents['call-finished'][0]['outcome'], result: ToolResult): ToolResult {
     if (this.listenerCount('call-finished') > 0 || this.log.isLevelEnabled('debug')) {
-      const event = {
-        role: role.name,
-        name,
-        callId,
-        outcome,
-        isError: result.is_error,
-        durationMs: performance.now() - started
-      }
+      const event = { role: role.name, name, callId, outcome, isError: result.is_error, durationMs: performance.now() - started }
       // Metadata only: never arguments, outputs or callback bodies (they carry private data). A
       // name that matches no tool is the model's free text, so it is not logged either.
       this.log.debug(outcome === 'unknown_tool' ? { ...event, name: undefined } : event, 'tool call finished')

@@ -185,10 +185,7 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   if (role !== null && (typeof role !== 'string' || role === '')) problem('role', 'must be a non-empty string or null')
 
   const token = options.token ?? null
-  if (token !== null && (typeof token !== 'string' || token.trim() === '')) {
-    problem('token',
-      'must be a non-empty string')
-  }
+  if (token !== null && (typeof token !== 'string' || token.trim() === '')) problem('token', 'must be a non-empty string')
 
   const host = options.host ?? '127.0.0.1'
   // An address literal, not a name: the server binds it and the callback URL carries it.
@@ -239,8 +236,7 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   }
 }
 
-function resolveTool (name: string, tool: unknown, problem: (path: string,
-  message: string) => void): ResolvedTool | null {
+function resolveTool (name: string, tool: unknown, problem: (path: string, message: string) => void): ResolvedTool | null {
   const at = `tools.${name}`
   const length = codePointLength(name)
   if (length < 1 || length > 64) problem(at, 'a tool name must be 1 to 64 characters')
@@ -295,14 +291,11 @@ function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
     return `the zod schema has no JSON Schema form: ${errorText(err)}`
   }
   delete converted.$schema
-  if (converted.type !== 'object') {
-    return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
-  }
+  if (converted.type !== 'object') return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
   return converted
 }
 
-function resolveLogger (logger: PluginLogger | false | undefined, problem: (path: string,
-  message: string) => void): PluginLogger {
+function resolveLogger (logger: PluginLogger | false | undefined, problem: (path: string, message: string) => void): PluginLogger {
   if (logger === undefined) return CONSOLE_LOGGER
   if (logger === false) return SILENT_LOGGER
   if (typeof logger !== 'object' || logger === null) {

@@ -129,8 +129,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
    */
   async start (): Promise<StartResult> {
     if (this.#state !== 'idle') {
-      throw new PluginError(PLUGIN_ERROR_CODES.state,
-        `start() needs a new plugin (this one is ${this.#state}); create another with createPlugin`)
+      throw new PluginError(PLUGIN_ERROR_CODES.state, `start() needs a new plugin (this one is ${this.#state}); create another with createPlugin`)
     }
     this.#state = 'starting'
     this.#starting = this.#start()

@@ -78,11 +78,9 @@ function canonicalEnvelope (body: string): MappedReply | null {
 
 function envelopeError (envelope: { output?: unknown, error?: unknown }): string {
   if (typeof envelope.error === 'string' && envelope.error !== '') return envelope.error
-  if (envelope.error !== undefined && envelope.error !== null &&
-    envelope.error !== '') return safeStringify(envelope.error)
+  if (envelope.error !== undefined && envelope.error !== null && envelope.error !== '') return safeStringify(envelope.error)
   if (typeof envelope.output === 'string' && envelope.output !== '') return envelope.output
-  if (envelope.output !== undefined && envelope.output !== null &&
-    envelope.output !== '') return safeStringify(envelope.output)
+  if (envelope.output !== undefined && envelope.output !== null && envelope.output !== '') return safeStringify(envelope.output)
   return 'tool reported an error'
 }
 

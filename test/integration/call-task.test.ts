@@ -66,8 +66,7 @@ async function setup (t: TestContext, serverOptions: CallbackServerOptions = {})
 
 test('R9: a batch posts every outcome to the main thread and resolves with its call count', async (t) => {
   const { server, pool, outcome } = await setup(t)
-  const calls = [buildCallTask(server.url, '/echo'), buildCallTask(server.url, '/status/500'), buildCallTask(server.url,
-    '/text')]
+  const calls = [buildCallTask(server.url, '/echo'), buildCallTask(server.url, '/status/500'), buildCallTask(server.url, '/text')]
   const count = await pool.run({ calls })
   assert.equal(count, 3)
   const [echo, failed, text] = await Promise.all(calls.map((call) => outcome(call.id)))

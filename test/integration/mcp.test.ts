@@ -79,8 +79,7 @@ const INITIALIZE = {
   params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } }
 }
 
-async function rawMcp (url: string, method: 'POST' | 'GET' | 'DELETE', body?: unknown, headers: Record<string,
-  string> = {}) {
+async function rawMcp (url: string, method: 'POST' | 'GET' | 'DELETE', body?: unknown, headers: Record<string, string> = {}) {
   const res = await httpRequest(url, {
     method,
     headers: {
@@ -109,11 +108,7 @@ test('MCP: tools/list, then a registration over HTTP sends list_changed, and the
   })
   await changed
   const { tools } = await client.listTools()
-  assert.deepEqual(tools, [{
-    name: 'get_weather',
-    description: 'Get weather for a location.',
-    inputSchema: WEATHER_PARAMS
-  }])
+  assert.deepEqual(tools, [{ name: 'get_weather', description: 'Get weather for a location.', inputSchema: WEATHER_PARAMS }])
 })
 
 test('MCP: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {
@@ -155,11 +150,7 @@ test('MCP: unregister and clear over HTTP send list_changed too (docs/protocol.m
 test('MCP: a parameters schema without type "object" is listed with one, so the client accepts the whole list', async (t) => {
   const { url, connect } = await setup(t)
   const { client } = await connect('Lanlan')
-  await register(url, {
-    name: 'loose',
-    parameters: { properties: { q: { type: 'string' } } },
-    callback_url: 'http://127.0.0.1:9333/l'
-  })
+  await register(url, { name: 'loose', parameters: { properties: { q: { type: 'string' } } }, callback_url: 'http://127.0.0.1:9333/l' })
   await register(url, { name: 'plain', callback_url: 'http://127.0.0.1:9333/p' })
   const { tools } = await client.listTools()
   assert.deepEqual(tools.map((tool) => [tool.name, tool.inputSchema]), [
@@ -308,8 +299,7 @@ test('MCP: DELETE ends the session and detaches it from its role; its id is then
 test('MCP, R6: an unknown role is 404 TP_ERR_ROLE_NOT_FOUND, for raw requests and for the SDK client', async (t) => {
   const { url, connect } = await setup(t)
   assertError(await rawMcp(`${url}/mcp/Nobody`, 'POST', INITIALIZE), 404, 'TP_ERR_ROLE_NOT_FOUND')
-  assertError(await rawMcp(`${url}/mcp/Nobody`, 'GET', undefined, { accept: 'text/event-stream' }), 404,
-    'TP_ERR_ROLE_NOT_FOUND')
+  assertError(await rawMcp(`${url}/mcp/Nobody`, 'GET', undefined, { accept: 'text/event-stream' }), 404, 'TP_ERR_ROLE_NOT_FOUND')
   await assert.rejects(connect('Nobody'), (err: unknown) => err instanceof StreamableHTTPError && err.code === 404)
 })
 
@@ -327,19 +317,13 @@ test('MCP: a request without a session that is not initialize is 400; a session 
 test('MCP, R1: the guard covers /mcp: a foreign Origin, a rebinding Host and a non-JSON body are refused', async (t) => {
   const { url } = await setup(t)
   const endpoint = `${url}/mcp/Lanlan`
-  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { origin: 'https://evil.example' }), 403,
-    'TP_ERR_ORIGIN_FORBIDDEN')
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { origin: 'https://evil.example' }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
   assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { host: 'evil.example' }), 403, 'TP_ERR_HOST_FORBIDDEN')
-  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { 'content-type': 'text/plain' }), 415,
-    'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { 'content-type': 'text/plain' }), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
 })
 
 /** A fastify app with only the MCP routes, with session options a test can shorten. */
-async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOptions): Promise<{
-  url: string,
-  sessions: McpSessions,
-  close: () => Promise<void>
-}> {
+async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOptions): Promise<{ url: string, sessions: McpSessions, close: () => Promise<void> }> {
   const app = fastify({ forceCloseConnections: true })
   const sessions = registerMcpRoutes(app, tp, options)
   await app.listen({ host: '127.0.0.1', port: 0 })

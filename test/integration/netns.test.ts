@@ -85,9 +85,8 @@ interface NamespaceRequest {
 
 async function fromNamespace (pair: Pair, request: NamespaceRequest): Promise<{ status: number, body: any }> {
   const headers = { ...(request.body === undefined ? {} : { 'content-type': 'application/json' }), ...request.headers }
-  const { stdout } = await run('ip', ['netns', 'exec', pair.ns, process.execPath, '-e', CLIENT,
-    JSON.stringify({ ...request, headers })],
-  { timeout: 20_000 })
+  const { stdout } = await run('ip', ['netns', 'exec', pair.ns, process.execPath, '-e', CLIENT, JSON.stringify({ ...request, headers })],
+    { timeout: 20_000 })
   const reply = JSON.parse(stdout) as { status: number, body: string }
   return { status: reply.status, body: JSON.parse(reply.body) }
 }
@@ -157,8 +156,7 @@ test('R1: a real peer on a non-loopback address (a network namespace over a veth
   // Refused before the body is read: headers announce a large body that is never sent.
   const headersOnly = await fromNamespace(pair, {
     ...at,
-    raw: 'POST /api/tools/register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: ' +
-      'application/json\r\nContent-Length: 100000\r\n\r\n'
+    raw: 'POST /api/tools/register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n'
   })
   assert.equal(headersOnly.status, 403)
   assert.equal(headersOnly.body.code, 'TP_ERR_NOT_LOOPBACK')
@@ -175,8 +173,7 @@ test('R1: a real IPv6 peer whose address is IPv4-compatible (::127.0.0.1, not ::
   if (pair === null) return
   try {
     await run('ip', ['-6', 'addr', 'add', `${pair.hostAddr6}/64`, 'dev', pair.hostIf, 'nodad'])
-    await run('ip', ['netns', 'exec', pair.ns, 'ip', '-6', 'addr', 'add', `${pair.nsAddr6}/64`, 'dev', pair.nsIf,
-      'nodad'])
+    await run('ip', ['netns', 'exec', pair.ns, 'ip', '-6', 'addr', 'add', `${pair.nsAddr6}/64`, 'dev', pair.nsIf, 'nodad'])
     // The peer's source address: the deprecated IPv4-compatible form, which Node prints as
     // "::127.0.0.1". The host route sends the replies back into this pair only.
     await run('ip', ['netns', 'exec', pair.ns, 'ip', '-6', 'addr', 'add', '::127.0.0.1/128', 'dev', pair.nsIf, 'nodad'])

@@ -230,10 +230,7 @@ const anyUrl = fc.oneof(
       host: anyHost,
       port: fc.option(fc.integer({ min: 0, max: 70_000 })),
       path: fc.webPath()
-    }).map(({
-      scheme, userinfo, host, port,
-      path
-    }) => `${scheme}://${userinfo}${host}${port === null ? '' : `:${port}`}${path}`)
+    }).map(({ scheme, userinfo, host, port, path }) => `${scheme}://${userinfo}${host}${port === null ? '' : `:${port}`}${path}`)
   },
   { weight: 1, arbitrary: fc.webUrl({ withQueryParameters: true, withFragments: true }) },
   { weight: 1, arbitrary: fc.string({ maxLength: 40 }).map((s) => `http://${s}`) },

@@ -43,8 +43,7 @@ export function readArguments (rawArguments: string | undefined, args: unknown):
  * Checks `value` against the tool's `parameters`; returns '' when valid, else a message naming
  * the problem. `onBadSchema` is called once per tool whose schema does not compile.
  */
-export function checkArguments (entry: ToolEntry, value: unknown, onBadSchema: (entry: ToolEntry,
-  message: string) => void): string {
+export function checkArguments (entry: ToolEntry, value: unknown, onBadSchema: (entry: ToolEntry, message: string) => void): string {
   let validator = entry.validator
   if (validator === undefined) {
     validator = compileValidator(entry, onBadSchema)
@@ -53,8 +52,7 @@ export function checkArguments (entry: ToolEntry, value: unknown, onBadSchema: (
   return validator === null ? '' : validator(value)
 }
 
-function compileValidator (entry: ToolEntry, onBadSchema: (entry: ToolEntry,
-  message: string) => void): ArgumentsValidator | null {
+function compileValidator (entry: ToolEntry, onBadSchema: (entry: ToolEntry, message: string) => void): ArgumentsValidator | null {
   try {
     // Compile without caching the schema in ajv (a replaced tool must not keep its old schema alive).
     const validate = ajv.compile(entry.parameters)
@@ -71,6 +69,5 @@ function compileValidator (entry: ToolEntry, onBadSchema: (entry: ToolEntry,
 
 function describeErrors (errors: ErrorObject[] | null | undefined): string {
   if (errors == null || errors.length === 0) return 'invalid'
-  return errors.slice(0,
-    5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
+  return errors.slice(0, 5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
 }

@@ -27,8 +27,7 @@ export function jsonDepthExceeds (text: string, limit: number): boolean {
 
 /** Builds fastify's content-type parser for application/json with the given depth limit. */
 export function buildJsonParser (maxDepth: number) {
-  return function parseJsonBody (_request: FastifyRequest, body: string | Buffer, done: (err: Error | null,
-    body?: unknown) => void): void {
+  return function parseJsonBody (_request: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void): void {
     const text = typeof body === 'string' ? body : body.toString('utf8')
     if (text.length === 0) {
       done(new BadJsonError('the body is empty'))

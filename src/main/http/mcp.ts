@@ -28,8 +28,7 @@ const RPC_SESSION_NOT_FOUND = -32001
  * const sessions = registerMcpRoutes(app, tp)
  * sessions.on('session-opened', ({ role, sessionId }) => {})
  */
-export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
-  options: McpSessionsOptions = {}): McpSessions {
+export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, options: McpSessionsOptions = {}): McpSessions {
   const sessions = new McpSessions(runtime, options)
 
   // preClose, not onClose: event streams never end on their own, and the server waits for them.
@@ -50,14 +49,12 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     let session: McpSession | null | undefined
     if (sessionId === undefined) {
       if (request.method !== 'POST' || !isInitializeRequest(request.body)) {
-        sendRpcError(reply, 400, RPC_BAD_REQUEST,
-          'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
+        sendRpcError(reply, 400, RPC_BAD_REQUEST, 'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
         return
       }
       session = await sessions.open(role)
       if (session === null) {
-        sendRpcError(reply, 503, RPC_BAD_REQUEST,
-          'Service Unavailable: too many MCP sessions, or the server is closing')
+        sendRpcError(reply, 503, RPC_BAD_REQUEST, 'Service Unavailable: too many MCP sessions, or the server is closing')
         return
       }
     } else {

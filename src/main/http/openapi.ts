@@ -27,20 +27,14 @@ export const ERROR_BODY_JSON_SCHEMA = jsonSchema(errorBodySchema, 'output')
 /** The error statuses every route can answer, with the guard's 401/403 and body errors. */
 function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
-  for (const status of [401, 403, ...statuses]) {
-    out[status] = {
-      ...ERROR_BODY_JSON_SCHEMA,
-      description: ERROR_DESCRIPTIONS[status]
-    }
-  }
+  for (const status of [401, 403, ...statuses]) out[status] = { ...ERROR_BODY_JSON_SCHEMA, description: ERROR_DESCRIPTIONS[status] }
   return out
 }
 
 const ERROR_DESCRIPTIONS: Record<number, string> = {
   400: 'malformed JSON or request (TP_ERR_BAD_JSON, TP_ERR_BAD_REQUEST)',
   401: 'token mode: missing or wrong bearer token (TP_ERR_UNAUTHORIZED)',
-  403: 'not a loopback client, or a foreign Host/Origin (TP_ERR_NOT_LOOPBACK, TP_ERR_HOST_FORBIDDEN, ' +
-    'TP_ERR_ORIGIN_FORBIDDEN)',
+  403: 'not a loopback client, or a foreign Host/Origin (TP_ERR_NOT_LOOPBACK, TP_ERR_HOST_FORBIDDEN, TP_ERR_ORIGIN_FORBIDDEN)',
   404: 'unknown role (TP_ERR_ROLE_NOT_FOUND)',
   413: 'body too large or too deep (TP_ERR_BODY_TOO_LARGE, TP_ERR_JSON_TOO_DEEP)',
   415: 'the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)',
@@ -106,13 +100,9 @@ export function registerDocs (app: FastifyInstance): void {
       info: {
         title: 'Toolport',
         version: VERSION,
-        description: 'Runtime Tools API: local plugins register HTTP callbacks as tools a model can call. Loopback ' +
-          'clients only.'
+        description: 'Runtime Tools API: local plugins register HTTP callbacks as tools a model can call. Loopback clients only.'
       },
-      tags: [{ name: 'tools', description: 'the Runtime Tools API' }, {
-        name: 'operations',
-        description: 'health and metrics'
-      }]
+      tags: [{ name: 'tools', description: 'the Runtime Tools API' }, { name: 'operations', description: 'health and metrics' }]
     }
   })
   app.register(swaggerUi, { routePrefix: '/docs' })

@@ -23,8 +23,7 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
   // converting a 1.4 MB string on every request cost 22 ms p50 against 7 ms for a cached Buffer
   // (bench, control plane).
   const listCache = new Map<string, { key: string, body: Buffer }>()
-  app.get('/api/tools', { schema: ROUTE_SCHEMAS.list }, function listRoute (request: FastifyRequest,
-    reply: FastifyReply) {
+  app.get('/api/tools', { schema: ROUTE_SCHEMAS.list }, function listRoute (request: FastifyRequest, reply: FastifyReply) {
     const query = parseOrThrow(listQuerySchema, request.query ?? {})
     const roles = query.role === undefined ? runtime.roles.list() : [runtime.roles.get(query.role)]
     let key = ''
@@ -40,8 +39,7 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
     reply.type('application/json; charset=utf-8').send(cached.body)
   })
 
-  app.post('/api/tools/call', { schema: ROUTE_SCHEMAS.call }, async function callRoute (request: FastifyRequest,
-    reply: FastifyReply) {
+  app.post('/api/tools/call', { schema: ROUTE_SCHEMAS.call }, async function callRoute (request: FastifyRequest, reply: FastifyReply) {
     const call = parseOrThrow(callSchema, request.body)
     // A client that hangs up cancels its call (the worker stops the callback request).
     const controller = new AbortController()

@@ -48,10 +48,7 @@ export class Role {
     this.#sync = new RoleSync({
       definitions: () => this.registry.definitions(),
       sessions: () => this.#sessionList
-    }, options.syncTimeoutMs, (outcome, durationMs, sessions) => {
-      this.#onSyncFinished(outcome, durationMs,
-        sessions)
-    })
+    }, options.syncTimeoutMs, (outcome, durationMs, sessions) => { this.#onSyncFinished(outcome, durationMs, sessions) })
   }
 
   /** Syncs started so far (sessions present); for tests and metrics. */
@@ -82,13 +79,7 @@ export class Role {
   /** Once per sync that ran (however many callers shared it). */
   #onSyncFinished (outcome: SyncOutcome, durationMs: number, sessions: number): void {
     if (this.#events.listenerCount('sync-finished') > 0) {
-      this.#events.emit('sync-finished', {
-        role: this.name,
-        ok: outcome.ok,
-        error: outcome.error,
-        durationMs,
-        sessions
-      })
+      this.#events.emit('sync-finished', { role: this.name, ok: outcome.ok, error: outcome.error, durationMs, sessions })
     }
     if (!outcome.ok && this.#events.listenerCount('sync-failed') > 0) {
       this.#events.emit('sync-failed', { role: this.name, error: outcome.error })

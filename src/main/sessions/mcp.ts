@@ -125,12 +125,7 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
     this.#starting.delete(session)
     this.#sessions.set(session.sessionId, session)
     this.#runtime.log.info({ role: session.role, session: session.sessionId }, 'MCP session opened')
-    if (this.listenerCount('session-opened') > 0) {
-      this.emit('session-opened', {
-        role: session.role,
-        sessionId: session.sessionId
-      })
-    }
+    if (this.listenerCount('session-opened') > 0) this.emit('session-opened', { role: session.role, sessionId: session.sessionId })
   }
 
   #ended (session: McpSession, reason: McpCloseReason, wasInitialized: boolean): void {
@@ -303,8 +298,7 @@ export class McpSession implements ModelSession {
     return { tools: toolDefinitions(tools, 'mcp') as ListToolsResult['tools'] }
   }
 
-  async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest,
-    ServerNotification>): Promise<CallToolResult> {
+  async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest, ServerNotification>): Promise<CallToolResult> {
     const { name } = request.params
     const args = request.params.arguments ?? {}
     const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
