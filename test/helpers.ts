@@ -11,6 +11,7 @@ import { request as httpRequest } from 'undici'
 import { createToolport, type Toolport, type ToolportOptions } from '../src/main/index.js'
 import type { ModelSession } from '../src/main/roles/sync.js'
 import type { ToolDefinition } from '../src/main/roles/tool-registry.js'
+import { startCallbackServer, type CallbackServer } from './fixtures/callback-server.js'
 
 /** A callback URL on loopback; registration never calls it (dispatch is not exercised here). */
 export const CALLBACK = 'http://127.0.0.1:9333/tools/get_weather'
@@ -79,6 +80,20 @@ export async function httpJson (url: string, method: 'GET' | 'POST', body?: unkn
   })
   const text = await res.body.text()
   return { statusCode: res.statusCode, headers: res.headers, body: text === '' ? undefined : JSON.parse(text) }
+}
+
+/** A callback server on 127.0.0.1 (test/fixtures/callback-server.ts). Closed in `t.after`. */
+export async function callbackServer (t: TestContext): Promise<CallbackServer> {
+  const server = await startCallbackServer()
+  t.after(() => server.close())
+  return server
+}
+
+/** Registers over real HTTP and asserts that it was accepted (HTTP 200, `ok: true`). */
+export async function registerOverHttp (url: string, body: Record<string, unknown>): Promise<void> {
+  const reply = await httpJson(`${url}/api/tools/register`, 'POST', body)
+  assert.equal(reply.statusCode, 200)
+  assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
 }
 
 /** The names of the tools of one role, as `GET /api/tools` (library form) lists them. */
@@ -205,7 +220,7 @@ export function isCode (code: string, statusCode: number) {
 }
 
 /**
- * Asserts an HTTP error reply: its status, and a body of the DESIGN shape
+ * Asserts an HTTP error reply: its status, and a body of the shape in docs/protocol.md "Errors of the API itself"
  * `{ ok: false, statusCode, code, error, message, details? }` with this code.
  */
 export function assertError (reply: JsonReply, statusCode: number, code: string): void {

@@ -1,12 +1,19 @@
 #!/usr/bin/env node
 // The `toolport` command. The only module that reads argv, installs signal handlers or exits.
+//
+// `main(argv, io)` is the whole command with its process surroundings passed in (streams,
+// environment, a stop signal), so tests drive it in-process; the bottom of this file binds it to
+// the real process when this file is the program being run.
 import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { readFileSync, statSync } from 'node:fs'
+import { readFileSync, realpathSync, statSync } from 'node:fs'
+import type { Readable, Writable } from 'node:stream'
+import { fileURLToPath } from 'node:url'
 import { Toolport } from './toolport.js'
-import { createLogger } from './runtime.js'
+import { createLogger } from './logger.js'
 import { optionsFromEnv, parseOptions, ENVIRONMENT } from './config.js'
 import { isToolportError } from './errors.js'
-import { startBridge } from './bridge.js'
+import { startBridge } from './cli-bridge.js'
+import { errorText, isPlainObject, noop } from '../shared/util.js'
 
 const USAGE = `Usage: toolport <command> [options]
 
@@ -40,19 +47,70 @@ class UsageError extends Error {}
 /** A problem with a file the command was pointed at: printed alone. */
 class InputError extends Error {}
 
-async function main (argv: string[]): Promise<number> {
+/** What the command reads and writes besides its arguments: the process's, or a test's. */
+export interface CliIo {
+  stdin: Readable
+  /** `isTTY` picks human-readable log lines over JSON lines. */
+  stdout: Writable & { isTTY?: boolean }
+  stderr: Writable
+  env: NodeJS.ProcessEnv
+  /** Aborted when the command is asked to stop (SIGINT, SIGTERM); its `reason` names the signal. */
+  stop: AbortSignal
+}
+
+/**
+ * Runs `toolport <argv>` and resolves with the exit code; never rejects (a failure is a message on
+ * `io.stderr` and a non-zero code: 2 for a usage or input mistake, 1 otherwise).
+ *
+ * @example
+ * const code = await main(['serve', '--port', '0'], { stdin, stdout, stderr, env: {}, stop: controller.signal })
+ */
+export async function main (argv: string[], io: CliIo): Promise<number> {
+  try {
+    return await run(argv, io)
+  } catch (err) {
+    return report(err, io)
+  }
+}
+
+async function run (argv: string[], io: CliIo): Promise<number> {
   const [command, ...rest] = argv
   if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
-    process.stdout.write(USAGE)
+    io.stdout.write(USAGE)
     return command === undefined ? 2 : 0
   }
-  if (command === 'mcp') return await mcp(rest)
+  if (command === 'mcp') return await mcp(rest, io)
   if (command !== 'serve') throw new UsageError(`unknown command '${command}'`)
-  return await serve(rest)
+  return await serve(rest, io)
+}
+
+function report (err: unknown, io: CliIo): number {
+  if (err instanceof UsageError) {
+    io.stderr.write(`toolport: ${err.message}\n\n${USAGE}`)
+    return 2
+  }
+  if (err instanceof InputError) {
+    io.stderr.write(`toolport: ${err.message}\n`)
+    return 2
+  }
+  if (isToolportError(err)) {
+    io.stderr.write(`toolport: ${err.message} (${err.code})\n`)
+    return 1
+  }
+  io.stderr.write(`toolport: ${errorText(err)}\n`)
+  return 1
+}
+
+/** Resolves with the stop signal's reason once `signal` is aborted. */
+function stopped (signal: AbortSignal): Promise<unknown> {
+  if (signal.aborted) return Promise.resolve(signal.reason)
+  return new Promise((resolve) => {
+    signal.addEventListener('abort', () => { resolve(signal.reason) }, { once: true })
+  })
 }
 
 /** `toolport mcp`: stdout carries the MCP protocol, so every message goes to stderr. */
-async function mcp (args: string[]): Promise<number> {
+async function mcp (args: string[], io: CliIo): Promise<number> {
   const flags = parseFlags(args, {
     role: { type: 'string' },
     url: { type: 'string' },
@@ -60,31 +118,33 @@ async function mcp (args: string[]): Promise<number> {
     help: { type: 'boolean', short: 'h' }
   })
   if (flags.help === true) {
-    process.stderr.write(USAGE)
+    io.stderr.write(USAGE)
     return 0
   }
   if (flags.role === undefined || flags.role === '') throw new UsageError('mcp needs --role NAME')
-  const url = flags.url ?? (process.env.TOOLPORT_URL !== undefined && process.env.TOOLPORT_URL !== '' ? process.env.TOOLPORT_URL : 'http://127.0.0.1:3917')
-  const tokenFile = flags['token-file'] ?? process.env.TOOLPORT_TOKEN_FILE
+  const envUrl = io.env.TOOLPORT_URL
+  const url = flags.url ?? (envUrl !== undefined && envUrl !== '' ? envUrl : 'http://127.0.0.1:3917')
+  const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
   const headers: Record<string, string> = {}
   if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${readTokenFile(tokenFile)}`
   let bridge
   try {
-    bridge = await startBridge({ role: flags.role, url, headers, log: (line) => process.stderr.write(`${line}\n`) })
+    bridge = await startBridge({
+      role: flags.role, url, headers, stdin: io.stdin, stdout: io.stdout, log: (line) => io.stderr.write(`${line}\n`)
+    })
   } catch (err) {
     if (err instanceof TypeError) throw new UsageError(err.message)
     throw err
   }
-  const stop = (): void => { bridge.close().catch(() => {}) }
-  process.once('SIGINT', stop)
-  process.once('SIGTERM', stop)
+  const stop = (): void => { bridge.close().catch(noop) }
+  if (io.stop.aborted) stop()
+  else io.stop.addEventListener('abort', stop, { once: true })
   await bridge.closed
-  process.off('SIGINT', stop)
-  process.off('SIGTERM', stop)
+  io.stop.removeEventListener('abort', stop)
   return 0
 }
 
-async function serve (args: string[]): Promise<number> {
+async function serve (args: string[], io: CliIo): Promise<number> {
   const flags = parseFlags(args, {
     host: { type: 'string' },
     port: { type: 'string' },
@@ -97,13 +157,13 @@ async function serve (args: string[]): Promise<number> {
     help: { type: 'boolean', short: 'h' }
   })
   if (flags.help === true) {
-    process.stdout.write(USAGE)
+    io.stdout.write(USAGE)
     return 0
   }
   const options: Record<string, unknown> = {}
-  const configFile = flags.config ?? process.env.TOOLPORT_CONFIG
+  const configFile = flags.config ?? io.env.TOOLPORT_CONFIG
   if (configFile !== undefined && configFile !== '') Object.assign(options, readConfigFile(configFile))
-  mergeOptions(options, optionsFromEnv(process.env))
+  mergeOptions(options, optionsFromEnv(io.env))
   if (flags.host !== undefined) options.host = flags.host
   if (flags.port !== undefined) {
     if (!/^\d+$/.test(flags.port)) throw new UsageError(`--port must be a number from 0 to 65535 (got '${flags.port}')`)
@@ -113,28 +173,21 @@ async function serve (args: string[]): Promise<number> {
   if (flags.inline === true) mergeOptions(options, { dispatch: { mode: 'inline' } })
   if (flags['log-level'] !== undefined) options.logger = flags['log-level']
   if (flags['allow-non-loopback-bind'] === true) mergeOptions(options, { security: { allowNonLoopbackBind: true } })
-  const tokenFile = flags['token-file'] ?? process.env.TOOLPORT_TOKEN_FILE
+  const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
   if (tokenFile !== undefined && tokenFile !== '') mergeOptions(options, { security: { token: readTokenFile(tokenFile) } })
   if (!Array.isArray(options.roles) || options.roles.length === 0) options.roles = ['default']
   options.logger ??= 'info'
 
   // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
   const settings = parseOptions(options)
-  const tp = new Toolport(settings, createLogger(settings.logger, process.stdout.isTTY === true))
-  const { url } = await tp.listen()
-  process.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp.dispatchMode})\n`)
-
-  await new Promise<void>((resolve) => {
-    const stop = (signal: NodeJS.Signals): void => {
-      process.stdout.write(`Toolport stopping (${signal})\n`)
-      process.off('SIGINT', stop)
-      process.off('SIGTERM', stop)
-      resolve()
-    }
-    process.on('SIGINT', stop)
-    process.on('SIGTERM', stop)
-  })
-  await tp.close()
+  const tp = new Toolport(settings, createLogger(settings.logger, { pretty: io.stdout.isTTY === true, destination: io.stdout }))
+  try {
+    const { url } = await tp.listen()
+    io.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp.dispatchMode})\n`)
+    io.stdout.write(`Toolport stopping (${String(await stopped(io.stop))})\n`)
+  } finally {
+    await tp.close()
+  }
   return 0
 }
 
@@ -143,7 +196,7 @@ function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (ar
   try {
     return parseArgs({ args, strict: true, allowPositionals: false, options }).values
   } catch (err) {
-    throw new UsageError((err as Error).message)
+    throw new UsageError(errorText(err))
   }
 }
 
@@ -155,7 +208,7 @@ function readTokenFile (file: string): string {
     mode = statSync(file).mode
     text = readFileSync(file, 'utf8')
   } catch (err) {
-    throw new InputError(`cannot read the token file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    throw new InputError(`cannot read the token file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
   }
   if ((mode & 0o077) !== 0) {
     throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
@@ -170,14 +223,14 @@ function readConfigFile (file: string): Record<string, unknown> {
   try {
     text = readFileSync(file, 'utf8')
   } catch (err) {
-    throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
   }
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
     return value as Record<string, unknown>
   } catch (err) {
-    throw new InputError(`the config file ${file} is not a JSON object of options: ${(err as Error).message}`)
+    throw new InputError(`the config file ${file} is not a JSON object of options: ${errorText(err)}`)
   }
 }
 
@@ -185,29 +238,44 @@ function readConfigFile (file: string): Record<string, unknown> {
 function mergeOptions (target: Record<string, unknown>, source: Record<string, unknown>): void {
   for (const [key, value] of Object.entries(source)) {
     const current = target[key]
-    if (isObject(current) && isObject(value)) target[key] = { ...current, ...value }
+    if (isPlainObject(current) && isPlainObject(value)) target[key] = { ...current, ...value }
     else target[key] = value
   }
 }
 
-function isObject (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
+/** True when this file is the program being run (`toolport …`, or node/tsx on this file). */
+function isProgram (): boolean {
+  const entry = process.argv[1]
+  if (entry === undefined) return false
+  try {
+    // The npm bin is a symlink to this file.
+    return realpathSync(entry) === fileURLToPath(import.meta.url)
+  } catch {
+    return false
+  }
 }
 
-main(process.argv.slice(2)).then((code) => {
-  process.exitCode = code
-}, (err: unknown) => {
-  if (err instanceof UsageError) {
-    process.stderr.write(`toolport: ${err.message}\n\n${USAGE}`)
-    process.exitCode = 2
-  } else if (err instanceof InputError) {
-    process.stderr.write(`toolport: ${err.message}\n`)
-    process.exitCode = 2
-  } else if (isToolportError(err)) {
-    process.stderr.write(`toolport: ${err.message} (${err.code})\n`)
-    process.exitCode = 1
-  } else {
-    process.stderr.write(`toolport: ${(err as Error)?.message ?? String(err)}\n`)
-    process.exitCode = 1
+/** Binds `main` to the real process: argv, stdio, environment, SIGINT/SIGTERM, the exit code. */
+function runAsProgram (): void {
+  const controller = new AbortController()
+  const onSignal = (signal: NodeJS.Signals): void => {
+    // Once: a second signal gets Node's default handling (the process ends at once).
+    process.off('SIGINT', onSignal)
+    process.off('SIGTERM', onSignal)
+    controller.abort(signal)
   }
-})
+  process.on('SIGINT', onSignal)
+  process.on('SIGTERM', onSignal)
+  const io: CliIo = { stdin: process.stdin, stdout: process.stdout, stderr: process.stderr, env: process.env, stop: controller.signal }
+  main(process.argv.slice(2), io).then((code) => {
+    process.off('SIGINT', onSignal)
+    process.off('SIGTERM', onSignal)
+    process.exitCode = code
+  }, (err: unknown) => {
+    // Unreachable (main never rejects), but a bug must not pass silently.
+    process.stderr.write(`toolport: ${String(err)}\n`)
+    process.exitCode = 1
+  })
+}
+
+if (isProgram()) runAsProgram()

@@ -5,7 +5,8 @@
 import { z } from 'zod'
 import { ConfigError } from './errors.js'
 
-const roleName = z.string().min(1).max(128)
+/** A role name: 1 to 128 characters. The one rule, used by the options and by `tp.roles.add`. */
+export const roleNameSchema = z.string().min(1).max(128)
 
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
@@ -88,18 +89,18 @@ const limitsSchema = z.strictObject({
 /** Every option of `createToolport` and `toolport serve`. */
 export const optionsSchema = z.strictObject({
   /** Roles that exist from the start. */
-  roles: z.array(roleName).default([]),
+  roles: z.array(roleNameSchema).default([]),
   /** Address `listen()` binds by default. */
   host: z.string().min(1).default('127.0.0.1'),
   /** Port `listen()` binds by default (0 = any free port). */
   port: z.number().int().min(0).max(65_535).default(3917),
   /** A role's sync to its model sessions fails after this long. */
   syncTimeoutMs: z.number().int().min(1).max(600_000).default(10_000),
-  /** Consecutive connection failures at one origin that evict its `plugin:` tools (SPEC R13). */
+  /** Consecutive connection failures at one origin that evict its `plugin:` tools (docs/protocol.md R13). */
   evictionThreshold: z.number().int().min(1).max(1000).default(3),
-  /** fastify/pino logger: false (silent), true (info) or a level name. */
   /** Serve Prometheus metrics at GET /metrics (and count them). */
   metrics: z.boolean().default(true),
+  /** fastify/pino logger: false (silent), true (info) or a level name. */
   logger: z.union([z.boolean(), z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])])
     .default(false),
   dispatch: dispatchSchema.prefault({}),

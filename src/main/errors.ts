@@ -13,7 +13,7 @@ export interface ErrorDetail {
   message: string
 }
 
-/** 403: the socket's peer is not a loopback address (SPEC R1). */
+/** 403: the socket's peer is not a loopback address (docs/protocol.md R1). */
 export const NotLoopbackError = createError('TP_ERR_NOT_LOOPBACK',
   'Toolport accepts loopback clients only; %s is not a loopback address', 403)
 
@@ -42,13 +42,13 @@ export const NotOwnerError = createError('TP_ERR_NOT_OWNER',
 /** 422: a registration would take a role past `maxToolsPerRole` or a source past `maxToolsPerSource`. */
 export const LimitExceededError = createError('TP_ERR_LIMIT_EXCEEDED', 'limit exceeded: %s', 422)
 
-/** 404: a role named in a request does not exist (SPEC R6, R17, R18). */
+/** 404: a role named in a request does not exist (docs/protocol.md R6, R17, R18). */
 export const RoleNotFoundError = createError('TP_ERR_ROLE_NOT_FOUND', "role '%s' does not exist", 404)
 
 /** 404: no route matches the method and path. */
 export const RouteNotFoundError = createError('TP_ERR_ROUTE_NOT_FOUND', 'no route %s', 404)
 
-/** 422: a field failed validation (SPEC R2, R7); `details` lists every problem. */
+/** 422: a field failed validation (docs/protocol.md R2, R7); `details` lists every problem. */
 export const ValidationError = createError('TP_ERR_VALIDATION', 'invalid request: %s', 422)
 
 /** 400: the body is not parseable JSON. */

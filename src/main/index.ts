@@ -4,7 +4,8 @@ export { createToolport, Toolport } from './toolport.js'
 export type { ListenOptions, ListenResult } from './toolport.js'
 export { Runtime } from './runtime.js'
 export type {
-  RegisterResult, UnregisterResult, ClearResult, ListResult, FailedRole, RefusedRole, ToolCall, CallToolOptions, MutationOptions
+  RegisterResult, UnregisterResult, ClearResult, ListResult, FailedRole, RefusedRole, ToolCall, CallToolOptions,
+  MutationOptions, HealthReport
 } from './runtime.js'
 export { toolportPlugin } from './http/app.js'
 export type { ToolportPluginOptions } from './http/app.js'
@@ -14,7 +15,10 @@ export type { RoleManager } from './roles/roles.js'
 export type { ToolDefinition, ToolListing, LocalToolHandler, LocalToolContext } from './roles/tool-registry.js'
 export type { ToolResult, ToolImage } from './dispatch/result.js'
 export type { ToolportOptions, ResolvedOptions } from './config.js'
-export type { ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent } from './events.js'
+export type {
+  ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent,
+  SyncFinishedEvent
+} from './events.js'
 export { ERROR_CODES, isToolportError } from './errors.js'
 export type { ToolportError, ErrorDetail } from './errors.js'
 export { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'

@@ -3,7 +3,7 @@
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
 import type { Worker } from 'node:worker_threads'
-import { pino, type Logger } from 'pino'
+import type { Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
 import { ClosedError, LimitExceededError, validationError } from './errors.js'
 import type { ToolportEvents } from './events.js'
@@ -16,11 +16,12 @@ import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
-import { errorText } from './roles/sync.js'
+import { errorText, noop } from '../shared/util.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
+import { createLogger } from './logger.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
@@ -28,14 +29,14 @@ const HEALTH_SWEEP_MS = 60_000
 const UNKNOWN_TOOL_NAMES = 20
 
 /**
- * A role that did not take a change (DESIGN: objects): its sessions failed to sync, or (ownership
+ * A role that did not take a change (docs/protocol.md R8: objects): its sessions failed to sync, or (ownership
  * mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
  */
 export interface FailedRole { role: string, error: string, owned_by?: string }
 /** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
 export interface RefusedRole { role: string, owned_by: string }
 
-/** Result of `register` (SPEC R8). */
+/** Result of `register` (docs/protocol.md R8). */
 export interface RegisterResult {
   ok: boolean
   registered: string
@@ -44,7 +45,7 @@ export interface RegisterResult {
   /** Set when `ok` is false: why nothing accepted it. */
   error?: string
 }
-/** Result of `unregister` (SPEC R15, R17). */
+/** Result of `unregister` (docs/protocol.md R15, R17). */
 export interface UnregisterResult {
   ok: boolean
   removed: boolean
@@ -52,14 +53,14 @@ export interface UnregisterResult {
   failed_roles: FailedRole[]
   refused_roles: RefusedRole[]
 }
-/** Result of `clear` (SPEC R16, R17). */
+/** Result of `clear` (docs/protocol.md R16, R17). */
 export interface ClearResult {
   ok: boolean
   removed: number
   affected_roles: string[]
   failed_roles: FailedRole[]
 }
-/** Result of `list` (SPEC R18). */
+/** Result of `list` (docs/protocol.md R18). */
 export interface ListResult {
   ok: true
   tools_by_role: Record<string, readonly ToolListing[]>
@@ -76,7 +77,7 @@ export interface HealthReport {
   dispatch: { mode: 'pool' | 'inline', threads: number, in_flight: number, queued: number, utilization: number }
 }
 
-/** A model's tool call (DESIGN "Core contracts"). */
+/** A model's tool call (`raw_arguments` wins over `arguments`: docs/protocol.md R9). */
 export interface ToolCall {
   name: string
   call_id?: string | undefined
@@ -203,7 +204,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /**
-   * Registers or replaces (SPEC R5) one remote tool in the target roles, then waits for each
+   * Registers or replaces (docs/protocol.md R5) one remote tool in the target roles, then waits for each
    * role's sync. `body` has the wire shape of `POST /api/tools/register`.
    * Throws TP_ERR_VALIDATION (422) or TP_ERR_ROLE_NOT_FOUND (404); in ownership mode also
    * TP_ERR_NOT_OWNER (403) when the source belongs to another plugin key.
@@ -257,7 +258,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /**
-   * Removes one tool by name from every role, or from the one role given (SPEC R15). With
+   * Removes one tool by name from every role, or from the one role given (docs/protocol.md R15). With
    * `expected_source`, a role whose tool belongs to another source is skipped and listed in
    * `refused_roles`; local tools are always refused, and so, in ownership mode, are tools whose
    * source belongs to another plugin key.
@@ -285,7 +286,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const affected = await syncAll(changed, failed)
     if (changed.length > 0) this.log.info({ tool: request.name, roles: affected, failed: failed.length }, 'tool unregistered')
     return {
-      // DESIGN: no failures, or something was removed (the registry is authoritative).
+      // docs/protocol.md R17: no failures, or something was removed (the registry is authoritative).
       ok: failed.length === 0 || changed.length > 0,
       removed: changed.length > 0,
       affected_roles: affected,
@@ -295,7 +296,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /**
-   * Removes every remote tool of a source from every role, or from the one role given (SPEC R16).
+   * Removes every remote tool of a source from every role, or from the one role given (docs/protocol.md R16).
    * In ownership mode, throws TP_ERR_NOT_OWNER (403) when the source belongs to another plugin key.
    */
   async clear (body: unknown, options: MutationOptions = {}): Promise<ClearResult> {
@@ -319,7 +320,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     return { ok: failed.length === 0 || removed > 0, removed, affected_roles: affected, failed_roles: failed }
   }
 
-  /** Lists the tools of every current role, or of one (SPEC R18), in registration order. */
+  /** Lists the tools of every current role, or of one (docs/protocol.md R18), in registration order. */
   list (role?: string | null): ListResult {
     const toolsByRole: Record<string, readonly ToolListing[]> = Object.create(null)
     if (role !== undefined && role !== null) {
@@ -389,7 +390,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     this.#evict(entry.origin)
   }
 
-  /** Removes every `plugin:` tool at `origin` from every role (SPEC R13); each affected role syncs once. */
+  /** Removes every `plugin:` tool at `origin` from every role (docs/protocol.md R13); each affected role syncs once. */
   #evict (origin: string): void {
     const roles: Role[] = []
     const tools = new Set<string>()
@@ -524,22 +525,3 @@ async function runLocalTool (entry: ToolEntry, args: unknown, role: string, call
     signal?.removeEventListener('abort', cancel)
   }
 }
-
-/**
- * The logger the runtime and fastify share; pino `redact` is a safety net for private data.
- * `pretty` renders human-readable lines through pino-pretty (the CLI uses it on a terminal).
- */
-export function createLogger (setting: ResolvedOptions['logger'], pretty = false): Logger {
-  const level = setting === true ? 'info' : setting === false ? 'silent' : setting
-  return pino({
-    level,
-    redact: {
-      paths: ['arguments', 'raw_arguments', 'output', 'body', '*.arguments', '*.raw_arguments', '*.output', '*.body',
-        'req.headers.authorization', 'req.headers.cookie'],
-      censor: '[redacted]'
-    },
-    ...(pretty ? { transport: { target: 'pino-pretty', options: { colorize: true, translateTime: 'HH:MM:ss.l', ignore: 'pid,hostname' } } } : {})
-  })
-}
-
-function noop (): void {}

@@ -3,11 +3,12 @@
 import { z } from 'zod'
 import { checkCallbackUrl, type CallbackUrlParts } from '../shared/loopback.js'
 import { validationError, type ErrorDetail, type ToolportError } from './errors.js'
+import { codePointLength, isPlainObject } from '../shared/util.js'
 
 /** A JSON Schema object, as given by a plugin (kept as-is, shown to the model). */
 export type JsonSchemaObject = Record<string, unknown>
 
-/** SPEC: `name` is 1–64 characters; counted in Unicode code points, not UTF-16 units. */
+/** docs/protocol.md R7: `name` is 1–64 characters; counted in Unicode code points, not UTF-16 units. */
 const toolName = z.string().refine((s) => {
   const n = codePointLength(s)
   return n >= 1 && n <= 64
@@ -35,7 +36,7 @@ const callbackUrl = z.string().transform((value, ctx): CallbackUrlParts => {
   return z.NEVER
 })
 
-/** POST /api/tools/register (SPEC "Register"). */
+/** POST /api/tools/register (docs/protocol.md "Register"). */
 export const registerSchema = z.object({
   name: toolName.describe('the tool name the model calls, 1–64 characters'),
   // The configurable, tighter cap (limits.maxDescriptionChars) is checked in registrationProblems.
@@ -64,17 +65,17 @@ export const localToolSchema = z.object({
   handler: z.custom<(...args: never[]) => unknown>((value) => typeof value === 'function', { message: 'must be a function' })
 })
 
-/** POST /api/tools/unregister (SPEC R15, R17). */
+/** POST /api/tools/unregister (docs/protocol.md R15, R17). */
 export const unregisterSchema = z.object({
   name: toolName,
   role: roleField,
-  /** Beyond the SPEC: remove only where the tool still belongs to this source. */
+  /** Beyond the contract: remove only where the tool still belongs to this source. */
   expected_source: sourceField.optional()
 })
 export type UnregisterInput = z.input<typeof unregisterSchema>
 export type UnregisterRequest = z.output<typeof unregisterSchema>
 
-/** POST /api/tools/clear (SPEC R16, R17). */
+/** POST /api/tools/clear (docs/protocol.md R16, R17). */
 export const clearSchema = z.object({
   source: sourceField,
   role: roleField
@@ -82,7 +83,7 @@ export const clearSchema = z.object({
 export type ClearInput = z.input<typeof clearSchema>
 export type ClearRequest = z.output<typeof clearSchema>
 
-/** GET /api/tools?role= (SPEC R18). */
+/** GET /api/tools?role= (docs/protocol.md R18). */
 export const listQuerySchema = z.object({
   role: z.string().min(1).optional()
 })
@@ -159,16 +160,6 @@ export function toValidationError (error: z.ZodError): ToolportError {
   return validationError(details)
 }
 
-/** A plain JSON object: not null, not an array. */
-export function isPlainObject (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
-
-function codePointLength (s: string): number {
-  // The string iterator walks code points, so a surrogate pair counts once.
-  return [...s].length
-}
-
 // Response shapes. They document the API (OpenAPI at /openapi.json) and give fastify the JSON
 // Schemas it compiles into fast serializers; the Runtime's result types are the source of truth
 // for the code, and a test checks that real answers match these.
@@ -180,7 +171,7 @@ const failedRole = z.object({
 const roleNames = z.array(z.string())
 
 export const registerResultSchema = z.object({
-  ok: z.boolean().describe('true when at least one role accepted the registration (SPEC R8)'),
+  ok: z.boolean().describe('true when at least one role accepted the registration (docs/protocol.md R8)'),
   registered: z.string(),
   affected_roles: roleNames.describe('roles that took the change, sessions synced'),
   failed_roles: z.array(failedRole).describe('roles that did not take it, with the reason'),

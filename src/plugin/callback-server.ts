@@ -1,8 +1,8 @@
-// The plugin's own callback server (SPEC R9–R12, R14): node:http on a loopback address.
+// The plugin's own callback server (docs/protocol.md R9–R12, R14): node:http on a loopback address.
 //
 // node:http rather than fastify: one route, no plugins, and the SDK must not pull a logger or
 // a framework into every plugin process. The server answers every call that reaches a tool with
-// HTTP 200 and the `{output, is_error}` envelope (SPEC R10, R11): an HTTP error would also become a
+// HTTP 200 and the `{output, is_error}` envelope (docs/protocol.md R10, R11): an HTTP error would also become a
 // tool error (R12), but a worse one for the model ("returned HTTP 500" instead of the reason).
 // HTTP errors are kept for requests that are not Toolport calls at all.
 //
@@ -18,6 +18,7 @@ import type { AddressInfo, Socket } from 'node:net'
 import { z } from 'zod'
 import { isLoopbackHostname } from '../shared/loopback.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
+import { errorText } from '../shared/util.js'
 
 export interface CallbackServerOptions {
   host: string
@@ -27,7 +28,7 @@ export interface CallbackServerOptions {
   logger: PluginLogger
 }
 
-/** The `{output, is_error}` / `{error, is_error}` envelope (SPEC R10, R11), as JSON text. */
+/** The `{output, is_error}` / `{error, is_error}` envelope (docs/protocol.md R10, R11), as JSON text. */
 type Envelope = string
 
 // Reasons the handler's signal gives; DOMException names match what fetch and timers use.
@@ -117,7 +118,7 @@ export class CallbackServer {
       }
       this.#call(tool, body, req, res).catch((err: unknown) => {
         // #call answers every outcome itself; reaching this is a bug in the SDK, not the tool.
-        this.#options.logger.error?.(`internal error answering a call of '${tool.name}': ${(err as Error)?.message}`)
+        this.#options.logger.error?.(`internal error answering a call of '${tool.name}': ${errorText(err)}`)
         if (!res.headersSent) sendPlain(res, 500, 'internal error in the plugin SDK')
       })
     }, () => { res.destroy() })
@@ -144,7 +145,7 @@ export class CallbackServer {
       return
     }
     if (typeof body !== 'object' || body === null) {
-      sendPlain(res, 400, 'the body must be a JSON object (SPEC R9)')
+      sendPlain(res, 400, 'the body must be a JSON object (docs/protocol.md R9)')
       return
     }
     const headerCallId = req.headers['x-toolport-call-id']

@@ -10,7 +10,7 @@ export const PLUGIN_ERROR_CODES = {
   state: 'TP_ERR_PLUGIN_STATE',
   /** Toolport could not be reached (connection failure or no answer in `requestTimeoutMs`). */
   unreachable: 'TP_ERR_PLUGIN_UNREACHABLE',
-  /** Toolport answered with an HTTP error, or no role accepted a registration (SPEC R8). */
+  /** Toolport answered with an HTTP error, or no role accepted a registration (docs/protocol.md R8). */
   refused: 'TP_ERR_PLUGIN_REFUSED',
   /** `start()` could not register within `startTimeoutMs`; `cause` is the last failure. */
   startTimeout: 'TP_ERR_PLUGIN_START_TIMEOUT'

@@ -1,8 +1,8 @@
 // The public entry of `toolport/plugin`: the plugin SDK. Named exports only; every value here is
 // public API, listed in the README section "Plugin SDK".
 //
-// The SDK is a client of Toolport's HTTP API (SPEC "Routes") and a server of the callback protocol
-// (SPEC R9–R14). It never imports from src/main: a plugin process must not load the server.
+// The SDK is a client of Toolport's HTTP API (docs/protocol.md "Routes") and a server of the callback protocol
+// (docs/protocol.md R9–R14). It never imports from src/main: a plugin process must not load the server.
 import { resolvePluginOptions, type PluginOptions, type PluginTool } from './options.js'
 import { Plugin } from './plugin.js'
 

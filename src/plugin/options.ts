@@ -1,12 +1,13 @@
 // The options of `createPlugin`, checked once, up front, into a fixed-shape `ResolvedPluginOptions`.
 //
-// Everything Toolport would refuse with a 422 (SPEC R7) is checked here first, so a plugin fails
+// Everything Toolport would refuse with a 422 (docs/protocol.md R7) is checked here first, so a plugin fails
 // at construction with every problem named instead of at `start()` with the first one. Zod
 // parameter schemas are converted to JSON Schema here, once per tool.
 import { randomBytes } from 'node:crypto'
 import { z } from 'zod'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
+import { codePointLength, errorText, isPlainObject, MAX_TIMER_MS } from '../shared/util.js'
 
 /** A JSON Schema object, as Toolport shows it to the model. */
 export type JsonSchemaObject = Record<string, unknown>
@@ -16,7 +17,7 @@ export type ToolParameters = JsonSchemaObject | z.core.$ZodType
 
 /**
  * The arguments a handler receives: the zod schema's output for a zod schema (validated before the
- * handler runs), else a JSON object (Toolport checked it against the JSON Schema, SPEC "Callback").
+ * handler runs), else a JSON object (Toolport checked it against the JSON Schema, docs/protocol.md R9).
  */
 export type ToolArguments<P> = P extends z.core.$ZodType ? z.core.output<P> : Record<string, unknown>
 
@@ -24,7 +25,7 @@ export type ToolArguments<P> = P extends z.core.$ZodType ? z.core.output<P> : Re
 export interface ToolCallContext {
   /** The tool's name. */
   name: string
-  /** The model's call id (`call_id` of the callback body, SPEC R9). */
+  /** The model's call id (`call_id` of the callback body, docs/protocol.md R9). */
   callId: string
   /**
    * How long the handler has, in ms, counted from when the call arrived: Toolport's
@@ -56,8 +57,8 @@ export interface PluginTool<P = ToolParameters | undefined> {
    */
   parameters?: P & ToolParameters
   /**
-   * Runs the call. Its return value (any JSON value) is the tool's output (SPEC R10); a throw
-   * becomes a tool error the model reads (SPEC R11), with the error's message.
+   * Runs the call. Its return value (any JSON value) is the tool's output (docs/protocol.md R10); a throw
+   * becomes a tool error the model reads (docs/protocol.md R11), with the error's message.
    */
   handler: (args: ToolArguments<P>, ctx: ToolCallContext) => unknown
   /** Toolport's deadline for one call, > 0 and ≤ 300 (default 30). */
@@ -76,7 +77,10 @@ export interface PluginLogger {
 export interface PluginOptions<T extends Record<string, unknown> = Record<string, ToolParameters | undefined>> {
   /** Base URL of Toolport's HTTP API, on a loopback address, e.g. `http://127.0.0.1:3917`. */
   toolportUrl: string
-  /** The plugin's lifecycle tag, `plugin:<id>`: `stop()` clears it, and eviction applies to it (SPEC R13). */
+  /**
+   * The plugin's lifecycle tag, `plugin:<id>`: `stop()` clears it, and eviction applies to it
+   * (docs/protocol.md R13).
+   */
   source: string
   /** The tools, by name (1–64 characters each). */
   tools: { [K in keyof T]: PluginTool<T[K]> }
@@ -141,10 +145,9 @@ export interface ResolvedPluginOptions {
   tools: Map<string, ResolvedTool>
 }
 
-// Mirrors of Toolport's limits (SPEC R7 and src/main/schemas.ts), checked early for clear errors.
+// Mirrors of Toolport's limits (docs/protocol.md R7 and src/main/schemas.ts), checked early for clear errors.
 const MAX_TIMEOUT_SECONDS = 300
 const MAX_SOURCE_CHARS = 256
-const MAX_TIMER_MS = 2_147_483_647
 
 const EMPTY_PARAMETERS: JsonSchemaObject = Object.freeze({ type: 'object', properties: {} })
 
@@ -166,8 +169,8 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   if (typeof options.toolportUrl !== 'string') {
     problem('toolportUrl', 'must be a URL string, e.g. http://127.0.0.1:3917')
   } else {
-    // The API accepts loopback clients only (SPEC R1) and a token must never leave the machine,
-    // so the SDK insists on the same loopback rule callback URLs follow (SPEC R2).
+    // The API accepts loopback clients only (docs/protocol.md R1) and a token must never leave the machine,
+    // so the SDK insists on the same loopback rule callback URLs follow (docs/protocol.md R2).
     const verdict = checkCallbackUrl(options.toolportUrl)
     if (!verdict.ok) {
       problem('toolportUrl', `${verdict.problem} (got ${JSON.stringify(options.toolportUrl)})`)
@@ -299,7 +302,7 @@ function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
   try {
     converted = z.toJSONSchema(schema, { target: 'draft-07', io: 'input' }) as Record<string, unknown>
   } catch (err) {
-    return `the zod schema has no JSON Schema form: ${(err as Error).message}`
+    return `the zod schema has no JSON Schema form: ${errorText(err)}`
   }
   delete converted.$schema
   if (converted.type !== 'object') return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
@@ -329,13 +332,4 @@ function milliseconds (value: number | undefined, fallback: number, min: number,
 /** A zod 4 schema (classic or mini): every one carries its internals under `_zod`. */
 function isZodSchema (value: unknown): value is z.core.$ZodType {
   return typeof value === 'object' && value !== null && '_zod' in value
-}
-
-function isPlainObject (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
-
-/** Length in code points, as Toolport counts a name: a surrogate pair is one character. */
-function codePointLength (s: string): number {
-  return Array.from(s).length
 }

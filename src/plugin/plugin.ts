@@ -1,6 +1,6 @@
 // A plugin's life: serve callbacks, register, keep the registrations alive, clear them on stop.
 //
-// Registrations are runtime-only (SPEC R3) and a plugin's tools also vanish when Toolport evicts
+// Registrations are runtime-only (docs/protocol.md R3) and a plugin's tools also vanish when Toolport evicts
 // its origin (R13) or someone unregisters them (R15). Toolport does not tell anyone, so the plugin
 // asks: one poll of `GET /api/tools` at a time, every `pollIntervalMs` (jittered, so many plugins
 // restarted together do not poll in step), backing off exponentially (with jitter) while Toolport
@@ -16,6 +16,7 @@ import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
 import { ToolportClient, type RegisterBody } from './toolport-client.js'
+import { errorText, noop } from '../shared/util.js'
 
 /** Why tools were registered: the first registration, or a check that found them missing. */
 export type RegisteredReason = 'start' | 'restored'
@@ -24,7 +25,7 @@ export type RegisteredReason = 'start' | 'restored'
 export interface RegisteredEvent {
   /** Names of the tools just registered. */
   names: string[]
-  /** Roles that accepted them (`affected_roles`, SPEC R8). */
+  /** Roles that accepted them (`affected_roles`, docs/protocol.md R8). */
   roles: string[]
   reason: RegisteredReason
 }
@@ -49,7 +50,7 @@ export interface StartResult {
 
 /** What `stop()` resolves to; it never rejects. */
 export interface StopResult {
-  /** True when Toolport confirmed the clear (SPEC R16). */
+  /** True when Toolport confirmed the clear (docs/protocol.md R16). */
   isCleared: boolean
   /** How many registrations the clear removed. */
   removed: number
@@ -137,7 +138,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
   }
 
   /**
-   * Stops checking, clears the plugin's source from Toolport (SPEC R16) so no new call arrives,
+   * Stops checking, clears the plugin's source from Toolport (docs/protocol.md R16) so no new call arrives,
    * then closes the callback server, letting calls in flight finish for `graceMs`. Never
    * rejects: a failed clear is reported in the result (and as an `error` event).
    */
@@ -186,9 +187,9 @@ export class Plugin extends EventEmitter<PluginEvents> {
         if (startTimeoutMs === 0) throw err
         if (leftMs <= 0) {
           throw new PluginError(PLUGIN_ERROR_CODES.startTimeout,
-            `could not register with Toolport within ${startTimeoutMs} ms: ${(err as Error).message}`, { cause: err })
+            `could not register with Toolport within ${startTimeoutMs} ms: ${errorText(err)}`, { cause: err })
         }
-        this.#options.logger.debug?.(`start: attempt ${attempt} failed, retrying: ${(err as Error).message}`)
+        this.#options.logger.debug?.(`start: attempt ${attempt} failed, retrying: ${errorText(err)}`)
         try {
           await sleep(Math.min(leftMs, this.#backoffMs(attempt)), undefined, { signal })
         } catch {
@@ -212,7 +213,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
       names.push(tool.name)
       for (const r of answer.affected_roles) roles.add(r)
       if (answer.failed_roles.length > 0) {
-        // SPEC R8: the registry has it; the role's next successful sync carries it to the model.
+        // docs/protocol.md R8: the registry has it; the role's next successful sync carries it to the model.
         this.#options.logger.warn?.(`'${tool.name}' registered, but ${answer.failed_roles.length} role(s) failed to sync it to their sessions`)
       }
     }
@@ -257,7 +258,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
   /**
    * One check: list the tools, find ours that a role lacks, register them again. A name held by
    * another source or at another URL is left alone (and warned about once): re-registering would
-   * start a tug of war with whoever replaced it (SPEC R5 lets anyone replace a name).
+   * start a tug of war with whoever replaced it (docs/protocol.md R5 lets anyone replace a name).
    */
   async #checkRegistrations (): Promise<void> {
     const listed = await this.#client.list(this.role, this.#stopController.signal)
@@ -328,7 +329,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     this.#timer = null
     // Let the one exchange in flight finish, so no registration can land after the clear.
     await this.#check
-    if (this.#starting !== null) await this.#starting.catch(() => {})
+    if (this.#starting !== null) await this.#starting.catch(noop)
 
     let result: StopResult = { isCleared: false, removed: 0, error: null }
     // Nothing of ours can be registered if no registration ever succeeded; another instance's
@@ -362,5 +363,5 @@ function stoppedDuringStart (): PluginError {
 
 function asPluginError (err: unknown): PluginError {
   if (err instanceof PluginError) return err
-  return new PluginError(PLUGIN_ERROR_CODES.unreachable, `unexpected failure: ${(err as Error)?.message ?? String(err)}`, { cause: err })
+  return new PluginError(PLUGIN_ERROR_CODES.unreachable, `unexpected failure: ${errorText(err)}`, { cause: err })
 }

@@ -1,4 +1,4 @@
-// The SDK's client of Toolport's HTTP API (SPEC "Routes"): register, clear, list.
+// The SDK's client of Toolport's HTTP API (docs/protocol.md "Routes"): register, clear, list.
 //
 // One dedicated undici `Pool` for the one Toolport origin, never the global dispatcher: the
 // plugin's host application may have configured that one (proxy, mocks), and a proxy must never see
@@ -7,7 +7,7 @@
 import { Pool } from 'undici'
 import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
 
-/** The wire form of a registration (SPEC "Register"). */
+/** The wire form of a registration (docs/protocol.md "Register"). */
 export interface RegisterBody {
   name: string
   description: string
@@ -18,14 +18,14 @@ export interface RegisterBody {
   timeout_seconds: number
 }
 
-/** The parts of `POST /api/tools/register`'s answer the SDK uses (SPEC R8). */
+/** The parts of `POST /api/tools/register`'s answer the SDK uses (docs/protocol.md R8). */
 export interface RegisterAnswer {
   registered: string
   affected_roles: string[]
   failed_roles: unknown[]
 }
 
-/** One row of `GET /api/tools` (SPEC R18). */
+/** One row of `GET /api/tools` (docs/protocol.md R18). */
 export interface ListedTool {
   name: string
   source?: string
@@ -71,7 +71,7 @@ export class ToolportClient {
   async register (body: RegisterBody): Promise<RegisterAnswer> {
     const answer = await this.#request('POST', 'api/tools/register', body) as Partial<RegisterAnswer> & { ok?: unknown, error?: unknown }
     if (answer.ok !== true) {
-      // SPEC R8: a well-formed registration no role accepted (e.g. Toolport has no role yet).
+      // docs/protocol.md R8: a well-formed registration no role accepted (e.g. Toolport has no role yet).
       const reason = typeof answer.error === 'string' ? answer.error : 'no role accepted it'
       throw new PluginError(PLUGIN_ERROR_CODES.refused, `Toolport did not register '${body.name}': ${reason}`)
     }
@@ -82,13 +82,13 @@ export class ToolportClient {
     }
   }
 
-  /** `POST /api/tools/clear` (SPEC R16); resolves to the number of tools removed. */
+  /** `POST /api/tools/clear` (docs/protocol.md R16); resolves to the number of tools removed. */
   async clear (source: string, role: string | null): Promise<number> {
     const answer = await this.#request('POST', 'api/tools/clear', { source, role }) as { removed?: unknown }
     return typeof answer.removed === 'number' ? answer.removed : 0
   }
 
-  /** `GET /api/tools` (SPEC R18): every current role's tools, or one role's. */
+  /** `GET /api/tools` (docs/protocol.md R18): every current role's tools, or one role's. */
   async list (role: string | null, signal?: AbortSignal): Promise<Map<string, ListedTool[]>> {
     const path = role === null ? 'api/tools' : `api/tools?role=${encodeURIComponent(role)}`
     const answer = await this.#request('GET', path, undefined, signal) as { tools_by_role?: unknown }

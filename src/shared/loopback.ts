@@ -1,4 +1,4 @@
-// The loopback predicates (SPEC R1, R2), built on ipaddr.js.
+// The loopback predicates (docs/protocol.md R1, R2), built on ipaddr.js.
 //
 // Shared by both threads: the main thread judges peers and callback URLs at registration, and the
 // callback workers re-check the canonical URL and the connected socket's peer at call time. Pure
@@ -68,7 +68,7 @@ export interface CallbackUrlParts {
 }
 
 /**
- * Judges a callback URL on its WHATWG-parsed form (SPEC R2). Accepted hosts: `localhost` (any
+ * Judges a callback URL on its WHATWG-parsed form (docs/protocol.md R2). Accepted hosts: `localhost` (any
  * case; the parser lower-cases it), an IPv4 address in 127.0.0.0/8 (any spelling the WHATWG parser
  * normalises to one, e.g. `127.1`), `[::1]`, and `[::ffff:127.x.y.z]` in either spelling.
  * Refused: userinfo, an empty host, `0.0.0.0`, `[::]`, `localhost.`, `*.localhost`, IPv6 zone ids

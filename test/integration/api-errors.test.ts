@@ -1,4 +1,4 @@
-// Errors of the API itself (DESIGN "Errors", STYLE §3): 400 malformed JSON, 413 too large or too
+// Errors of the API itself (docs/protocol.md "Errors of the API itself"): 400 malformed JSON, 413 too large or too
 // deep, 415 not JSON, 404 unknown route; every error body is
 // `{ ok: false, statusCode, code, error, message, details? }` with a stable TP_ERR_* code.
 import { test } from 'node:test'
@@ -19,7 +19,7 @@ async function raw (tp: Toolport, payload: string, contentType: string | undefin
 
 const VALID = JSON.stringify(tool('x'))
 
-test('DESIGN errors: malformed JSON is 400 TP_ERR_BAD_JSON', async (t) => {
+test('API errors: malformed JSON is 400 TP_ERR_BAD_JSON', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const payload of ['{bad', '{"name": }', '{"name":"x"} trailing', "{'name':'x'}", '{"a":1,}', '[1,2', '"unterminated']) {
     assertError(await raw(tp, payload, 'application/json'), 400, 'TP_ERR_BAD_JSON')
@@ -27,7 +27,7 @@ test('DESIGN errors: malformed JSON is 400 TP_ERR_BAD_JSON', async (t) => {
   assert.deepEqual(names(tp, 'A'), [])
 })
 
-test('DESIGN errors: an empty application/json body is 400 TP_ERR_BAD_JSON', async (t) => {
+test('API errors: an empty application/json body is 400 TP_ERR_BAD_JSON', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   assertError(await raw(tp, '', 'application/json'), 400, 'TP_ERR_BAD_JSON')
   assertError(await raw(tp, '', 'application/json', '/api/tools/clear'), 400, 'TP_ERR_BAD_JSON')
@@ -40,7 +40,7 @@ test('R7: well-formed JSON that is not an object (array, null, number, string) i
   }
 })
 
-test('DESIGN errors: a body over limits.maxBodyBytes is 413 TP_ERR_BODY_TOO_LARGE', async (t) => {
+test('API errors: a body over limits.maxBodyBytes is 413 TP_ERR_BODY_TOO_LARGE', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], limits: { maxBodyBytes: 1024 } })
   const big = JSON.stringify(tool('x', { description: 'd'.repeat(2000) }))
   assertError(await raw(tp, big, 'application/json'), 413, 'TP_ERR_BODY_TOO_LARGE')
@@ -48,7 +48,7 @@ test('DESIGN errors: a body over limits.maxBodyBytes is 413 TP_ERR_BODY_TOO_LARG
   assert.equal((await raw(tp, small, 'application/json')).statusCode, 200)
 })
 
-test('DESIGN errors: a chunked body over the limit on a real socket is 413 TP_ERR_BODY_TOO_LARGE', async (t) => {
+test('API errors: a chunked body over the limit on a real socket is 413 TP_ERR_BODY_TOO_LARGE', async (t) => {
   const { port, tp } = await startToolport(t, { roles: ['A'], limits: { maxBodyBytes: 1024 } })
   const reply = await new Promise<JsonReply>((resolve, reject) => {
     const req = httpRequest({
@@ -73,7 +73,7 @@ test('DESIGN errors: a chunked body over the limit on a real socket is 413 TP_ER
   assert.deepEqual(names(tp, 'A'), [])
 })
 
-test('DESIGN errors: JSON nested deeper than limits.maxJsonDepth is 413 TP_ERR_JSON_TOO_DEEP', async (t) => {
+test('API errors: JSON nested deeper than limits.maxJsonDepth is 413 TP_ERR_JSON_TOO_DEEP', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   assertError(await raw(tp, '['.repeat(65) + ']'.repeat(65), 'application/json'), 413, 'TP_ERR_JSON_TOO_DEEP')
   const deepParams = JSON.stringify(tool('x', { parameters: nest(70) }))
@@ -82,12 +82,12 @@ test('DESIGN errors: JSON nested deeper than limits.maxJsonDepth is 413 TP_ERR_J
   assertError(await raw(tp, '['.repeat(100_000), 'application/json'), 413, 'TP_ERR_JSON_TOO_DEEP')
 })
 
-test('DESIGN errors: JSON exactly at the depth limit is parsed (and then validated)', async (t) => {
+test('API errors: JSON exactly at the depth limit is parsed (and then validated)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   assertError(await raw(tp, '['.repeat(64) + ']'.repeat(64), 'application/json'), 422, 'TP_ERR_VALIDATION')
 })
 
-test('DESIGN errors: the depth limit follows limits.maxJsonDepth', async (t) => {
+test('API errors: the depth limit follows limits.maxJsonDepth', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], limits: { maxJsonDepth: 4 } })
   // tool body (1) → parameters (2) → properties (3) → q (4): at the limit.
   const atLimit = JSON.stringify(tool('x', { parameters: { properties: { q: { type: 'string' } } } }))
@@ -96,7 +96,7 @@ test('DESIGN errors: the depth limit follows limits.maxJsonDepth', async (t) => 
   assertError(await raw(tp, over, 'application/json'), 413, 'TP_ERR_JSON_TOO_DEEP')
 })
 
-test('DESIGN errors: brackets and escaped quotes inside JSON strings do not count as depth', async (t) => {
+test('API errors: brackets and escaped quotes inside JSON strings do not count as depth', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const description of ['['.repeat(500), '{'.repeat(500), 'x"' + '['.repeat(200), '\\' + '['.repeat(200), '\\"]]]' + '{'.repeat(200)]) {
     const res = await raw(tp, JSON.stringify(tool('x', { description })), 'application/json')
@@ -104,7 +104,7 @@ test('DESIGN errors: brackets and escaped quotes inside JSON strings do not coun
   }
 })
 
-test('DESIGN errors: a body that is not application/json is 415 TP_ERR_UNSUPPORTED_MEDIA_TYPE', async (t) => {
+test('API errors: a body that is not application/json is 415 TP_ERR_UNSUPPORTED_MEDIA_TYPE', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const type of ['text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x',
     'application/json; charset=latin1', 'application/json-patch+json', 'application/jsonx', 'application/xml',
@@ -115,14 +115,14 @@ test('DESIGN errors: a body that is not application/json is 415 TP_ERR_UNSUPPORT
   assert.deepEqual(names(tp, 'A'), [])
 })
 
-test('DESIGN errors: every POST route refuses a non-JSON body with 415', async (t) => {
+test('API errors: every POST route refuses a non-JSON body with 415', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const url of ['/api/tools/register', '/api/tools/unregister', '/api/tools/clear']) {
     assertError(await raw(tp, 'source=plugin:x', 'application/x-www-form-urlencoded', url), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
   }
 })
 
-test('DESIGN errors: application/json is accepted in any case and with a UTF-8 charset', async (t) => {
+test('API errors: application/json is accepted in any case and with a UTF-8 charset', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const type of ['application/json', 'Application/JSON', 'application/json; charset=utf-8', 'application/json;charset=UTF-8']) {
     const res = await raw(tp, VALID, type)
@@ -131,7 +131,7 @@ test('DESIGN errors: application/json is accepted in any case and with a UTF-8 c
   }
 })
 
-test('DESIGN errors: an unknown route or method is 404 TP_ERR_ROUTE_NOT_FOUND', async (t) => {
+test('API errors: an unknown route or method is 404 TP_ERR_ROUTE_NOT_FOUND', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   assertError(await inject(tp, 'GET', '/nope'), 404, 'TP_ERR_ROUTE_NOT_FOUND')
   assertError(await inject(tp, 'GET', '/'), 404, 'TP_ERR_ROUTE_NOT_FOUND')
@@ -140,7 +140,7 @@ test('DESIGN errors: an unknown route or method is 404 TP_ERR_ROUTE_NOT_FOUND', 
   assertError(await inject(tp, 'POST', '/api/tools', {}), 404, 'TP_ERR_ROUTE_NOT_FOUND')
 })
 
-test('DESIGN errors: only 422 carries details, as a list of { path, code, message }', async (t) => {
+test('API errors: only 422 carries details, as a list of { path, code, message }', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const notFound = await inject(tp, 'GET', '/api/tools?role=Nobody')
   assertError(notFound, 404, 'TP_ERR_ROLE_NOT_FOUND')

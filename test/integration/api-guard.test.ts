@@ -1,5 +1,5 @@
-// The request guard: SPEC R1 (loopback peers only, decided by the socket, before the body is
-// read), and beyond the SPEC the Host and Origin checks and the security headers (DESIGN).
+// The request guard: docs/protocol.md R1 (loopback peers only, decided by the socket, before the body is
+// read), and beyond the contract the Host and Origin checks and the security headers.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { connect } from 'node:net'
@@ -102,7 +102,7 @@ test('R1: a real client on ::1 is served when Toolport listens on ::1', async (t
   assert.equal(res.statusCode, 200)
 })
 
-test('DESIGN guard: a Host header that does not name loopback is 403 TP_ERR_HOST_FORBIDDEN (DNS rebinding)', async (t) => {
+test('guard: a Host header that does not name loopback is 403 TP_ERR_HOST_FORBIDDEN (DNS rebinding)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const host of ['evil.example', 'evil.example:80', 'localhost.evil.example', '127.0.0.1.nip.io', 'localhost.',
     '192.168.0.5', '10.0.0.1:3917', '[::2]', '0.0.0.0', 'a.localhost', 'localhost:port', '[::1', 'local host']) {
@@ -112,7 +112,7 @@ test('DESIGN guard: a Host header that does not name loopback is 403 TP_ERR_HOST
   assert.deepEqual(names(tp, 'A'), [])
 })
 
-test('DESIGN guard: loopback Host headers, with or without a port, in any case, are accepted', async (t) => {
+test('guard: loopback Host headers, with or without a port, in any case, are accepted', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const host of ['localhost', 'LOCALHOST:3917', 'localhost:80', '127.0.0.1', '127.0.0.1:3917', '127.1.2.3:9', '[::1]', '[::1]:3917']) {
     const res = await inject(tp, 'GET', '/api/tools', undefined, { headers: { host } })
@@ -120,7 +120,7 @@ test('DESIGN guard: loopback Host headers, with or without a port, in any case, 
   }
 })
 
-test('DESIGN guard: security.allowedHosts adds Host names; security.checkHost false turns the check off', async (t) => {
+test('guard: security.allowedHosts adds Host names; security.checkHost false turns the check off', async (t) => {
   const extra = await createTestToolport(t, { roles: ['A'], security: { allowedHosts: ['toolport.test'] } })
   assert.equal((await inject(extra, 'GET', '/api/tools', undefined, { headers: { host: 'toolport.test:3917' } })).statusCode, 200)
   assertError(await inject(extra, 'GET', '/api/tools', undefined, { headers: { host: 'other.test' } }), 403, 'TP_ERR_HOST_FORBIDDEN')
@@ -155,14 +155,14 @@ async function rawHttp (t: TestContext, port: number, text: string): Promise<{ s
   return await reply
 }
 
-test('DESIGN guard: a request with two Host headers is 403 TP_ERR_HOST_FORBIDDEN', async (t) => {
+test('guard: a request with two Host headers is 403 TP_ERR_HOST_FORBIDDEN', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
   const res = await rawHttp(t, port, 'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n')
   assert.equal(res.status, 403)
   assert.equal(res.body.code, 'TP_ERR_HOST_FORBIDDEN')
 })
 
-test('DESIGN guard: a request without a Host header (HTTP/1.0) or with an empty one is 403 TP_ERR_HOST_FORBIDDEN', async (t) => {
+test('guard: a request without a Host header (HTTP/1.0) or with an empty one is 403 TP_ERR_HOST_FORBIDDEN', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
   for (const text of ['GET /api/tools HTTP/1.0\r\n\r\n', 'GET /api/tools HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n']) {
     const res = await rawHttp(t, port, text)
@@ -171,7 +171,7 @@ test('DESIGN guard: a request without a Host header (HTTP/1.0) or with an empty 
   }
 })
 
-test('DESIGN guard: the guard answers before the body is read (headers announcing a large body, no body sent)', async (t) => {
+test('guard: the guard answers before the body is read (headers announcing a large body, no body sent)', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
   const res = await rawHttp(t, port, 'POST /api/tools/register HTTP/1.1\r\nHost: evil.example\r\n' +
     'Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n')
@@ -179,7 +179,7 @@ test('DESIGN guard: the guard answers before the body is read (headers announcin
   assert.equal(res.body.code, 'TP_ERR_HOST_FORBIDDEN')
 })
 
-test('DESIGN guard: a browser Origin that is not allowed is 403 TP_ERR_ORIGIN_FORBIDDEN (cross-site requests)', async (t) => {
+test('guard: a browser Origin that is not allowed is 403 TP_ERR_ORIGIN_FORBIDDEN (cross-site requests)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const origin of ['https://evil.example', 'null', 'http://localhost:5173', 'http://127.0.0.1']) {
     assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { headers: { origin } }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
@@ -188,7 +188,7 @@ test('DESIGN guard: a browser Origin that is not allowed is 403 TP_ERR_ORIGIN_FO
   assert.deepEqual(names(tp, 'A'), [])
 })
 
-test('DESIGN guard: Sec-Fetch-Site cross-site or same-site without an allowed Origin is 403; same-origin and none pass', async (t) => {
+test('guard: Sec-Fetch-Site cross-site or same-site without an allowed Origin is 403; same-origin and none pass', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const site of ['cross-site', 'same-site']) {
     assertError(await inject(tp, 'GET', '/api/tools', undefined, { headers: { 'sec-fetch-site': site } }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
@@ -198,7 +198,7 @@ test('DESIGN guard: Sec-Fetch-Site cross-site or same-site without an allowed Or
   }
 })
 
-test('DESIGN guard: security.allowedOrigins admits exactly the listed origins; checkOrigin false turns the check off', async (t) => {
+test('guard: security.allowedOrigins admits exactly the listed origins; checkOrigin false turns the check off', async (t) => {
   const listed = await createTestToolport(t, { roles: ['A'], security: { allowedOrigins: ['http://localhost:5173'] } })
   const ok = await inject(listed, 'POST', '/api/tools/register', tool('x'), { headers: { origin: 'http://localhost:5173', 'sec-fetch-site': 'same-site' } })
   assert.equal(ok.statusCode, 200)
@@ -213,7 +213,7 @@ test('R1: the peer check comes first: a remote peer with a bad Host and Origin i
   assertError(res, 403, 'TP_ERR_NOT_LOOPBACK')
 })
 
-test('DESIGN guard: nosniff, no-store and same-origin resource policy headers are on successes and on errors', async (t) => {
+test('guard: nosniff, no-store and same-origin resource policy headers are on successes and on errors', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const replies = [
     await inject(tp, 'GET', '/api/tools'),
@@ -231,7 +231,7 @@ test('DESIGN guard: nosniff, no-store and same-origin resource policy headers ar
   }
 })
 
-test('DESIGN guard: a CORS preflight gets no CORS grant', async (t) => {
+test('guard: a CORS preflight gets no CORS grant', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const res = await tp.app.inject({
     method: 'OPTIONS',

@@ -1,4 +1,4 @@
-// GET /api/tools (SPEC R18) through the real app (inject).
+// GET /api/tools (docs/protocol.md R18) through the real app (inject).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { assertError, CALLBACK, createTestToolport, inject, tool } from '../helpers.js'

@@ -1,4 +1,4 @@
-// POST /api/tools/register (SPEC R2–R8) through the real fastify app (inject).
+// POST /api/tools/register (docs/protocol.md R2–R8) through the real fastify app (inject).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { assertError, CALLBACK, createTestToolport, inject, names, session, tool } from '../helpers.js'
@@ -10,7 +10,7 @@ test('R8: a registration every role accepts answers ok with the registered name 
   assert.deepEqual(res.body, { ok: true, registered: 'get_weather', affected_roles: ['Lanlan', 'Mochi'], failed_roles: [] })
 })
 
-test('R8: the full SPEC example registers and is listed exactly as registered', async (t) => {
+test('R8: the full protocol example registers and is listed exactly as registered', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const body = {
     name: 'get_weather',

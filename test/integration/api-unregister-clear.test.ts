@@ -1,4 +1,4 @@
-// POST /api/tools/unregister and /api/tools/clear (SPEC R15–R17) through the real app (inject).
+// POST /api/tools/unregister and /api/tools/clear (docs/protocol.md R15–R17) through the real app (inject).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { assertError, createTestToolport, inject, names, session, tool } from '../helpers.js'

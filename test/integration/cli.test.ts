@@ -1,13 +1,16 @@
-// The `toolport` command (issue 2 "CLI"): a real child process driven over real HTTP on 127.0.0.1.
+// The `toolport` command driven over real HTTP on 127.0.0.1: a real child process for the smoke
+// tests (the program entry, its signals and exit codes), `main(argv, io)` in-process for the flags.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, type ChildProcess } from 'node:child_process'
+import { spawn } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
+import { PassThrough } from 'node:stream'
 import { fileURLToPath } from 'node:url'
+import { main } from '../../src/main/cli.js'
 import { httpJson, tool } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
@@ -18,7 +21,8 @@ const SLOW = { timeout: 60_000 }
 interface Exit { code: number | null, signal: NodeJS.Signals | null }
 
 interface Cli {
-  child: ChildProcess
+  /** Stops the command as SIGTERM/SIGINT would. */
+  stop: (signal: NodeJS.Signals) => void
   exited: Promise<Exit>
   /** Every stdout line so far; `lines` emits `line` for each new one. */
   stdout: string[]
@@ -56,7 +60,41 @@ function runCli (t: TestContext, args: string[], env: Record<string, string> = {
   let stderr = ''
   child.stderr?.setEncoding('utf8')
   child.stderr?.on('data', (chunk: string) => { stderr += chunk })
-  return { child, exited, stdout, lines, stderr: () => stderr }
+  return { stop: (signal) => child.kill(signal), exited, stdout, lines, stderr: () => stderr }
+}
+
+/**
+ * Runs `main(args, io)` in this process with its own streams, environment (only `env`) and stop
+ * signal: the same command as the child process, without a process start per test. Stopped in
+ * t.after if still running.
+ */
+function runMain (t: TestContext, args: string[], env: Record<string, string> = {}): Cli {
+  const out = new PassThrough()
+  const err = new PassThrough()
+  const controller = new AbortController()
+  const code = main(args, { stdin: new PassThrough(), stdout: out, stderr: err, env: { ...env }, stop: controller.signal })
+  const exited = code.then((exitCode) => ({ code: exitCode, signal: null }) as Exit)
+  t.after(async () => {
+    controller.abort('SIGTERM')
+    await exited
+  })
+  const stdout: string[] = []
+  const lines = new EventEmitter()
+  createInterface({ input: out }).on('line', (line) => {
+    stdout.push(line)
+    lines.emit('line', line)
+  })
+  let stderr = ''
+  err.setEncoding('utf8')
+  err.on('data', (chunk: string) => { stderr += chunk })
+  // The streams end with the command, so every line was seen once `exited` resolves.
+  const ended = exited.then(async (exit) => {
+    out.end()
+    err.end()
+    await Promise.all([once(out, 'end'), once(err, 'end')])
+    return exit
+  })
+  return { stop: (signal) => controller.abort(signal), exited: ended, stdout, lines, stderr: () => stderr }
 }
 
 /** Resolves with the URL of the first stdout line that names it; rejects if the process exits first. */
@@ -97,7 +135,7 @@ test('CLI: serve --port 0 --role A --role B prints its URL, serves the API over 
   assert.equal(missing.statusCode, 404)
   assert.equal(missing.body.code, 'TP_ERR_ROLE_NOT_FOUND')
 
-  cli.child.kill('SIGTERM')
+  cli.stop('SIGTERM')
   assert.deepEqual(await cli.exited, { code: 0, signal: null })
 })
 
@@ -106,21 +144,21 @@ test('CLI: serve with no --role creates one role named default, and exits 0 on S
   const url = await listeningUrl(cli)
   const listed = await httpJson(`${url}/api/tools`, 'GET')
   assert.deepEqual(listed.body, { ok: true, tools_by_role: { default: [] } })
-  cli.child.kill('SIGINT')
+  cli.stop('SIGINT')
   assert.deepEqual(await cli.exited, { code: 0, signal: null })
 })
 
 test('CLI: TOOLPORT_ROLES sets the roles, and --role wins over it', SLOW, async (t) => {
-  const fromEnv = runCli(t, ['serve', '--port', '0', '--log-level', 'silent'], { TOOLPORT_ROLES: 'Lanlan, Mochi' })
+  const fromEnv = runMain(t, ['serve', '--port', '0', '--log-level', 'silent'], { TOOLPORT_ROLES: 'Lanlan, Mochi' })
   const envUrl = await listeningUrl(fromEnv)
   assert.deepEqual(Object.keys((await httpJson(`${envUrl}/api/tools`, 'GET')).body.tools_by_role), ['Lanlan', 'Mochi'])
-  fromEnv.child.kill('SIGTERM')
+  fromEnv.stop('SIGTERM')
   assert.equal((await fromEnv.exited).code, 0)
 
-  const flagWins = runCli(t, ['serve', '--port', '0', '--log-level', 'silent', '--role', 'Nova'], { TOOLPORT_ROLES: 'Lanlan' })
+  const flagWins = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', '--role', 'Nova'], { TOOLPORT_ROLES: 'Lanlan' })
   const flagUrl = await listeningUrl(flagWins)
   assert.deepEqual(Object.keys((await httpJson(`${flagUrl}/api/tools`, 'GET')).body.tools_by_role), ['Nova'])
-  flagWins.child.kill('SIGTERM')
+  flagWins.stop('SIGTERM')
   assert.equal((await flagWins.exited).code, 0)
 })
 
@@ -129,15 +167,15 @@ test('CLI: --config reads a JSON options file', SLOW, async (t) => {
   t.after(() => rm(dir, { recursive: true, force: true }))
   const file = join(dir, 'toolport.json')
   await writeFile(file, JSON.stringify({ roles: ['FromFile'], port: 0, logger: 'silent', dispatch: { mode: 'inline' } }))
-  const cli = runCli(t, ['serve', '--config', file])
+  const cli = runMain(t, ['serve', '--config', file])
   const url = await listeningUrl(cli)
   assert.deepEqual(Object.keys((await httpJson(`${url}/api/tools`, 'GET')).body.tools_by_role), ['FromFile'])
-  cli.child.kill('SIGTERM')
+  cli.stop('SIGTERM')
   assert.equal((await cli.exited).code, 0)
 })
 
 test('CLI: an unknown flag prints an error and exits non-zero without serving', SLOW, async (t) => {
-  const cli = runCli(t, ['serve', '--port', '0', '--bogus'])
+  const cli = runMain(t, ['serve', '--port', '0', '--bogus'])
   const exit = await cli.exited
   assert.notEqual(exit.code, 0)
   assert.equal(exit.signal, null)
@@ -146,28 +184,28 @@ test('CLI: an unknown flag prints an error and exits non-zero without serving', 
 })
 
 test('CLI: a port that is not a number prints an error and exits non-zero', SLOW, async (t) => {
-  const cli = runCli(t, ['serve', '--port', 'eighty'])
+  const cli = runMain(t, ['serve', '--port', 'eighty'])
   const exit = await cli.exited
   assert.notEqual(exit.code, 0)
   assert.notEqual(cli.stderr().trim(), '')
 })
 
 test('CLI: an unknown command prints an error and exits non-zero', SLOW, async (t) => {
-  const cli = runCli(t, ['launch'])
+  const cli = runMain(t, ['launch'])
   const exit = await cli.exited
   assert.notEqual(exit.code, 0)
   assert.notEqual(cli.stderr().trim(), '')
 })
 
 test('CLI: a missing config file prints an error and exits non-zero', SLOW, async (t) => {
-  const cli = runCli(t, ['serve', '--port', '0', '--config', join(tmpdir(), `toolport-missing-${process.pid}.json`)])
+  const cli = runMain(t, ['serve', '--port', '0', '--config', join(tmpdir(), `toolport-missing-${process.pid}.json`)])
   const exit = await cli.exited
   assert.notEqual(exit.code, 0)
   assert.notEqual(cli.stderr().trim(), '')
 })
 
 test('CLI: --host with a non-loopback address and no --allow-non-loopback-bind exits non-zero without binding', SLOW, async (t) => {
-  const cli = runCli(t, ['serve', '--port', '0', '--host', '0.0.0.0'])
+  const cli = runMain(t, ['serve', '--port', '0', '--host', '0.0.0.0'])
   const exit = await cli.exited
   assert.notEqual(exit.code, 0)
   assert.notEqual(cli.stderr().trim(), '')
@@ -175,7 +213,7 @@ test('CLI: --host with a non-loopback address and no --allow-non-loopback-bind e
 })
 
 test('CLI: --help prints the usage and exits 0', SLOW, async (t) => {
-  const cli = runCli(t, ['serve', '--help'])
+  const cli = runMain(t, ['serve', '--help'])
   const exit = await cli.exited
   assert.equal(exit.code, 0)
   assert.ok(cli.stdout.some((line) => line.includes('serve')))

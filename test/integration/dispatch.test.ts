@@ -1,6 +1,6 @@
-// Tool dispatch end to end (SPEC R9–R13), in both dispatch modes, against real callback servers
+// Tool dispatch end to end (docs/protocol.md R9–R13), in both dispatch modes, against real callback servers
 // on 127.0.0.1 and (in pool mode) real worker threads.
-import { describe, test, type TestContext } from 'node:test'
+import { after, describe, test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { once } from 'node:events'
 import { createToolport, type Toolport } from '../../src/main/index.js'
@@ -10,8 +10,31 @@ import { createTestToolport } from '../helpers.js'
 
 const MODES = ['pool', 'inline'] as const
 
-function setup (t: TestContext, mode: 'pool' | 'inline', options: ToolportOptions = {}): Promise<Toolport> {
-  return createTestToolport(t, { roles: ['Lanlan', 'Mochi'], ...options, dispatch: { mode, ...options.dispatch } })
+const ROLES = ['Lanlan', 'Mochi']
+
+/**
+ * Pool-mode tests without options of their own share one Toolport: a new pool pays a worker start
+ * (~850 ms, the task loading through tsx) that these tests do not exercise. Each test still starts
+ * from empty roles (new Lanlan and Mochi, no tools, no sessions), uses its own callback server, and
+ * registers before it calls (which resets its origin's failure count); every call a test makes is
+ * answered before the test ends. Tests that configure the pool, or close it, get their own.
+ */
+let sharedPool: Promise<Toolport> | null = null
+after(async () => {
+  if (sharedPool !== null) await (await sharedPool).close()
+})
+
+async function setup (t: TestContext, mode: 'pool' | 'inline', options?: ToolportOptions): Promise<Toolport> {
+  if (mode === 'inline' || options !== undefined) {
+    return createTestToolport(t, { roles: ROLES, ...options, dispatch: { mode, ...options?.dispatch } })
+  }
+  sharedPool ??= createToolport({ logger: false, roles: ROLES, dispatch: { mode } })
+  const tp = await sharedPool
+  for (const name of ROLES) {
+    tp.roles.remove(name)
+    tp.roles.add(name)
+  }
+  return tp
 }
 
 async function server (t: TestContext, options?: Parameters<typeof startCallbackServer>[0]): Promise<CallbackServer> {
@@ -109,7 +132,7 @@ for (const mode of MODES) {
       assert.equal(result.text, 'plain text reply, not JSON')
     })
 
-    test('DESIGN: an empty reply is the empty string; a JSON value without the envelope is the output itself', async (t) => {
+    test('model-visible result: an empty reply is the empty string; a JSON value without the envelope is the output itself', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'empty', callback_url: `${s.url}/empty` })
@@ -180,7 +203,7 @@ for (const mode of MODES) {
       assert.ok(result.text.length >= 200_000)
     })
 
-    test('DESIGN: invalid JSON arguments are answered to the model without calling the plugin', async (t) => {
+    test('arguments: invalid JSON arguments are answered to the model without calling the plugin', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'echo', callback_url: `${s.url}/echo` })
@@ -190,7 +213,7 @@ for (const mode of MODES) {
       assert.equal(s.requests.length, 0)
     })
 
-    test('DESIGN: arguments that fail the parameters schema are answered without calling the plugin', async (t) => {
+    test('arguments: arguments that fail the parameters schema are answered without calling the plugin', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, {
@@ -209,7 +232,7 @@ for (const mode of MODES) {
       assert.equal(s.requests.length, 1)
     })
 
-    test('DESIGN: a parameters schema that does not compile disables validation instead of the tool', async (t) => {
+    test('arguments: a parameters schema that does not compile disables validation instead of the tool', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'odd', callback_url: `${s.url}/echo`, parameters: { type: 'no-such-type' } })

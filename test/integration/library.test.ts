@@ -1,4 +1,4 @@
-// The embeddable library API of issue 2: createToolport, listen, roles, sessions, local tools,
+// The embeddable library API: createToolport, listen, roles, sessions, local tools,
 // register/unregister/clear/list with the same results as the routes, typed errors, the plugin.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'

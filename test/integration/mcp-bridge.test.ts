@@ -1,17 +1,18 @@
-// The stdio bridge (`toolport mcp --role NAME --url …`, issue #5 §1), spawned through the SDK's
+// The stdio bridge (`toolport mcp --role NAME --url …`), spawned through the SDK's
 // StdioClientTransport exactly as Claude Desktop or Cursor would launch it, against a real
 // listening Toolport and real plugin callbacks.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
-import { spawn } from 'node:child_process'
+import { PassThrough } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
-import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
-import { httpJson } from '../helpers.js'
+import { closedPort } from '../fixtures/callback-server.js'
+import { main } from '../../src/main/cli.js'
+import { callbackServer as callbacks, registerOverHttp as register } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 const CLI = fileURLToPath(new URL('../../src/main/cli.ts', import.meta.url))
@@ -49,18 +50,7 @@ async function bridge (t: TestContext, role: string, url: string): Promise<Bridg
   return { client, notices, stderr: () => stderr }
 }
 
-async function callbacks (t: TestContext): Promise<CallbackServer> {
-  const server = await startCallbackServer()
-  t.after(() => server.close())
-  return server
-}
-
-async function register (url: string, body: Record<string, unknown>): Promise<void> {
-  const reply = await httpJson(`${url}/api/tools/register`, 'POST', body)
-  assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
-}
-
-test('issue #5 §1: through the stdio bridge, list → register over HTTP → list_changed forwarded → list → call → result', async (t) => {
+test('bridge: through the stdio bridge, list → register over HTTP → list_changed forwarded → list → call → result', async (t) => {
   const { url } = await startTp(t)
   const server = await callbacks(t)
   const { client, notices } = await bridge(t, 'Lanlan', url)
@@ -88,7 +78,7 @@ test('issue #5 §1: through the stdio bridge, list → register over HTTP → li
   assert.deepEqual(JSON.parse(server.requests[0]!.body).arguments, { location: 'Shanghai' })
 })
 
-test('issue #5 §1: cancelling a call at the bridge cancels it in Toolport', async (t) => {
+test('bridge: cancelling a call at the bridge cancels it in Toolport', async (t) => {
   const { tp, url } = await startTp(t)
   const server = await callbacks(t)
   const { client } = await bridge(t, 'Lanlan', url)
@@ -104,7 +94,7 @@ test('issue #5 §1: cancelling a call at the bridge cancels it in Toolport', asy
   assert.equal((await finished)[0].outcome, 'cancelled')
 })
 
-test('issue #5 §1: when its client goes away the bridge ends its upstream session, which detaches from the role', async (t) => {
+test('bridge: when its client goes away the bridge ends its upstream session, which detaches from the role', async (t) => {
   const { tp, url } = await startTp(t)
   const { client } = await bridge(t, 'Lanlan', url)
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
@@ -114,7 +104,7 @@ test('issue #5 §1: when its client goes away the bridge ends its upstream sessi
   assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
 })
 
-test('issue #5 §1: the bridge re-initializes after Toolport restarts (runtime-only registrations, R3) and asks the client to re-list', async (t) => {
+test('bridge: the bridge re-initializes after Toolport restarts (runtime-only registrations, R3) and asks the client to re-list', async (t) => {
   const first = await startTp(t)
   const port = Number(new URL(first.url).port)
   const { client, notices } = await bridge(t, 'Lanlan', first.url)
@@ -130,7 +120,7 @@ test('issue #5 §1: the bridge re-initializes after Toolport restarts (runtime-o
   assert.equal(second.tp.roles.get('Lanlan').sessions().length, 1)
 })
 
-test('issue #5 §1: a bridge started before Toolport lists nothing, answers calls with an error, and connects once Toolport is up', async (t) => {
+test('bridge: a bridge started before Toolport lists nothing, answers calls with an error, and connects once Toolport is up', async (t) => {
   const port = await closedPort()
   const url = `http://127.0.0.1:${port}`
   const { client, notices, stderr } = await bridge(t, 'Lanlan', url)
@@ -147,28 +137,34 @@ test('issue #5 §1: a bridge started before Toolport lists nothing, answers call
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
 })
 
-test('issue #5 §1 / R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
+test('bridge, R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
   const { url } = await startTp(t)
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp', '--role', 'Nobody', '--url', url], {
-    cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe']
-  })
-  t.after(() => { child.kill() })
-  let stderr = ''
-  let stdout = ''
-  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
-  child.stdout.on('data', (chunk: Buffer) => { stdout += chunk.toString('utf8') })
-  const [code] = await once(child, 'close')
+  const { code, stdout, stderr } = await runMainCollecting(t, ['mcp', '--role', 'Nobody', '--url', url])
   assert.equal(code, 1)
   assert.match(stderr, /TP_ERR_ROLE_NOT_FOUND/)
   assert.equal(stdout, '', 'stdout carries the protocol only')
 })
 
-test('issue #5 §1: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, 'mcp'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
-  t.after(() => { child.kill() })
-  let stderr = ''
-  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString('utf8') })
-  const [code] = await once(child, 'close')
+test('bridge: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
+  const { code, stderr } = await runMainCollecting(t, ['mcp'])
   assert.equal(code, 2)
   assert.match(stderr, /--role/)
 })
+
+/**
+ * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
+ * its own streams and an empty environment; resolves with its exit code and everything it wrote.
+ */
+async function runMainCollecting (t: TestContext, args: string[]): Promise<{ code: number, stdout: string, stderr: string }> {
+  const stdin = new PassThrough()
+  const out = new PassThrough()
+  const err = new PassThrough()
+  let stdout = ''
+  let stderr = ''
+  out.setEncoding('utf8').on('data', (chunk: string) => { stdout += chunk })
+  err.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
+  const controller = new AbortController()
+  t.after(() => { controller.abort('SIGTERM'); stdin.end() })
+  const code = await main(args, { stdin, stdout: out, stderr: err, env: {}, stop: controller.signal })
+  return { code, stdout, stderr }
+}

@@ -1,4 +1,4 @@
-// The per-role MCP endpoint (issue #5 §1) with the official SDK's Client over Streamable HTTP,
+// The per-role MCP endpoint with the official SDK's Client over Streamable HTTP,
 // against a real listening Toolport on 127.0.0.1 and real plugin callbacks (node:http).
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
@@ -11,8 +11,7 @@ import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelco
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
-import { startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
-import { assertError, httpJson } from '../helpers.js'
+import { assertError, callbackServer as callbacks, httpJson } from '../helpers.js'
 
 const WEATHER_PARAMS = {
   type: 'object',
@@ -60,12 +59,6 @@ async function setup (t: TestContext): Promise<Setup> {
   return { tp, url, connect }
 }
 
-async function callbacks (t: TestContext): Promise<CallbackServer> {
-  const server = await startCallbackServer()
-  t.after(() => server.close())
-  return server
-}
-
 async function register (url: string, body: Record<string, unknown>): Promise<void> {
   const reply = await httpJson(`${url}/api/tools/register`, 'POST', body)
   assert.equal(reply.statusCode, 200)
@@ -100,7 +93,7 @@ async function rawMcp (url: string, method: 'POST' | 'GET' | 'DELETE', body?: un
   return { statusCode: res.statusCode, headers: res.headers, body: text === '' ? undefined : JSON.parse(text) }
 }
 
-test('issue #5 §1: tools/list, then a registration over HTTP sends list_changed, and the next tools/list has the tool', async (t) => {
+test('MCP: tools/list, then a registration over HTTP sends list_changed, and the next tools/list has the tool', async (t) => {
   const { url, connect } = await setup(t)
   const { client, notices } = await connect('Lanlan')
   assert.deepEqual((await client.listTools()).tools, [])
@@ -118,7 +111,7 @@ test('issue #5 §1: tools/list, then a registration over HTTP sends list_changed
   assert.deepEqual(tools, [{ name: 'get_weather', description: 'Get weather for a location.', inputSchema: WEATHER_PARAMS }])
 })
 
-test('issue #5 §1: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {
+test('MCP: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {
   const { url, connect } = await setup(t)
   const { client, notices } = await connect('Lanlan')
   await client.listTools()
@@ -134,7 +127,7 @@ test('issue #5 §1: tools/list keeps registration order, and a replaced tool mov
   assert.deepEqual((await client.listTools()).tools.map((tool) => tool.name), ['beta', 'gamma', 'alpha'])
 })
 
-test('issue #5 §1: unregister and clear over HTTP send list_changed too (SPEC R15, R16)', async (t) => {
+test('MCP: unregister and clear over HTTP send list_changed too (docs/protocol.md R15, R16)', async (t) => {
   const { url, connect } = await setup(t)
   const { client, notices } = await connect('Lanlan')
   await register(url, { name: 'a', source: 'plugin:x', callback_url: 'http://127.0.0.1:9333/a' })
@@ -154,7 +147,7 @@ test('issue #5 §1: unregister and clear over HTTP send list_changed too (SPEC R
   assert.deepEqual((await client.listTools()).tools, [])
 })
 
-test('issue #5 §1: a parameters schema without type "object" is listed with one, so the client accepts the whole list', async (t) => {
+test('MCP: a parameters schema without type "object" is listed with one, so the client accepts the whole list', async (t) => {
   const { url, connect } = await setup(t)
   const { client } = await connect('Lanlan')
   await register(url, { name: 'loose', parameters: { properties: { q: { type: 'string' } } }, callback_url: 'http://127.0.0.1:9333/l' })
@@ -166,7 +159,7 @@ test('issue #5 §1: a parameters schema without type "object" is listed with one
   ])
 })
 
-test('issue #5 §1 / R9-R10: tools/call POSTs to the plugin callback and answers text, isError false and structuredContent', async (t) => {
+test('MCP, R9-R10: tools/call POSTs to the plugin callback and answers text, isError false and structuredContent', async (t) => {
   const { url, connect } = await setup(t)
   const server = await callbacks(t)
   const { client } = await connect('Lanlan')
@@ -183,7 +176,7 @@ test('issue #5 §1 / R9-R10: tools/call POSTs to the plugin callback and answers
   assert.deepEqual(JSON.parse(sent.raw_arguments), { location: 'Shanghai' })
 })
 
-test('issue #5 §1 / R11: a tool-level error is isError true with the error as text, and no structuredContent', async (t) => {
+test('MCP, R11: a tool-level error is isError true with the error as text, and no structuredContent', async (t) => {
   const { url, connect } = await setup(t)
   const server = await callbacks(t)
   const { client } = await connect('Lanlan')
@@ -194,7 +187,7 @@ test('issue #5 §1 / R11: a tool-level error is isError true with the error as t
   assert.equal(result.structuredContent, undefined)
 })
 
-test('issue #5 §1 / R12: a text reply is text content without structuredContent; arguments failing the schema are an isError result', async (t) => {
+test('MCP, R12: a text reply is text content without structuredContent; arguments failing the schema are an isError result', async (t) => {
   const { url, connect } = await setup(t)
   const server = await callbacks(t)
   const { client } = await connect('Lanlan')
@@ -211,7 +204,7 @@ test('issue #5 §1 / R12: a text reply is text content without structuredContent
   assert.deepEqual(server.requests.map((r) => r.path), ['/text'], 'the plugin is not called with invalid arguments')
 })
 
-test('issue #5 §1: an unknown tool is an isError result naming the available tools', async (t) => {
+test('MCP: an unknown tool is an isError result naming the available tools', async (t) => {
   const { url, connect } = await setup(t)
   const { client } = await connect('Lanlan')
   await register(url, { name: 'get_weather', callback_url: 'http://127.0.0.1:9333/x' })
@@ -220,7 +213,7 @@ test('issue #5 §1: an unknown tool is an isError result naming the available to
   assert.match(textOf(result), /get_weather/)
 })
 
-test('issue #5 §1: notifications/cancelled aborts the running call, and the session keeps working', async (t) => {
+test('MCP: notifications/cancelled aborts the running call, and the session keeps working', async (t) => {
   const { tp, url, connect } = await setup(t)
   const server = await callbacks(t)
   const { client } = await connect('Lanlan')
@@ -243,7 +236,7 @@ test('issue #5 §1: notifications/cancelled aborts the running call, and the ses
   assert.deepEqual(next.structuredContent, { temperature_c: 28 })
 })
 
-test('issue #5 §1: sessions of two roles are isolated: each lists, calls and is notified for its own role only', async (t) => {
+test('MCP: sessions of two roles are isolated: each lists, calls and is notified for its own role only', async (t) => {
   const { tp, url, connect } = await setup(t)
   const server = await callbacks(t)
   const lanlan = await connect('Lanlan')
@@ -268,7 +261,7 @@ test('issue #5 §1: sessions of two roles are isolated: each lists, calls and is
   assert.equal(lanlan.noticeCount, 1)
 })
 
-test('issue #5 §1: each MCP session is a ModelSession of its role from initialize on', async (t) => {
+test('MCP: each MCP session is a ModelSession of its role from initialize on', async (t) => {
   const { tp, connect } = await setup(t)
   const role = tp.roles.get('Lanlan')
   assert.equal(role.sessions().length, 0)
@@ -279,7 +272,7 @@ test('issue #5 §1: each MCP session is a ModelSession of its role from initiali
   assert.equal(tp.roles.get('Mochi').sessions().length, 0)
 })
 
-test('issue #5 §1: every listing session of the role is notified of one registration', async (t) => {
+test('MCP: every listing session of the role is notified of one registration', async (t) => {
   const { url, connect } = await setup(t)
   const first = await connect('Lanlan')
   const second = await connect('Lanlan')
@@ -290,7 +283,7 @@ test('issue #5 §1: every listing session of the role is notified of one registr
   await both
 })
 
-test('issue #5 §1: DELETE ends the session and detaches it from its role; its id is then unknown (404)', async (t) => {
+test('MCP: DELETE ends the session and detaches it from its role; its id is then unknown (404)', async (t) => {
   const { tp, url, connect } = await setup(t)
   const { transport } = await connect('Lanlan')
   const sessionId = transport.sessionId as string
@@ -303,14 +296,14 @@ test('issue #5 §1: DELETE ends the session and detaches it from its role; its i
   assert.equal(again.body.error.code, -32001)
 })
 
-test('issue #5 §1 / R6: an unknown role is 404 TP_ERR_ROLE_NOT_FOUND, for raw requests and for the SDK client', async (t) => {
+test('MCP, R6: an unknown role is 404 TP_ERR_ROLE_NOT_FOUND, for raw requests and for the SDK client', async (t) => {
   const { url, connect } = await setup(t)
   assertError(await rawMcp(`${url}/mcp/Nobody`, 'POST', INITIALIZE), 404, 'TP_ERR_ROLE_NOT_FOUND')
   assertError(await rawMcp(`${url}/mcp/Nobody`, 'GET', undefined, { accept: 'text/event-stream' }), 404, 'TP_ERR_ROLE_NOT_FOUND')
   await assert.rejects(connect('Nobody'), (err: unknown) => err instanceof StreamableHTTPError && err.code === 404)
 })
 
-test('issue #5 §1: a request without a session that is not initialize is 400; a session of another role is 404', async (t) => {
+test('MCP: a request without a session that is not initialize is 400; a session of another role is 404', async (t) => {
   const { url, connect } = await setup(t)
   const list = await rawMcp(`${url}/mcp/Lanlan`, 'POST', { jsonrpc: '2.0', id: 1, method: 'tools/list' })
   assert.equal(list.statusCode, 400)
@@ -321,7 +314,7 @@ test('issue #5 §1: a request without a session that is not initialize is 400; a
   assert.equal(crossed.statusCode, 404)
 })
 
-test('issue #5 §1 / R1: the guard covers /mcp: a foreign Origin, a rebinding Host and a non-JSON body are refused', async (t) => {
+test('MCP, R1: the guard covers /mcp: a foreign Origin, a rebinding Host and a non-JSON body are refused', async (t) => {
   const { url } = await setup(t)
   const endpoint = `${url}/mcp/Lanlan`
   assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { origin: 'https://evil.example' }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
@@ -346,7 +339,7 @@ async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOpt
   return { url: `http://127.0.0.1:${port}`, sessions, close }
 }
 
-test('issue #5 §1: a client that disconnects (event stream closed, not reopened) is detached after the grace period', async (t) => {
+test('MCP: a client that disconnects (event stream closed, not reopened) is detached after the grace period', async (t) => {
   const { tp, url, connect } = await setup(t)
   const mcpOnly = await mcpOnlyApp(t, tp, { reconnectGraceMs: 0 })
   const { client, notices } = await connect('Lanlan', mcpOnly.url)
@@ -365,7 +358,7 @@ test('issue #5 §1: a client that disconnects (event stream closed, not reopened
   assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
 })
 
-test('issue #5 §1: closing the server ends every session, aborts its running calls and detaches it', async (t) => {
+test('MCP: closing the server ends every session, aborts its running calls and detaches it', async (t) => {
   const { tp, url, connect } = await setup(t)
   const server = await callbacks(t)
   const mcpOnly = await mcpOnlyApp(t, tp, {})
@@ -386,7 +379,7 @@ test('issue #5 §1: closing the server ends every session, aborts its running ca
   assert.equal(mcpOnly.sessions.size, 0)
 })
 
-test('issue #5 §1 / R6: after its role is removed, a session answers 404 TP_ERR_ROLE_NOT_FOUND and ends', async (t) => {
+test('MCP, R6: after its role is removed, a session answers 404 TP_ERR_ROLE_NOT_FOUND and ends', async (t) => {
   const { tp, connect } = await setup(t)
   const mcpOnly = await mcpOnlyApp(t, tp, {})
   const { client } = await connect('Mochi', mcpOnly.url)

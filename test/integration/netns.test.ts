@@ -1,4 +1,4 @@
-// SPEC R1 with a real non-loopback peer: the test creates a network namespace joined to this one
+// docs/protocol.md R1 with a real non-loopback peer: the test creates a network namespace joined to this one
 // by a veth pair with private 10.x addresses, binds Toolport on the host side of the pair, and
 // sends requests from inside the namespace. No traffic leaves the pair; the namespace and the
 // pair are deleted afterwards. Needs root and `ip netns`; skipped with a message otherwise.

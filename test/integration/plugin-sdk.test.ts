@@ -1,5 +1,5 @@
 // The plugin SDK (`toolport/plugin`) against a real Toolport process: registration, the callback
-// protocol (SPEC R9–R12), and re-registration after a restart (R3) or a removal, with no action by
+// protocol (docs/protocol.md R9–R12), and re-registration after a restart (R3) or a removal, with no action by
 // the plugin's code. Toolport runs as `toolport serve` in a child process so it can be SIGKILLed
 // and restarted on the same port; everything listens on 127.0.0.1 only.
 import { test, type TestContext } from 'node:test'

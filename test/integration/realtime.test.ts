@@ -1,4 +1,4 @@
-// The OpenAI-Realtime session adapter (issue #5 §2) against a local `ws` server on 127.0.0.1 that
+// The OpenAI-Realtime session adapter against a local `ws` server on 127.0.0.1 that
 // plays the provider's documented event sequences, with real plugin callbacks behind the tools.
 //
 // The host side is what a real host writes: a `ws` client whose messages go to
@@ -154,7 +154,7 @@ function responseDone (responseId: string, status: string, output: Json[] = []):
   return { type: 'response.done', response: { id: responseId, object: 'realtime.response', status, output } }
 }
 
-test('issue #5 §2: attaching sends session.update with the role tools (flat dialect) and a registration waits for session.updated', async (t) => {
+test('Realtime: attaching sends session.update with the role tools (flat dialect) and a registration waits for session.updated', async (t) => {
   const { tp, provider } = await setup(t, {}, [WEATHER])
   const first = provider.sent('session.update')[0] as Json
   assert.equal(typeof first.event_id, 'string')
@@ -168,7 +168,7 @@ test('issue #5 §2: attaching sends session.update with the role tools (flat dia
   assert.deepEqual(updates.at(-1)?.session.tools.map((tool: Json) => tool.name), ['get_weather', 'echo'])
 })
 
-test('issue #5 §2: the nested dialect sends {type:"function", function:{…}} (Qwen-Omni, StepFun) and is acknowledged the same way', async (t) => {
+test('Realtime: the nested dialect sends {type:"function", function:{…}} (Qwen-Omni, StepFun) and is acknowledged the same way', async (t) => {
   const { tp, provider } = await setup(t, { dialect: 'nested' }, [WEATHER])
   assert.deepEqual(provider.sent('session.update')[0]?.session.tools, [{
     type: 'function',
@@ -178,12 +178,12 @@ test('issue #5 §2: the nested dialect sends {type:"function", function:{…}} (
   assert.deepEqual(result.failed_roles, [])
 })
 
-test('issue #5 §2: sessionFields are merged into every session.update (e.g. type "realtime" for the OpenAI GA API)', async (t) => {
+test('Realtime: sessionFields are merged into every session.update (e.g. type "realtime" for the OpenAI GA API)', async (t) => {
   const { provider } = await setup(t, { sessionFields: { type: 'realtime' } })
   assert.equal(provider.sent('session.update')[0]?.session.type, 'realtime')
 })
 
-test('issue #5 §2 / R8: an error event for the update rejects the sync: the role is in failed_roles with the provider code', async (t) => {
+test('Realtime, R8: an error event for the update rejects the sync: the role is in failed_roles with the provider code', async (t) => {
   const { tp, provider } = await setup(t)
   provider.updateReply = (event) => event.session.tools.some((tool: Json) => tool.name === 'bad_tool') ? 'reject' : 'ack'
   const result = await tp.register({ name: 'bad_tool', callback_url: 'http://127.0.0.1:9333/bad', role: 'Lanlan' })
@@ -194,7 +194,7 @@ test('issue #5 §2 / R8: an error event for the update rejects the sync: the rol
   assert.match(result.failed_roles[0]?.error ?? '', /invalid_value/)
 })
 
-test('issue #5 §2: an error event about another client event does not fail a pending update', async (t) => {
+test('Realtime: an error event about another client event does not fail a pending update', async (t) => {
   const { tp, provider } = await setup(t)
   provider.updateReply = (event) => {
     // An unrelated error first (another event_id), then the real acknowledgement.
@@ -206,7 +206,7 @@ test('issue #5 §2: an error event about another client event does not fail a pe
   assert.deepEqual(result.failed_roles, [])
 })
 
-test('issue #5 §2: a session.update left unanswered fails the sync after ackTimeoutMs', async (t) => {
+test('Realtime: a session.update left unanswered fails the sync after ackTimeoutMs', async (t) => {
   const { tp, provider } = await setup(t, { ackTimeoutMs: 50 })
   provider.updateReply = () => 'silent'
   const result = await tp.register({ name: 'echo', callback_url: 'http://127.0.0.1:9333/echo', role: 'Lanlan' })
@@ -214,7 +214,7 @@ test('issue #5 §2: a session.update left unanswered fails the sync after ackTim
   assert.match(result.failed_roles[0]?.error ?? '', /no session\.updated/)
 })
 
-test('issue #5 §2: parallel function calls in one response each run once, send their function_call_output, then one response.create', async (t) => {
+test('Realtime: parallel function calls in one response each run once, send their function_call_output, then one response.create', async (t) => {
   const { tp, provider, callbacks } = await setup(t, {}, [WEATHER, ECHO])
   provider.play(
     { type: 'response.created', response: { id: 'resp_1', object: 'realtime.response', status: 'in_progress', output: [] } },
@@ -244,7 +244,7 @@ test('issue #5 §2: parallel function calls in one response each run once, send 
   assert.equal(provider.sent('response.create').length, 1)
 })
 
-test('issue #5 §2: duplicate events (replayed arguments.done, output_item.done, response.done) run nothing twice', async (t) => {
+test('Realtime: duplicate events (replayed arguments.done, output_item.done, response.done) run nothing twice', async (t) => {
   const { tp, provider, callbacks } = await setup(t, {}, [WEATHER])
   const events = functionCallEvents('resp_d', 'item_d', 'call_d', 'get_weather', '{"location":"Paris"}')
   const done = responseDone('resp_d', 'completed', [
@@ -259,7 +259,7 @@ test('issue #5 §2: duplicate events (replayed arguments.done, output_item.done,
   assert.equal(provider.sent('response.create').length, 1)
 })
 
-test('issue #5 §2: a cancelled response (barge-in) aborts its running call and drops the late result: no output, no response.create', async (t) => {
+test('Realtime: a cancelled response (barge-in) aborts its running call and drops the late result: no output, no response.create', async (t) => {
   const { tp, provider, callbacks, session } = await setup(t, {}, [SLOW, WEATHER])
   const arrived = once(callbacks.events, 'request')
   const finished = once(tp, 'call-finished')
@@ -282,7 +282,7 @@ test('issue #5 §2: a cancelled response (barge-in) aborts its running call and 
   assert.deepEqual(provider.sent('conversation.item.create').map((e) => e.item.call_id), ['call_n'])
 })
 
-test('issue #5 §2: a `response.cancelled` event (providers without response.done status) cancels the same way', async (t) => {
+test('Realtime: a `response.cancelled` event (providers without response.done status) cancels the same way', async (t) => {
   const { tp, provider, callbacks } = await setup(t, {}, [SLOW])
   const arrived = once(callbacks.events, 'request')
   const finished = once(tp, 'call-finished')
@@ -295,7 +295,7 @@ test('issue #5 §2: a `response.cancelled` event (providers without response.don
   assert.equal(provider.sent('response.create').length, 0)
 })
 
-test('issue #5 §2: a model looping on tool calls hits the per-session rate limit: a model-visible refusal, one answer without tools, then silence', async (t) => {
+test('Realtime: a model looping on tool calls hits the per-session rate limit: a model-visible refusal, one answer without tools, then silence', async (t) => {
   const { tp, provider, callbacks } = await setup(t, { rateLimit: { maxCalls: 1, windowMs: 3_600_000 } }, [WEATHER])
   const round = (n: number): void => {
     provider.play(...functionCallEvents(`resp_${n}`, `item_${n}`, `call_${n}`, 'get_weather', '{"location":"Rome"}'), responseDone(`resp_${n}`, 'completed'))
@@ -319,7 +319,7 @@ test('issue #5 §2: a model looping on tool calls hits the per-session rate limi
   assert.deepEqual(creates[1]?.response, { tool_choice: 'none' })
 })
 
-test('issue #5 §2: autoRespond false sends the outputs but never response.create', async (t) => {
+test('Realtime: autoRespond false sends the outputs but never response.create', async (t) => {
   const { tp, provider } = await setup(t, { autoRespond: false }, [WEATHER])
   provider.play(...functionCallEvents('resp_q', 'item_q', 'call_q', 'get_weather', '{"location":"Lima"}'), responseDone('resp_q', 'completed'))
   await provider.waitFor('conversation.item.create')
@@ -327,7 +327,7 @@ test('issue #5 §2: autoRespond false sends the outputs but never response.creat
   assert.equal(provider.sent('response.create').length, 0)
 })
 
-test('issue #5 §2: close() detaches the session from its role and aborts its running calls', async (t) => {
+test('Realtime: close() detaches the session from its role and aborts its running calls', async (t) => {
   const { tp, provider, callbacks, session } = await setup(t, {}, [SLOW])
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
   const arrived = once(callbacks.events, 'request')
@@ -341,7 +341,7 @@ test('issue #5 §2: close() detaches the session from its role and aborts its ru
   assert.equal(session.runningCalls, 0)
 })
 
-test('issue #5 §2 / R6: creating a session for an unknown role throws TP_ERR_ROLE_NOT_FOUND and sends nothing', async (t) => {
+test('Realtime, R6: creating a session for an unknown role throws TP_ERR_ROLE_NOT_FOUND and sends nothing', async (t) => {
   const tp = await createToolport({ roles: ['Lanlan'], logger: false, dispatch: { mode: 'inline' } })
   t.after(() => tp.close())
   const sent: unknown[] = []

@@ -31,7 +31,7 @@ test('a host listener that throws never breaks a sync, a registration or a tool 
   assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['b', 'c'])
 })
 
-test('DESIGN Sync: a session that finishes a push after its timeout never sees two pushes overlap, and ends with the newest list', async (t) => {
+test('sync: a session that finishes a push after its timeout never sees two pushes overlap, and ends with the newest list', async (t) => {
   const tp = await setup(t, { syncTimeoutMs: 200 })
   let active = 0
   let maxActive = 0

@@ -1,14 +1,15 @@
-// The defences beyond SPEC R1 (issue "Security"): token mode, ownership mode, size limits and caps,
+// The defences beyond docs/protocol.md R1: token mode, ownership mode, size limits and caps,
 // random bodies never 5xx, and private data never reaching the logs.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createInterface } from 'node:readline'
+import { PassThrough } from 'node:stream'
 import fc from 'fast-check'
 import { request } from 'undici'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
+import { main } from '../../src/main/cli.js'
 import { startCallbackServer } from '../fixtures/callback-server.js'
 import { createTestToolport } from '../helpers.js'
 
@@ -20,7 +21,12 @@ function setup (t: TestContext, options: ToolportOptions = {}): Promise<Toolport
 }
 
 function post (tp: Toolport, url: string, payload: unknown, headers: Record<string, string> = {}) {
-  return tp.app.inject({ method: 'POST', url, payload: JSON.stringify(payload), headers: { 'content-type': 'application/json', ...headers } })
+  return tp.app.inject({
+    method: 'POST',
+    url,
+    payload: JSON.stringify(payload),
+    headers: { 'content-type': 'application/json', ...headers }
+  })
 }
 
 test('token mode: a request without the bearer token is 401 TP_ERR_UNAUTHORIZED; with it, it passes', async (t) => {
@@ -30,7 +36,11 @@ test('token mode: a request without the bearer token is 401 TP_ERR_UNAUTHORIZED;
   assert.equal(none.statusCode, 401)
   assert.equal(none.json().code, 'TP_ERR_UNAUTHORIZED')
   assert.equal(none.headers['www-authenticate'], 'Bearer')
-  const wrong = await tp.app.inject({ method: 'GET', url: '/api/tools', headers: { authorization: `Bearer ${token}z` } })
+  const wrong = await tp.app.inject({
+    method: 'GET',
+    url: '/api/tools',
+    headers: { authorization: `Bearer ${token}z` }
+  })
   assert.equal(wrong.statusCode, 401)
   const right = await tp.app.inject({ method: 'GET', url: '/api/tools', headers: { authorization: `Bearer ${token}` } })
   assert.equal(right.statusCode, 200)
@@ -47,20 +57,33 @@ test('ownership mode: a registration cannot replace a tool another source owns (
   assert.equal((await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:weather' })).ok, true)
   const hijack = await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:evil' })
   assert.equal(hijack.ok, false)
-  assert.deepEqual(hijack.failed_roles.map((f) => [f.role, f.owned_by]), [['Lanlan', 'plugin:weather'], ['Mochi', 'plugin:weather']])
+  assert.deepEqual(hijack.failed_roles.map((f) => [f.role, f.owned_by]), [['Lanlan', 'plugin:weather'], ['Mochi',
+    'plugin:weather']])
   assert.equal(tp.list('Lanlan').tools_by_role.Lanlan![0]!.source, 'plugin:weather')
   // The owner itself may still replace its tool.
-  assert.equal((await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:weather', description: 'v2' })).ok, true)
+  assert.equal((await tp.register({
+    name: 'get_weather',
+    callback_url: CALLBACK,
+    source: 'plugin:weather',
+    description: 'v2'
+  })).ok, true)
 })
 
-test('without ownership mode a registration replaces any remote tool of that name (SPEC R5)', async (t) => {
+test('without ownership mode a registration replaces any remote tool of that name (docs/protocol.md R5)', async (t) => {
   const tp = await setup(t)
   await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:weather' })
   assert.equal((await tp.register({ name: 'get_weather', callback_url: CALLBACK, source: 'plugin:other' })).ok, true)
   assert.equal(tp.list('Lanlan').tools_by_role.Lanlan![0]!.source, 'plugin:other')
 })
 
-const LIMIT_CASES: Array<{ name: string, options: ToolportOptions, body: Record<string, unknown>, status: number, code: string, path?: string }> = [
+const LIMIT_CASES: Array<{
+  name: string,
+  options: ToolportOptions,
+  body: Record<string, unknown>,
+  status: number,
+  code: string,
+  path?: string
+}> = [
   {
     name: 'a parameters schema over maxParametersBytes is 422 naming parameters',
     options: { limits: { maxParametersBytes: 1024 } },
@@ -100,7 +123,11 @@ for (const c of LIMIT_CASES) {
 
 test('limits: a body over maxBodyBytes is 413 TP_ERR_BODY_TOO_LARGE', async (t) => {
   const tp = await setup(t, { limits: { maxBodyBytes: 2048 } })
-  const res = await post(tp, '/api/tools/register', { name: 'x', callback_url: CALLBACK, description: 'd'.repeat(4096) })
+  const res = await post(tp, '/api/tools/register', {
+    name: 'x',
+    callback_url: CALLBACK,
+    description: 'd'.repeat(4096)
+  })
   assert.equal(res.statusCode, 413)
   assert.equal(res.json().code, 'TP_ERR_BODY_TOO_LARGE')
 })
@@ -108,7 +135,12 @@ test('limits: a body over maxBodyBytes is 413 TP_ERR_BODY_TOO_LARGE', async (t) 
 test('limits: JSON nested past maxJsonDepth is 413 TP_ERR_JSON_TOO_DEEP before it is parsed', async (t) => {
   const tp = await setup(t)
   const deep = '{"a":'.repeat(100_000) + '1' + '}'.repeat(100_000)
-  const res = await tp.app.inject({ method: 'POST', url: '/api/tools/register', payload: deep, headers: { 'content-type': 'application/json' } })
+  const res = await tp.app.inject({
+    method: 'POST',
+    url: '/api/tools/register',
+    payload: deep,
+    headers: { 'content-type': 'application/json' }
+  })
   assert.equal(res.statusCode, 413)
   assert.equal(res.json().code, 'TP_ERR_JSON_TOO_DEEP')
 })
@@ -155,17 +187,30 @@ const ROUTES = [
 test('property: random JSON bodies never produce a 5xx on any route', async (t) => {
   const tp = await setup(t)
   await tp.register({ name: 'x', callback_url: CALLBACK })
-  const field = fc.oneof(fc.constantFrom('name', 'role', 'source', 'callback_url', 'parameters', 'timeout_seconds', 'description',
+  const field = fc.oneof(fc.constantFrom('name', 'role', 'source', 'callback_url', 'parameters', 'timeout_seconds',
+    'description',
     'arguments', 'raw_arguments', 'call_id', 'expected_source', '__proto__', 'constructor'), fc.string())
   const body = fc.oneof(
     fc.jsonValue(),
     fc.dictionary(field, fc.jsonValue(), { maxKeys: 8 }),
-    fc.record({ name: fc.string(), callback_url: fc.oneof(fc.webUrl(), fc.string()), role: fc.option(fc.constantFrom('Lanlan', 'Nope', '')) })
+    fc.record({
+      name: fc.string(),
+      callback_url: fc.oneof(fc.webUrl(), fc.string()),
+      role: fc.option(fc.constantFrom('Lanlan', 'Nope', ''))
+    })
   )
   await fc.assert(fc.asyncProperty(fc.constantFrom(...ROUTES), body, async ([method, url], payload) => {
     const res = method === 'GET'
-      ? await tp.app.inject({ method, url: `${url}?role=${encodeURIComponent(String((payload as { role?: unknown })?.role ?? 'Lanlan'))}` })
-      : await tp.app.inject({ method, url, payload: JSON.stringify(payload) ?? 'null', headers: { 'content-type': 'application/json' } })
+      ? await tp.app.inject({
+        method,
+        url: `${url}?role=${encodeURIComponent(String((payload as { role?: unknown })?.role ?? 'Lanlan'))}`
+      })
+      : await tp.app.inject({
+        method,
+        url,
+        payload: JSON.stringify(payload) ?? 'null',
+        headers: { 'content-type': 'application/json' }
+      })
     assert.ok(res.statusCode < 500, `${method} ${url} ${JSON.stringify(payload)} → ${res.statusCode} ${res.body}`)
   }), { numRuns: 300 })
 })
@@ -174,12 +219,19 @@ test('R14: arguments, outputs and callback bodies never reach the logs, at any l
   const canary = `canary-${process.pid}-${Date.now()}-7f3e`
   const callback = await startCallbackServer()
   t.after(() => callback.close())
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/main/cli.ts', 'serve', '--port', '0', '--role', 'A', '--log-level', 'trace'],
-    { stdio: ['ignore', 'pipe', 'pipe'] })
-  t.after(() => { if (child.exitCode === null) child.kill('SIGKILL') })
+  // The `toolport serve` command in-process, with its own stdout and stderr (what its logs reach).
+  const stdout = new PassThrough()
+  const stderr = new PassThrough()
+  const stop = new AbortController()
+  const exited = main(['serve', '--port', '0', '--role', 'A', '--log-level', 'trace'],
+    { stdin: new PassThrough(), stdout, stderr, env: {}, stop: stop.signal })
+  t.after(async () => {
+    stop.abort('SIGTERM')
+    await exited
+  })
   const output: string[] = []
-  child.stderr.on('data', (chunk: Buffer) => output.push(chunk.toString()))
-  const lines = createInterface({ input: child.stdout })
+  stderr.on('data', (chunk: Buffer) => output.push(chunk.toString()))
+  const lines = createInterface({ input: stdout })
   let base = ''
   for await (const line of lines) {
     output.push(line)
@@ -192,21 +244,40 @@ test('R14: arguments, outputs and callback bodies never reach the logs, at any l
   lines.on('line', (line) => output.push(line))
   assert.notEqual(base, '')
   async function call (path: string, body: unknown): Promise<unknown> {
-    const res = await request(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+    const res = await request(`${base}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body)
+    })
     return await res.body.json()
   }
-  await call('/api/tools/register', { name: 'echo', callback_url: `${callback.url}/echo`, source: 'plugin:echo', description: 'echoes' })
-  await call('/api/tools/register', { name: 'strict', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { n: { type: 'number' } } } })
+  await call('/api/tools/register', {
+    name: 'echo',
+    callback_url: `${callback.url}/echo`,
+    source: 'plugin:echo',
+    description: 'echoes'
+  })
+  await call('/api/tools/register', {
+    name: 'strict',
+    callback_url: `${callback.url}/echo`,
+    parameters: { type: 'object', properties: { n: { type: 'number' } } }
+  })
   await call('/api/tools/register', { name: 'fails', callback_url: `${callback.url}/status/500` })
-  const echoed = await call('/api/tools/call', { role: 'A', name: 'echo', arguments: { secret: canary } }) as { text: string }
+  const echoed = await call('/api/tools/call', {
+    role: 'A',
+    name: 'echo',
+    arguments: { secret: canary }
+  }) as { text: string }
   assert.ok(echoed.text.includes(canary), 'the canary made the round trip through the callback')
   await call('/api/tools/call', { role: 'A', name: 'echo', raw_arguments: `{"secret": "${canary}"` })
   await call('/api/tools/call', { role: 'A', name: 'strict', arguments: { n: canary } })
   await call('/api/tools/call', { role: 'A', name: 'fails', arguments: { secret: canary } })
   await call('/api/tools/call', { role: 'A', name: `no-such-${canary}`.slice(0, 60), arguments: {} })
   await call('/api/tools/register', { name: 'bad', callback_url: `http://${canary}.example/`, description: canary })
-  child.kill('SIGTERM')
-  await once(child, 'exit')
+  stop.abort('SIGTERM')
+  assert.equal(await exited, 0)
+  stdout.end()
+  await once(stdout, 'end')
   const log = output.join('\n')
   assert.match(log, /tool call finished/, 'calls were logged (metadata) at debug')
   assert.ok(!log.includes(canary), 'the canary appears in the logs')

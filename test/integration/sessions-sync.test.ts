@@ -1,12 +1,12 @@
-// Session sync seen through the API (SPEC R4, R5, R8, R15–R17; DESIGN "Sync", "failed_roles",
-// "ok"): partial and total failures, concurrency over real HTTP, R4, and local tools.
+// Session sync seen through the API (docs/protocol.md R4, R5, R8, R15–R17 and "Sync"; "ok"
+// of R17): partial and total failures, concurrency over real HTTP, R4, and local tools.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import type { Toolport } from '../../src/main/index.js'
 import { createTestToolport, httpJson, inject, names, session, startToolport, tool, type FakeSession } from '../helpers.js'
 
 /**
- * `failed_roles` names exactly these roles, each as an object `{ role, error }` (DESIGN); a role that
+ * `failed_roles` names exactly these roles, each as an object `{ role, error }` (docs/protocol.md R8); a role that
  * refused the change because another owner holds the tool also says `owned_by`.
  */
 function assertFailedRoles (failed: unknown, roles: string[], ownedBy?: string): void {
@@ -68,7 +68,7 @@ test('R8: a role with a hanging session fails at syncTimeoutMs while the other r
   assert.ok(stuck.aborted >= 1, 'the hanging session was told to stop through its signal')
 })
 
-test('DESIGN Sync: one failing session among several fails its role, and the other sessions still get the tools', async (t) => {
+test('sync: one failing session among several fails its role, and the other sessions still get the tools', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const good = session('good', 'instant')
   tp.roles.get('A').attachSession(good)
@@ -79,7 +79,7 @@ test('DESIGN Sync: one failing session among several fails its role, and the oth
   assert.deepEqual(good.currentNames, ['x'])
 })
 
-test('DESIGN Sync: a failed sync is not rolled back; the registry keeps the tool and the next sync carries it', async (t) => {
+test('sync: a failed sync is not rolled back; the registry keeps the tool and the next sync carries it', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const s = session('s', 'throw')
   tp.roles.get('A').attachSession(s)
@@ -92,14 +92,14 @@ test('DESIGN Sync: a failed sync is not rolled back; the registry keeps the tool
   assert.deepEqual(s.currentNames, ['first', 'second'])
 })
 
-test('DESIGN Sync: a role with no session counts as affected', async (t) => {
+test('sync: a role with no session counts as affected', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A', 'B'] })
   tp.roles.get('A').attachSession(session('a', 'instant'))
   const res = await inject(tp, 'POST', '/api/tools/register', tool('x'))
   assert.deepEqual(res.body.affected_roles, ['A', 'B'])
 })
 
-test('DESIGN Sync: target roles sync in parallel (each role\'s session is called before any answers)', async (t) => {
+test('sync: target roles sync in parallel (each role\'s session is called before any answers)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A', 'B', 'C'] })
   const gated = ['A', 'B', 'C'].map((role) => {
     const s = session(role.toLowerCase(), 'gated')
@@ -117,7 +117,7 @@ test('DESIGN Sync: target roles sync in parallel (each role\'s session is called
   assert.deepEqual(res.body.affected_roles, ['A', 'B', 'C'])
 })
 
-test('DESIGN Sync: registrations that arrive while a role\'s sync runs share one next sync', async (t) => {
+test('sync: registrations that arrive while a role\'s sync runs share one next sync', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const role = tp.roles.get('A')
   const s = session('a', 'gated')
@@ -177,7 +177,7 @@ test('R17: clear with one failing role: the count includes it, ok true, the fail
   assertFailedRoles(res.body.failed_roles, ['B'])
 })
 
-test('DESIGN Sync: 50 concurrent registrations over real HTTP leave every random-delay session holding exactly its role\'s final tool list', async (t) => {
+test('sync: 50 concurrent registrations over real HTTP leave every random-delay session holding exactly its role\'s final tool list', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['A', 'B'] })
   const sessionsByRole = {
     A: [session('a1', 'random', { maxDelayMs: 4 }), session('a2', 'random', { maxDelayMs: 4 })],
@@ -202,7 +202,7 @@ test('DESIGN Sync: 50 concurrent registrations over real HTTP leave every random
   assert.ok(tp.roles.get('A').syncCount <= 51)
 })
 
-test('DESIGN Sync: concurrent register, unregister and clear over real HTTP end with sessions holding the final registry', async (t) => {
+test('sync: concurrent register, unregister and clear over real HTTP end with sessions holding the final registry', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['A', 'B', 'C'] })
   const sessionsByRole: Record<string, FakeSession[]> = {}
   for (const role of ['A', 'B', 'C']) {

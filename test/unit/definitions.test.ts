@@ -1,4 +1,4 @@
-// toolDefinitions (issue #5 §3): a role's tools in every provider's format, and the route that
+// toolDefinitions: a role's tools in every provider's format, and the route that
 // serves them, GET /api/tools/definitions?role=&format=.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -15,28 +15,28 @@ const WEATHER: ToolDefinition = {
 const TIME: ToolDefinition = { name: 'get_time', description: '', parameters: { type: 'object', properties: {} } }
 const TOOLS = Object.freeze([WEATHER, TIME])
 
-test('issue #5 §3: openai-chat is [{type:"function", function:{name, description, parameters}}] in registration order', () => {
+test('definitions: openai-chat is [{type:"function", function:{name, description, parameters}}] in registration order', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'openai-chat'), [
     { type: 'function', function: { name: 'get_weather', description: 'Get weather for a location.', parameters: WEATHER.parameters } },
     { type: 'function', function: { name: 'get_time', description: '', parameters: TIME.parameters } }
   ])
 })
 
-test('issue #5 §3: openai-realtime is the flat [{type:"function", name, description, parameters}]', () => {
+test('definitions: openai-realtime is the flat [{type:"function", name, description, parameters}]', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'openai-realtime'), [
     { type: 'function', name: 'get_weather', description: 'Get weather for a location.', parameters: WEATHER.parameters },
     { type: 'function', name: 'get_time', description: '', parameters: TIME.parameters }
   ])
 })
 
-test('issue #5 §3: anthropic is [{name, description, input_schema}]', () => {
+test('definitions: anthropic is [{name, description, input_schema}]', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'anthropic'), [
     { name: 'get_weather', description: 'Get weather for a location.', input_schema: WEATHER.parameters },
     { name: 'get_time', description: '', input_schema: TIME.parameters }
   ])
 })
 
-test('issue #5 §3: gemini is one Tool of functionDeclarations with parametersJsonSchema, or no Tool for no tools', () => {
+test('definitions: gemini is one Tool of functionDeclarations with parametersJsonSchema, or no Tool for no tools', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'gemini'), [{
     functionDeclarations: [
       { name: 'get_weather', description: 'Get weather for a location.', parametersJsonSchema: WEATHER.parameters },
@@ -46,14 +46,14 @@ test('issue #5 §3: gemini is one Tool of functionDeclarations with parametersJs
   assert.deepEqual(toolDefinitions([], 'gemini'), [])
 })
 
-test('issue #5 §3: mcp is [{name, description, inputSchema}] as tools/list returns it', () => {
+test('definitions: mcp is [{name, description, inputSchema}] as tools/list returns it', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'mcp'), [
     { name: 'get_weather', description: 'Get weather for a location.', inputSchema: WEATHER.parameters },
     { name: 'get_time', description: '', inputSchema: TIME.parameters }
   ])
 })
 
-test('issue #5 §3: a schema with an object root is passed as it is; any other gets type "object" on a copy, dropping malformed parts', () => {
+test('definitions: a schema with an object root is passed as it is; any other gets type "object" on a copy, dropping malformed parts', () => {
   assert.equal(objectSchema(WEATHER.parameters), WEATHER.parameters)
   const loose = { properties: { q: { type: 'string' } }, description: 'search' }
   assert.deepEqual(objectSchema(loose), { type: 'object', properties: { q: { type: 'string' } }, description: 'search' })
@@ -63,7 +63,7 @@ test('issue #5 §3: a schema with an object root is passed as it is; any other g
   assert.equal(objectSchema(loose), objectSchema(loose), 'the copy is memoised per schema')
 })
 
-test('issue #5 §3: results are frozen and memoised per registry snapshot; a registry change gives new ones', async (t) => {
+test('definitions: results are frozen and memoised per registry snapshot; a registry change gives new ones', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const role = tp.roles.get('Lanlan')
   await tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9333/a' })
@@ -76,13 +76,13 @@ test('issue #5 §3: results are frozen and memoised per registry snapshot; a reg
   assert.deepEqual(second.map((tool) => tool.function.name), ['a', 'b'])
 })
 
-test('issue #5 §3: an unknown format is TP_ERR_VALIDATION (422), including names of Object.prototype', () => {
+test('definitions: an unknown format is TP_ERR_VALIDATION (422), including names of Object.prototype', () => {
   for (const format of ['openai', 'toString', '__proto__', '']) {
     assert.throws(() => toolDefinitions(TOOLS, format as DefinitionFormat), isCode('TP_ERR_VALIDATION', 422))
   }
 })
 
-test('issue #5 §3: GET /api/tools/definitions answers {ok, role, format, tools} for the role and format asked', async (t) => {
+test('definitions: GET /api/tools/definitions answers {ok, role, format, tools} for the role and format asked', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
   await tp.register({ ...WEATHER, callback_url: 'http://127.0.0.1:9333/w', role: 'Lanlan' })
   for (const format of ['openai-chat', 'openai-realtime', 'anthropic', 'gemini', 'mcp'] as const) {
@@ -94,7 +94,7 @@ test('issue #5 §3: GET /api/tools/definitions answers {ok, role, format, tools}
   assert.deepEqual(mochi.body.tools, [])
 })
 
-test('issue #5 §3: GET /api/tools/definitions defaults to openai-chat', async (t) => {
+test('definitions: GET /api/tools/definitions defaults to openai-chat', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   await tp.register({ ...WEATHER, callback_url: 'http://127.0.0.1:9333/w' })
   const reply = await inject(tp, 'GET', '/api/tools/definitions?role=Lanlan')
@@ -102,14 +102,14 @@ test('issue #5 §3: GET /api/tools/definitions defaults to openai-chat', async (
   assert.equal(reply.body.tools[0].function.name, 'get_weather')
 })
 
-test('issue #5 §3 / R6, R7: GET /api/tools/definitions: unknown role 404, missing role or bad format 422', async (t) => {
+test('definitions, R6, R7: GET /api/tools/definitions: unknown role 404, missing role or bad format 422', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   assertError(await inject(tp, 'GET', '/api/tools/definitions?role=Nobody&format=mcp'), 404, 'TP_ERR_ROLE_NOT_FOUND')
   assertError(await inject(tp, 'GET', '/api/tools/definitions?format=mcp'), 422, 'TP_ERR_VALIDATION')
   assertError(await inject(tp, 'GET', '/api/tools/definitions?role=Lanlan&format=cohere'), 422, 'TP_ERR_VALIDATION')
 })
 
-test('issue #5 §3 / R1: GET /api/tools/definitions is behind the loopback guard', async (t) => {
+test('definitions, R1: GET /api/tools/definitions is behind the loopback guard', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   assertError(await inject(tp, 'GET', '/api/tools/definitions?role=Lanlan', undefined, { remoteAddress: '10.1.2.3' }), 403, 'TP_ERR_NOT_LOOPBACK')
 })

@@ -1,5 +1,5 @@
-// The error catalogue (STYLE §3): every code has an HTTP status, every error class of
-// src/main/errors.ts is in the catalogue with that status, and the SPEC's statuses hold.
+// The error catalogue: every code has an HTTP status, every error class of
+// src/main/errors.ts is in the catalogue with that status, and the protocol's statuses hold.
 // (The README error table is checked elsewhere.)
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -40,13 +40,13 @@ test('errors: every error class is in the catalogue with the same status, and ev
   assert.deepEqual([...seen].sort(), Object.keys(ERROR_CODES).sort())
 })
 
-test('errors: the SPEC statuses hold: 403 not loopback (R1), 404 unknown role (R6), 422 validation (R2, R7)', () => {
+test('errors: the protocol statuses hold: 403 not loopback (R1), 404 unknown role (R6), 422 validation (R2, R7)', () => {
   assert.equal(ERROR_CODES.TP_ERR_NOT_LOOPBACK, 403)
   assert.equal(ERROR_CODES.TP_ERR_ROLE_NOT_FOUND, 404)
   assert.equal(ERROR_CODES.TP_ERR_VALIDATION, 422)
 })
 
-test('errors: the statuses beyond the SPEC hold: 400 bad JSON, 413 too large or deep, 415 not JSON, 404 no route', () => {
+test('errors: the statuses beyond the protocol hold: 400 bad JSON, 413 too large or deep, 415 not JSON, 404 no route', () => {
   assert.equal(ERROR_CODES.TP_ERR_BAD_JSON, 400)
   assert.equal(ERROR_CODES.TP_ERR_BODY_TOO_LARGE, 413)
   assert.equal(ERROR_CODES.TP_ERR_JSON_TOO_DEEP, 413)

@@ -1,4 +1,4 @@
-// The public entry (STYLE §5): every value exported from src/main/index.ts is public API. A new or
+// The public entry: every value exported from src/main/index.ts is public API. A new or
 // removed export must change this list, the README and the CHANGELOG together.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'

@@ -1,4 +1,4 @@
-// The loopback predicates (SPEC R1 peers, R2 callback URLs): every case of issue 2, plus
+// The loopback predicates (docs/protocol.md R1 peers, R2 callback URLs): every case the rule names, plus
 // property tests against an oracle built independently from WHATWG `URL`, node:net and
 // ipaddr.js CIDR matching.
 import { test } from 'node:test'
@@ -129,7 +129,7 @@ const LOOPBACK_V6 = ipaddr.IPv6.parseCIDR('::1/128')
 const MAPPED_LOOPBACK = ipaddr.IPv6.parseCIDR('::ffff:127.0.0.0/104')
 
 /**
- * The oracle for a peer address: node:net's BlockList with the three ranges of issue 2. (Not
+ * The oracle for a peer address: node:net's BlockList with the three ranges of docs/protocol.md R1. (Not
  * ipaddr.js: it reads the deprecated IPv4-compatible form `::a.b.c.d` as `::ffff:a.b.c.d`.)
  */
 const LOOPBACK_PEER_RANGES = new BlockList()
@@ -150,7 +150,7 @@ function oracleV6Host (inner: string): boolean {
   return v6.match(LOOPBACK_V6) || v6.match(MAPPED_LOOPBACK)
 }
 
-/** The oracle for R2: WHATWG parsing, then the rule stated in issue 2, on the canonical host. */
+/** The oracle for R2: WHATWG parsing, then the rule stated in docs/protocol.md R2, on the canonical host. */
 function oracleUrl (input: string): boolean {
   let url: URL
   try {

@@ -1,4 +1,4 @@
-// Reading a callback's 2xx reply (SPEC R10–R12, DESIGN "Model-visible result"), including the
+// Reading a callback's 2xx reply (docs/protocol.md R10–R12, "Model-visible result"), including the
 // fast path for the canonical envelope, which must agree with the general reading.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'

@@ -1,4 +1,4 @@
-// The request schemas (SPEC R2, R7, R15–R18): field rules, defaults, and 422 with details.
+// The request schemas (docs/protocol.md R2, R7, R15–R18): field rules, defaults, and 422 with details.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fc from 'fast-check'
@@ -22,7 +22,7 @@ function problemPaths (fields: Record<string, unknown>): string[] {
   assert.fail(`expected ${JSON.stringify(fields)} to fail validation`)
 }
 
-test('R7: a registration with only name and callback_url gets every SPEC default', () => {
+test('R7: a registration with only name and callback_url gets every protocol default', () => {
   const parsed = register({})
   assert.equal(parsed.name, 'get_weather')
   assert.equal(parsed.description, '')

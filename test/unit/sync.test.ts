@@ -1,4 +1,4 @@
-// RoleSync and Role (DESIGN "Sync"): one role's syncs never overlap, never regress, coalesce,
+// RoleSync and Role (docs/protocol.md "Sync"): one role's syncs never overlap, never regress, coalesce,
 // time out and fail without rolling anything back.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -18,6 +18,20 @@ class Revisions {
   }
 }
 
+/**
+ * 200 changes, each followed by a sync request, yielding to the event loop after a change with
+ * probability `yieldChance`, so requests land both during and between running syncs.
+ */
+async function interleavedRequests (sync: RoleSync, revisions: Revisions, yieldChance: number): Promise<SyncOutcome[]> {
+  const pending: Array<Promise<SyncOutcome>> = []
+  for (let i = 0; i < 200; i++) {
+    revisions.revision++
+    pending.push(sync.request())
+    if (Math.random() < yieldChance) await turn()
+  }
+  return await Promise.all(pending)
+}
+
 function syncFor (sessions: ModelSession[], timeoutMs = 10_000, revisions = new Revisions()): RoleSync {
   return new RoleSync({ definitions: () => revisions.definitions(), sessions: () => sessions }, timeoutMs)
 }
@@ -26,13 +40,13 @@ function revisionOf (names: string[]): number {
   return Number((names[0] as string).slice(3))
 }
 
-test('DESIGN Sync: a role with no session syncs trivially and counts as accepted', async () => {
+test('sync: a role with no session syncs trivially and counts as accepted', async () => {
   const sync = syncFor([])
   assert.deepEqual(await sync.request(), { ok: true, error: '' })
   assert.equal(sync.count, 0)
 })
 
-test('DESIGN Sync: a sync pushes the current snapshot to every attached session', async () => {
+test('sync: a sync pushes the current snapshot to every attached session', async () => {
   const a = session('a', 'instant')
   const b = session('b', 'random')
   const sync = syncFor([a, b])
@@ -42,7 +56,7 @@ test('DESIGN Sync: a sync pushes the current snapshot to every attached session'
   assert.equal(sync.count, 1)
 })
 
-test('DESIGN Sync: requests that arrive while a sync runs share one next sync (N requests, at most 2 syncs)', async () => {
+test('sync: requests that arrive while a sync runs share one next sync (N requests, at most 2 syncs)', async () => {
   const s = session('s', 'gated')
   const sync = syncFor([s])
   const first = sync.request()
@@ -58,7 +72,7 @@ test('DESIGN Sync: requests that arrive while a sync runs share one next sync (N
   assert.equal(s.calls, 2)
 })
 
-test('DESIGN Sync: a request made during a running sync is answered only by a sync that includes its change', async () => {
+test('sync: a request made during a running sync is answered only by a sync that includes its change', async () => {
   const revisions = new Revisions()
   const s = session('s', 'gated')
   const sync = syncFor([s], 10_000, revisions)
@@ -77,32 +91,20 @@ test('DESIGN Sync: a request made during a running sync is answered only by a sy
   assert.deepEqual(s.currentNames, ['rev1'])
 })
 
-test('DESIGN Sync: syncs of one role never overlap, even under many interleaved requests with random delays', async () => {
+test('sync: syncs of one role never overlap, even under many interleaved requests with random delays', async () => {
   const revisions = new Revisions()
   const s = session('s', 'random', { maxDelayMs: 3 })
   const sync = syncFor([s], 10_000, revisions)
-  const pending: Array<Promise<SyncOutcome>> = []
-  for (let i = 0; i < 200; i++) {
-    revisions.revision++
-    pending.push(sync.request())
-    if (Math.random() < 0.3) await turn()
-  }
-  const outcomes = await Promise.all(pending)
+  const outcomes = await interleavedRequests(sync, revisions, 0.3)
   assert.ok(outcomes.every((o) => o.ok))
   assert.equal(s.maxActive, 1)
 })
 
-test('DESIGN Sync: a later push never carries an older snapshot, and the last push is the newest one', async () => {
+test('sync: a later push never carries an older snapshot, and the last push is the newest one', async () => {
   const revisions = new Revisions()
   const s = session('s', 'random', { maxDelayMs: 3 })
   const sync = syncFor([s], 10_000, revisions)
-  const pending: Array<Promise<SyncOutcome>> = []
-  for (let i = 0; i < 200; i++) {
-    revisions.revision++
-    pending.push(sync.request())
-    if (Math.random() < 0.5) await turn()
-  }
-  await Promise.all(pending)
+  await interleavedRequests(sync, revisions, 0.5)
   const pushed = s.received.map(revisionOf)
   for (let i = 1; i < pushed.length; i++) {
     assert.ok((pushed[i] as number) >= (pushed[i - 1] as number), `push ${i} regressed: ${pushed.join(',')}`)
@@ -112,7 +114,7 @@ test('DESIGN Sync: a later push never carries an older snapshot, and the last pu
   assert.ok(sync.count <= 200)
 })
 
-test('DESIGN Sync: a session that throws fails the sync with its message, and request() does not reject', async () => {
+test('sync: a session that throws fails the sync with its message, and request() does not reject', async () => {
   const s = session('s', 'throw', { message: 'model-socket-closed' })
   const sync = syncFor([s])
   const outcome = await sync.request()
@@ -120,7 +122,7 @@ test('DESIGN Sync: a session that throws fails the sync with its message, and re
   assert.ok(outcome.error.includes('model-socket-closed'), outcome.error)
 })
 
-test('DESIGN Sync: a session whose syncTools throws synchronously also fails the sync without rejecting', async () => {
+test('sync: a session whose syncTools throws synchronously also fails the sync without rejecting', async () => {
   const thrower: ModelSession = {
     id: 'sync-thrower',
     syncTools () { throw new Error('sync-throw') }
@@ -130,7 +132,7 @@ test('DESIGN Sync: a session whose syncTools throws synchronously also fails the
   assert.ok(outcome.error.includes('sync-throw'), outcome.error)
 })
 
-test('DESIGN Sync: a session that never answers fails the sync at the timeout, and its signal is aborted', async () => {
+test('sync: a session that never answers fails the sync at the timeout, and its signal is aborted', async () => {
   const s = session('stuck', 'hang')
   const sync = syncFor([s], 30)
   const outcome = await sync.request()
@@ -140,7 +142,7 @@ test('DESIGN Sync: a session that never answers fails the sync at the timeout, a
   assert.equal(s.aborted, 1)
 })
 
-test('DESIGN Sync: one failing session fails the role\'s sync while the other sessions still get the tools', async () => {
+test('sync: one failing session fails the role\'s sync while the other sessions still get the tools', async () => {
   const good = session('good', 'instant')
   const bad = session('bad', 'throw')
   const outcome = await syncFor([good, bad]).request()
@@ -148,7 +150,7 @@ test('DESIGN Sync: one failing session fails the role\'s sync while the other se
   assert.deepEqual(good.currentNames, ['rev0'])
 })
 
-test('DESIGN Sync: a failed sync is not rolled back and the next successful sync carries the newest snapshot', async () => {
+test('sync: a failed sync is not rolled back and the next successful sync carries the newest snapshot', async () => {
   const revisions = new Revisions()
   const s = session('s', 'throw')
   const sync = syncFor([s], 10_000, revisions)
@@ -161,7 +163,7 @@ test('DESIGN Sync: a failed sync is not rolled back and the next successful sync
   assert.deepEqual(s.currentNames, ['rev2'])
 })
 
-test('DESIGN Sync: a timed-out sync does not block the role: the next request runs a new sync', async () => {
+test('sync: a timed-out sync does not block the role: the next request runs a new sync', async () => {
   const s = session('s', 'hang')
   const sync = syncFor([s], 20)
   assert.equal((await sync.request()).ok, false)
@@ -185,7 +187,7 @@ function remoteEntry (name: string): ToolEntry {
   })
 }
 
-test('DESIGN Sync: attaching a session sends it the role\'s current tools at once', async () => {
+test('sync: attaching a session sends it the role\'s current tools at once', async () => {
   const role = newRole()
   role.registry.set(remoteEntry('a'))
   const s = session('s', 'instant')
@@ -195,7 +197,7 @@ test('DESIGN Sync: attaching a session sends it the role\'s current tools at onc
   assert.deepEqual(s.currentNames, ['a'])
 })
 
-test('DESIGN Sync: a detached session receives no further syncs', async () => {
+test('sync: a detached session receives no further syncs', async () => {
   const role = newRole()
   const kept = session('kept', 'instant')
   const gone = session('gone', 'instant')
@@ -211,7 +213,7 @@ test('DESIGN Sync: a detached session receives no further syncs', async () => {
   assert.deepEqual(role.sessions(), [kept])
 })
 
-test('DESIGN Sync: attaching the same session twice keeps one attachment', async () => {
+test('sync: attaching the same session twice keeps one attachment', async () => {
   const role = newRole()
   const s = session('s', 'instant')
   role.attachSession(s)
@@ -221,7 +223,7 @@ test('DESIGN Sync: attaching the same session twice keeps one attachment', async
   assert.equal(s.maxActive, 1)
 })
 
-test('DESIGN Sync: a failed role sync emits sync-failed with the role name', async () => {
+test('sync: a failed role sync emits sync-failed with the role name', async () => {
   const events = new EventEmitter<ToolportEvents>()
   const role = new Role('Mochi', { syncTimeoutMs: 10_000, events })
   role.attachSession(session('bad', 'throw') as FakeSession)

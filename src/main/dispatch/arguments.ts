@@ -6,6 +6,7 @@
 // the plugin's callback still sees and can reject the arguments.
 import { Ajv, type ErrorObject } from 'ajv'
 import type { ArgumentsValidator, ToolEntry } from '../roles/tool-registry.js'
+import { errorText } from '../../shared/util.js'
 
 const ajv = new Ajv({ allErrors: false, strict: false, validateFormats: false, allowUnionTypes: true })
 
@@ -25,7 +26,7 @@ export function readArguments (rawArguments: string | undefined, args: unknown):
     try {
       return { ok: true, value: JSON.parse(text), raw: text }
     } catch (err) {
-      return { ok: false, error: `arguments are not valid JSON: ${(err as Error).message}` }
+      return { ok: false, error: `arguments are not valid JSON: ${errorText(err)}` }
     }
   }
   const value = args === undefined ? {} : args
@@ -34,7 +35,7 @@ export function readArguments (rawArguments: string | undefined, args: unknown):
     if (raw === undefined) return { ok: false, error: 'arguments must be a JSON value' }
     return { ok: true, value, raw }
   } catch (err) {
-    return { ok: false, error: `arguments cannot be encoded as JSON: ${(err as Error).message}` }
+    return { ok: false, error: `arguments cannot be encoded as JSON: ${errorText(err)}` }
   }
 }
 
@@ -61,7 +62,7 @@ function compileValidator (entry: ToolEntry, onBadSchema: (entry: ToolEntry, mes
       return `arguments do not match the tool's parameters: ${describeErrors(validate.errors)}`
     }
   } catch (err) {
-    onBadSchema(entry, (err as Error).message)
+    onBadSchema(entry, errorText(err))
     return null
   }
 }

@@ -1,4 +1,4 @@
-// Consecutive connection-level failures per callback origin (SPEC R13, DESIGN "Eviction").
+// Consecutive connection-level failures per callback origin (docs/protocol.md R13, "Eviction").
 //
 // Only calls to `plugin:` tools count. A connection-level failure (the connection could not be
 // established) increments; any HTTP response from the origin and any new registration there

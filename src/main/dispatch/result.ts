@@ -1,4 +1,4 @@
-// Callback reply → ToolResult → the text a model reads (SPEC R10–R12, DESIGN "Model-visible result").
+// Callback reply → ToolResult → the text a model reads (docs/protocol.md R10–R12, "Model-visible result").
 import type { CallOutcome } from '../../workers/protocol.js'
 import { mapReply, safeStringify } from '../../shared/reply.js'
 
@@ -12,7 +12,7 @@ export interface ToolImage {
   prompt?: string
 }
 
-/** What a tool call returns to the model session (docs/architecture.md "Core contracts"). */
+/** What a tool call returns to the model session (docs/protocol.md "Model-visible result"). */
 export interface ToolResult {
   is_error: boolean
   /**

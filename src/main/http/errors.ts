@@ -1,4 +1,4 @@
-// Maps every error a route can raise to the JSON error body of DESIGN.md:
+// Maps every error a route can raise to the JSON error body (docs/protocol.md "Errors of the API itself"):
 // `{ ok: false, statusCode, code, error, message, details? }` with a stable TP_ERR_* code.
 import { STATUS_CODES } from 'node:http'
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify'

@@ -1,7 +1,7 @@
 // The request guard: one `onRequest` hook, before any body is read, on every route (unknown
 // paths included).
 //
-// - SPEC R1: the socket's peer address decides (never X-Forwarded-For; trustProxy is off), and an
+// - docs/protocol.md R1: the socket's peer address decides (never X-Forwarded-For; trustProxy is off), and an
 //   unknown peer fails closed.
 // - DNS rebinding: a page on attacker.example whose name now resolves to 127.0.0.1 reaches us
 //   from a loopback peer, but its requests carry `Host: attacker.example`; only loopback names

@@ -4,6 +4,7 @@
 // (schema validation, JSON Schema compilation) can meet a hostile 100 000-deep body.
 import type { FastifyRequest } from 'fastify'
 import { BadJsonError, JsonTooDeepError } from '../errors.js'
+import { errorText } from '../../shared/util.js'
 
 /** Largest nesting depth of JSON text (brackets outside strings); stops counting past `limit`. */
 export function jsonDepthExceeds (text: string, limit: number): boolean {
@@ -39,7 +40,7 @@ export function buildJsonParser (maxDepth: number) {
     try {
       done(null, JSON.parse(text))
     } catch (err) {
-      done(new BadJsonError((err as Error).message))
+      done(new BadJsonError(errorText(err)))
     }
   }
 }

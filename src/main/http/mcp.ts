@@ -15,6 +15,7 @@ import { parseOrThrow } from '../schemas.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
 import { DEFINITION_FORMATS } from '../sessions/definitions.js'
 import { definitionsBody } from './definitions-body.js'
+import { errorText } from '../../shared/util.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
 const RPC_BAD_REQUEST = -32000
@@ -72,7 +73,7 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, optio
     try {
       await session.handle(request.raw, reply.raw, request.body)
     } catch (err) {
-      request.log.error({ role, message: (err as Error).message }, 'MCP request failed')
+      request.log.error({ role, message: errorText(err) }, 'MCP request failed')
       if (!reply.raw.headersSent) {
         reply.raw.writeHead(500, { 'content-type': 'application/json' })
         reply.raw.end(JSON.stringify({ jsonrpc: '2.0', error: { code: -32603, message: 'Internal error' }, id: null }))

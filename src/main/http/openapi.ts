@@ -18,7 +18,10 @@ export function jsonSchema (schema: z.ZodType, io: 'input' | 'output'): Record<s
   return out
 }
 
-/** The JSON Schema of every error answer (DESIGN), shared by all documented routes. */
+/**
+ * The JSON Schema of every error answer (docs/protocol.md "Errors of the API itself"), shared by all
+ * documented routes.
+ */
 export const ERROR_BODY_JSON_SCHEMA = jsonSchema(errorBodySchema, 'output')
 
 /** The error statuses every route can answer, with the guard's 401/403 and body errors. */
@@ -57,34 +60,34 @@ const PLUGIN_KEY_HEADERS = {
 /** fastify route schemas of the tool routes, keyed by route. */
 export const ROUTE_SCHEMAS: Record<string, FastifySchema> = {
   register: {
-    summary: 'Register or replace one remote tool (SPEC R5–R8)',
+    summary: 'Register or replace one remote tool (docs/protocol.md R5–R8)',
     tags: ['tools'],
     body: jsonSchema(registerSchema, 'input'),
     headers: PLUGIN_KEY_HEADERS,
     response: { 200: jsonSchema(registerResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   unregister: {
-    summary: 'Remove a tool by name (SPEC R15, R17)',
+    summary: 'Remove a tool by name (docs/protocol.md R15, R17)',
     tags: ['tools'],
     body: jsonSchema(unregisterSchema, 'input'),
     headers: PLUGIN_KEY_HEADERS,
     response: { 200: jsonSchema(unregisterResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   clear: {
-    summary: 'Remove every tool of a source (SPEC R16, R17)',
+    summary: 'Remove every tool of a source (docs/protocol.md R16, R17)',
     tags: ['tools'],
     body: jsonSchema(clearSchema, 'input'),
     headers: PLUGIN_KEY_HEADERS,
     response: { 200: jsonSchema(clearResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   list: {
-    summary: 'List the tools of every current role, or of one (SPEC R18)',
+    summary: 'List the tools of every current role, or of one (docs/protocol.md R18)',
     tags: ['tools'],
     querystring: jsonSchema(listQuerySchema, 'input'),
     response: { 200: jsonSchema(listResultSchema, 'output'), ...errors(404, 422) }
   },
   call: {
-    summary: 'Call a tool as a model would; answers the ToolResult (SPEC R9–R12)',
+    summary: 'Call a tool as a model would; answers the ToolResult (docs/protocol.md R9–R12)',
     tags: ['tools'],
     body: jsonSchema(callSchema, 'input'),
     response: { 200: jsonSchema(toolResultSchema, 'output'), ...errors(...BODY_ERRORS) }

@@ -1,4 +1,4 @@
-// The /api/tools routes (SPEC "Routes") and POST /api/tools/call.
+// The /api/tools routes (docs/protocol.md "Routes") and POST /api/tools/call.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { MutationOptions, Runtime } from '../runtime.js'
 import { PluginKeyRequiredError } from '../errors.js'
@@ -80,7 +80,7 @@ function mutationOptions (runtime: Runtime, request: FastifyRequest, reply: Fast
 /**
  * The ToolResult as JSON text, reusing `text` as the output's JSON where it already is that (a
  * non-string output's `text` is its JSON, often the callback's own body), so a reply is never
- * parsed on the way in only to be encoded again on the way out (STYLE §4).
+ * parsed on the way in only to be encoded again on the way out.
  */
 export function serializeToolResult (result: ToolResult): string {
   let outputJson = outputJsonOf(result)

@@ -4,6 +4,7 @@ import type { RemovalReason, ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
+import { noop } from '../../shared/util.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
@@ -137,5 +138,3 @@ function buildLocalEntry (options: LocalToolOptions): ToolEntry {
     handler: options.handler
   })
 }
-
-function noop (): void {}

@@ -1,10 +1,11 @@
 // The set of roles of one Runtime (`tp.roles`).
 import { Role, type RoleOptions } from './role.js'
 import { ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
+import { roleNameSchema } from '../config.js'
 
 /**
  * The current roles. A role added later starts with an empty registry: a global registration
- * reaches only the roles that exist when it is handled (SPEC R4).
+ * reaches only the roles that exist when it is handled (docs/protocol.md R4).
  *
  * @example
  * tp.roles.add('Nova'); tp.roles.names() // [..., 'Nova']
@@ -19,7 +20,7 @@ export class RoleManager {
 
   /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists. */
   add (name: string): Role {
-    if (typeof name !== 'string' || name.length === 0 || name.length > 128) {
+    if (!roleNameSchema.safeParse(name).success) {
       throw new ConfigError('a role name must be a string of 1 to 128 characters')
     }
     if (this.#roles.has(name)) throw new RoleExistsError(name)

@@ -1,6 +1,6 @@
 // A role's sync to its live model sessions: serialised, coalesced, never regressing, with a timeout.
 //
-// Invariants (DESIGN "Sync"):
+// Invariants (docs/protocol.md "Sync"):
 // - At most one sync of a role runs at a time, so a session never sees two pushes overlap.
 // - Each sync pushes the snapshot current when it *starts*; since syncs run one after another,
 //   a later push always carries a snapshot at least as new as an earlier one (no regression).
@@ -9,6 +9,7 @@
 //   running sync shares that one next sync (coalescing): N concurrent mutations cost ≤ 2 syncs.
 // - A sync that throws or passes `timeoutMs` fails for its callers; nothing is rolled back.
 import type { ToolDefinition } from './tool-registry.js'
+import { errorText, noop } from '../../shared/util.js'
 
 /** What a host implements (or an adapter provides) to be a role's live model session. */
 export interface ModelSession {
@@ -97,7 +98,7 @@ export class RoleSync {
 
   async #run (): Promise<SyncOutcome> {
     const sessions = this.#source.sessions()
-    // A role with no session syncs trivially and counts as accepted (DESIGN).
+    // A role with no session syncs trivially and counts as accepted (docs/protocol.md "Sync").
     if (sessions.length === 0) return SYNC_OK
     this.#count++
     const started = performance.now()
@@ -189,12 +190,3 @@ async function pushTo (session: ModelSession, tools: readonly ToolDefinition[], 
     return `session ${session.id}: ${errorText(err)}`
   }
 }
-
-/** A one-line description of a thrown value, never a stack trace. */
-export function errorText (err: unknown): string {
-  if (err instanceof Error) return err.message === '' ? err.name : err.message
-  if (typeof err === 'string') return err
-  return 'unknown error'
-}
-
-function noop (): void {}

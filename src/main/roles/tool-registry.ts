@@ -1,19 +1,19 @@
 // A role's tools: an ordered Map<name, ToolEntry> with indexes by source and by origin.
 //
-// Everything about a tool is worked out once, when it is registered (STYLE §4): the parsed
-// callback URL, the timeout in ms, the definition the model sees and the row `GET /api/tools`
+// Everything about a tool is worked out once, when it is registered, so a call costs two Map lookups: the
+// parsed callback URL, the timeout in ms, the definition the model sees and the row `GET /api/tools`
 // lists. Entries are immutable and shared by every role a registration reaches, so a fan-out to
 // 100 roles builds one entry, not 100.
 import type { JsonSchemaObject } from '../schemas.js'
 
-/** What a model session is given for each tool (DESIGN "Core contracts"). */
+/** What a model session is given for each tool (`ModelSession.syncTools`). */
 export interface ToolDefinition {
   readonly name: string
   readonly description: string
   readonly parameters: JsonSchemaObject
 }
 
-/** One row of `GET /api/tools` (SPEC R18). */
+/** One row of `GET /api/tools` (docs/protocol.md R18). */
 export interface ToolListing {
   readonly name: string
   readonly description: string
@@ -60,7 +60,7 @@ export class ToolEntry {
   readonly source: string
   readonly timeoutMs: number
   readonly isRemote: boolean
-  /** `source` starts with `plugin:`: such tools count towards origin eviction (SPEC R13). */
+  /** `source` starts with `plugin:`: such tools count towards origin eviction (docs/protocol.md R13). */
   readonly isPlugin: boolean
   readonly callbackUrl: string | null
   /** `scheme://host:port`, or '' for a local tool. */
@@ -117,12 +117,8 @@ export class ToolRegistry {
     return this.#byName.get(name)
   }
 
-  has (name: string): boolean {
-    return this.#byName.has(name)
-  }
-
   /**
-   * Adds or replaces (SPEC R5) a tool; returns the entry it replaced. A replaced tool moves to the
+   * Adds or replaces (docs/protocol.md R5) a tool; returns the entry it replaced. A replaced tool moves to the
    * end of the order, as a new registration of that name would.
    */
   set (entry: ToolEntry): ToolEntry | undefined {
@@ -142,14 +138,14 @@ export class ToolRegistry {
   }
 
   /**
-   * Removes every remote tool of a source (SPEC R16); returns what it removed. Local tools belong
+   * Removes every remote tool of a source (docs/protocol.md R16); returns what it removed. Local tools belong
    * to the host and leave only through `unregisterLocalTool`.
    */
   deleteBySource (source: string): ToolEntry[] {
     return this.#deleteNames(this.#bySource.get(source), isRemoteEntry)
   }
 
-  /** Removes the `plugin:` tools whose callback is at `origin` (SPEC R13); returns them. */
+  /** Removes the `plugin:` tools whose callback is at `origin` (docs/protocol.md R13); returns them. */
   deletePluginToolsAtOrigin (origin: string): ToolEntry[] {
     return this.#deleteNames(this.#byOrigin.get(origin), isPluginEntry)
   }
@@ -186,10 +182,6 @@ export class ToolRegistry {
 
   names (): string[] {
     return [...this.#byName.keys()]
-  }
-
-  entries (): IterableIterator<ToolEntry> {
-    return this.#byName.values()
   }
 
   #deleteNames (names: Set<string> | undefined, predicate: (entry: ToolEntry) => boolean): ToolEntry[] {

@@ -1,4 +1,4 @@
-// A role's tools in each provider's wire format (issue #5 §3), so a host's own LLM loop, a
+// A role's tools in each provider's wire format, so a host's own LLM loop, a
 // Realtime session and the MCP endpoint all read the one registry.
 //
 // Every format is exactly what goes into that provider's `tools` field. The results are memoised
@@ -116,11 +116,6 @@ export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionS
     byFormat.set(format, built)
   }
   return built
-}
-
-/** True for a format name `toolDefinitions` knows. */
-export function isDefinitionFormat (value: unknown): value is DefinitionFormat {
-  return typeof value === 'string' && (DEFINITION_FORMATS as readonly string[]).includes(value)
 }
 
 const objectSchemas = new WeakMap<JsonSchemaObject, ObjectSchema>()

@@ -1,4 +1,4 @@
-// Per-role MCP endpoint sessions (issue #5 §1): each MCP client session is a ModelSession of its
+// Per-role MCP endpoint sessions: each MCP client session is a ModelSession of its
 // role, built on the official SDK's low-level `Server` and `StreamableHTTPServerTransport`.
 //
 // - The sync is `notifications/tools/list_changed` on the client's event stream (its GET): MCP
@@ -10,7 +10,6 @@
 //   period), inactivity, the role being removed, or the server closing.
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
-import { createRequire } from 'node:module'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Server } from '@modelcontextprotocol/sdk/server/index.js'
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
@@ -23,11 +22,17 @@ import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { ToolResult } from '../dispatch/result.js'
-import { isPlainObject } from '../schemas.js'
+import { isPlainObject, noop } from '../../shared/util.js'
+import { VERSION } from '../version.js'
 import { toolDefinitions } from './definitions.js'
 
 /** The name and version Toolport gives MCP clients in `initialize`. */
-export const MCP_SERVER_INFO = Object.freeze({ name: 'toolport', version: packageVersion() })
+export const MCP_SERVER_INFO = Object.freeze({ name: 'toolport', version: VERSION })
+
+/** What an MCP client is told about a role's server (the endpoint's sessions and the stdio bridge). */
+export function mcpInstructions (role: string): string {
+  return `The tools of the Toolport role '${role}'. The list changes while you run: tools/list again when notified.`
+}
 
 export interface McpSessionsOptions {
   /** A session with no open event stream and no request for this long ends (default 10 min). */
@@ -183,8 +188,7 @@ export class McpSession implements ModelSession {
     })
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
-      instructions: `The tools of the Toolport role '${role}'. The list changes while you run: ` +
-        'tools/list again when notified.'
+      instructions: mcpInstructions(role)
     })
     this.#server.setRequestHandler(ListToolsRequestSchema, () => this.#listTools())
     this.#server.setRequestHandler(CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
@@ -339,15 +343,3 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
 function closeIdle (session: McpSession): void {
   session.close('idle').catch(noop)
 }
-
-function packageVersion (): string {
-  try {
-    // src/main/sessions and dist/main/sessions are both three levels below the package root.
-    const pkg = createRequire(import.meta.url)('../../../package.json') as { version?: unknown }
-    return typeof pkg.version === 'string' ? pkg.version : '0.0.0'
-  } catch {
-    return '0.0.0'
-  }
-}
-
-function noop (): void {}

@@ -1,4 +1,4 @@
-// The OpenAI-Realtime session adapter (issue #5 §2): a ModelSession for a host that owns a
+// The OpenAI-Realtime session adapter: a ModelSession for a host that owns a
 // realtime WebSocket (OpenAI, Azure, GLM: the flat tool dialect; Qwen-Omni, StepFun: nested).
 //
 // The host hands every server event to `handleServerEvent` and gives the adapter a `send`; the
@@ -18,7 +18,7 @@
 import { randomUUID } from 'node:crypto'
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
-import { errorText } from '../roles/sync.js'
+import { errorText, noop } from '../../shared/util.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { toolDefinitions } from './definitions.js'
@@ -507,5 +507,3 @@ function trim (collection: Set<string> | Map<string, unknown>): void {
   const oldest = collection.keys().next().value
   if (oldest !== undefined) collection.delete(oldest)
 }
-
-function noop (): void {}

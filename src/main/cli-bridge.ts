@@ -1,11 +1,11 @@
-// The stdio bridge behind `toolport mcp --role NAME [--url …]` (issue #5 §1): a stdio MCP server
+// The stdio bridge behind `toolport mcp --role NAME [--url …]` : a stdio MCP server
 // for clients that only launch stdio servers, forwarding to a running Toolport's /mcp/:role with
 // the SDK's Client over Streamable HTTP.
 //
 // - tools/list and tools/call are forwarded as they are (results, `isError`, `structuredContent`);
 //   a downstream cancellation cancels the upstream call (the SDK sends notifications/cancelled).
 // - Upstream `notifications/tools/list_changed` is forwarded downstream, so the client re-lists.
-// - Toolport may start after the bridge, or restart (registrations are runtime only, SPEC R3):
+// - Toolport may start after the bridge, or restart (registrations are runtime only, docs/protocol.md R3):
 //   the bridge reconnects with backoff, re-initializes a lost session, and tells the client to
 //   re-list. While Toolport is unreachable the list is empty and calls are model-visible errors.
 // - stdout carries the protocol only; diagnostics go to `log` (stderr in the CLI).
@@ -21,8 +21,9 @@ import {
   type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
-import { MCP_SERVER_INFO } from './sessions/mcp.js'
+import { MCP_SERVER_INFO, mcpInstructions } from './sessions/mcp.js'
 import { RoleNotFoundError } from './errors.js'
+import { noop } from '../shared/util.js'
 
 export interface BridgeOptions {
   /** The role whose tools the client gets. */
@@ -99,8 +100,7 @@ class StdioBridge implements Bridge {
     this.#stdio = new StdioServerTransport(options.stdin, options.stdout)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
-      instructions: `The tools of the Toolport role '${options.role}'. The list changes while you run: ` +
-        'tools/list again when notified.'
+      instructions: mcpInstructions(options.role)
     })
     this.#server.setRequestHandler(ListToolsRequestSchema, (request) => this.#listTools(request))
     this.#server.setRequestHandler(CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
@@ -295,5 +295,3 @@ function describe (err: unknown): string {
   const code = (err.cause as { code?: unknown } | undefined)?.code
   return typeof code === 'string' ? `${err.message} (${code})` : err.message
 }
-
-function noop (): void {}

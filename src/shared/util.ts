@@ -1,0 +1,35 @@
+// Small helpers every layer uses (main thread, workers, plugin SDK). Pure, no imports: safe to load
+// from any thread or process (docs/architecture.md "Import rules").
+
+/** Does nothing: the handler of a promise whose rejection is already accounted for elsewhere. */
+export function noop (): void {}
+
+/**
+ * A one-line description of a thrown value, never a stack trace: the message (or the error's name
+ * when the message is empty), the string thrown, or "unknown error".
+ *
+ * @example
+ * errorText(new SyntaxError('Unexpected token')) // 'Unexpected token'
+ */
+export function errorText (err: unknown): string {
+  if (err instanceof Error) return err.message === '' ? err.name : err.message
+  if (typeof err === 'string') return err
+  return 'unknown error'
+}
+
+/** A plain JSON object: not null, not an array. */
+export function isPlainObject (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+/**
+ * Length in Unicode code points, as Toolport counts a tool name (docs/protocol.md R7): a surrogate
+ * pair is one character, not two UTF-16 units.
+ */
+export function codePointLength (s: string): number {
+  // The string iterator walks code points.
+  return [...s].length
+}
+
+/** setTimeout's largest delay (~24.8 days); a larger one fires at once. */
+export const MAX_TIMER_MS = 2 ** 31 - 1
