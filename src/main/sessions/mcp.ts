@@ -486,18 +486,32 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
   return out
 }
 
+/** Deeper output than this is not sent as `structuredContent` (JSON.stringify would overflow the stack). */
+const MAX_STRUCTURED_DEPTH = 4096
+
 /**
  * A result the transport can encode. A structure too deep for JSON.stringify (a reply nested
- * 200 000 levels) would make the response vanish: such a result answers a tool error instead.
+ * 200 000 levels) would make the response vanish: such a result answers a tool error instead,
+ * as `POST /api/tools/call` does.
  */
 function sendableResult (result: CallToolResult): CallToolResult {
-  try {
-    JSON.stringify(result.structuredContent)
-    return result
-  } catch (err) {
-    const error = `the tool's output cannot be sent: ${(err as Error).message}`
-    return { content: [{ type: 'text', text: JSON.stringify({ error }) }], isError: true }
+  if (result.structuredContent === undefined || !isDeeperThan(result.structuredContent, MAX_STRUCTURED_DEPTH)) return result
+  const error = `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`
+  return { content: [{ type: 'text', text: JSON.stringify({ error }) }], isError: true }
+}
+
+/** Whether objects/arrays nest deeper than `limit` in `value` (iterative: no stack to overflow). */
+function isDeeperThan (value: unknown, limit: number): boolean {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [current, depth] = stack.pop() as [unknown, number]
+    if (typeof current !== 'object' || current === null) continue
+    if (depth > limit) return true
+    for (const child of Array.isArray(current) ? current : Object.values(current)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+    }
   }
+  return false
 }
 
 const definitionBytes = new WeakMap<object, number>()
