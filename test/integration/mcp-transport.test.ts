@@ -389,3 +389,18 @@ test('a reply nested 200 000 deep answers that MCP call with a tool error instea
   const next = await client.callTool({ name: 'ok', arguments: {} }) as CallToolResult
   assert.deepEqual(next.content, [{ type: 'text', text: 'fine' }])
 })
+
+test('the mcp.* options of createToolport set the endpoint\'s bounds', async (t) => {
+  const { url } = await startToolport(t, { roles: ['Lanlan'], mcp: { maxSessions: 1 } })
+  const endpoint = `${url}/mcp/Lanlan`
+  const first = await rawSession(endpoint)
+  const second = await rawSession(endpoint)
+  assert.notEqual(first, second)
+  const gone = await httpRequest(endpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': first, 'mcp-protocol-version': LATEST },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/list' })
+  })
+  await gone.body.dump()
+  assert.equal(gone.statusCode, 404, 'the first session was evicted for the second (maxSessions 1)')
+})

@@ -68,6 +68,7 @@ export interface McpSessionsOptions {
   /** Bounds of each session's event store (default 512 events, 1 MiB). */
   eventStore?: EventStoreLimits
 }
+// Each bound above defaults to the runtime's `mcp` option of the same name (config.ts).
 
 /** Why a session ended. */
 export type McpCloseReason = 'deleted' | 'idle' | 'evicted' | 'role-removed' | 'closed'
@@ -80,15 +81,8 @@ export interface McpSessionsEvents {
   'session-closed': [McpSessionClosedEvent]
 }
 
-const DEFAULTS = {
-  idleTimeoutMs: 600_000,
-  reconnectGraceMs: 30_000,
-  maxSessions: 256,
-  maxSessionsPerClient: 32,
-  maxCallsPerSession: 32,
-  maxCallsPerClient: 128,
-  retryIntervalMs: 2000
-}
+/** Defaults of the options that are not in the runtime's `mcp` options (config.ts has the others). */
+const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
 
 /** A `tools/list` page holds about this many bytes of JSON at most (and at least one tool). */
 const LIST_PAGE_BYTES = 4 * 1024 * 1024
@@ -149,16 +143,18 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   constructor (runtime: Runtime, options: McpSessionsOptions = {}) {
     super()
     this.#runtime = runtime
+    // Explicit options win over the runtime's `mcp` options, which have the defaults.
+    const mcp = runtime.options.mcp
     this.#options = {
       idleTimeoutMs: options.idleTimeoutMs ?? DEFAULTS.idleTimeoutMs,
       reconnectGraceMs: options.reconnectGraceMs ?? DEFAULTS.reconnectGraceMs,
-      maxSessions: options.maxSessions ?? DEFAULTS.maxSessions,
-      maxSessionsPerClient: options.maxSessionsPerClient ?? DEFAULTS.maxSessionsPerClient,
-      maxCallsPerSession: options.maxCallsPerSession ?? DEFAULTS.maxCallsPerSession,
-      maxCallsPerClient: options.maxCallsPerClient ?? DEFAULTS.maxCallsPerClient,
-      maxCalls: options.maxCalls ?? Math.max(1, Math.floor(runtime.options.dispatch.maxPending / 4)),
-      retryIntervalMs: options.retryIntervalMs ?? DEFAULTS.retryIntervalMs,
-      eventStore: options.eventStore ?? {}
+      maxSessions: options.maxSessions ?? mcp.maxSessions,
+      maxSessionsPerClient: options.maxSessionsPerClient ?? mcp.maxSessionsPerClient,
+      maxCallsPerSession: options.maxCallsPerSession ?? mcp.maxCallsPerSession,
+      maxCallsPerClient: options.maxCallsPerClient ?? mcp.maxCallsPerClient,
+      maxCalls: options.maxCalls ?? mcp.maxCalls ?? Math.max(1, Math.floor(runtime.options.dispatch.maxPending / 4)),
+      retryIntervalMs: options.retryIntervalMs ?? mcp.retryIntervalMs,
+      eventStore: options.eventStore ?? { maxEvents: mcp.eventStoreMaxEvents, maxBytes: mcp.eventStoreMaxBytes }
     }
     this.#budget = new CallBudget(this.#options)
   }
