@@ -404,3 +404,26 @@ test('the mcp.* options of createToolport set the endpoint\'s bounds', async (t)
   await gone.body.dump()
   assert.equal(gone.statusCode, 404, 'the first session was evicted for the second (maxSessions 1)')
 })
+
+test('GET /api/tools/definitions streams a huge list tool by tool; the JSON is the same as toolDefinitions gives', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
+  const filler = 'y'.repeat(60 * 1024)
+  for (let i = 0; i < 150; i++) {
+    await tp.register({ name: `tool_${i}`, role: 'Lanlan', callback_url: 'http://127.0.0.1:9333/x', parameters: { type: 'object', properties: { q: { type: 'string', description: filler } } } })
+  }
+  const { toolDefinitions } = await import('../../src/main/index.js')
+  for (const format of ['openai-chat', 'gemini'] as const) {
+    const res = await httpRequest(`${url}/api/tools/definitions?role=Lanlan&format=${format}`)
+    assert.equal(res.statusCode, 200)
+    assert.equal(res.headers['content-length'], undefined, 'about 9 MB: streamed, not one encoded string')
+    assert.match(String(res.headers['content-type']), /application\/json/)
+    const body = await res.body.json() as { ok: boolean, role: string, format: string, tools: unknown }
+    assert.deepEqual(body, { ok: true, role: 'Lanlan', format, tools: JSON.parse(JSON.stringify(toolDefinitions(tp.roles.get('Lanlan'), format))) })
+  }
+  // A small list is answered as before, in one piece.
+  await tp.register({ name: 'small', role: 'Mochi', callback_url: 'http://127.0.0.1:9333/x' })
+  const small = await httpRequest(`${url}/api/tools/definitions?role=Mochi&format=mcp`)
+  assert.equal(small.statusCode, 200)
+  assert.ok(small.headers['content-length'] !== undefined)
+  assert.deepEqual((await small.body.json() as { tools: Array<{ name: string }> }).tools.map((d) => d.name), ['small'])
+})

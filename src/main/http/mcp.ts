@@ -6,13 +6,14 @@
 // TP_ERR_* shape; errors of the MCP protocol itself (no or unknown session, a body that is not
 // JSON) answer JSON-RPC errors with the statuses the MCP transport specifies, so MCP clients
 // react as they should (a 404 for a session makes them start a new one).
+import { Readable } from 'node:stream'
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js'
 import { z } from 'zod'
 import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError, isToolportError } from '../errors.js'
 import { parseOrThrow } from '../schemas.js'
-import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
+import { McpSessions, bytesOf, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
 import { DEFINITION_FORMATS, toolDefinitions } from '../sessions/definitions.js'
 import { handleError } from './errors.js'
 
@@ -121,16 +122,54 @@ const definitionsQuerySchema = z.object({
   format: z.enum(DEFINITION_FORMATS).default('openai-chat')
 })
 
+/** A definitions answer larger than this (bytes of JSON, about) is streamed tool by tool. */
+const STREAM_DEFINITIONS_ABOVE = 8 * 1024 * 1024
+/** Bytes per chunk of a streamed answer. */
+const STREAM_CHUNK = 64 * 1024
+
 /**
  * Registers `GET /api/tools/definitions?role=NAME&format=…`: a role's tools in a provider's
- * format, for a host's own LLM loop. Unknown role → 404; a bad format → 422.
+ * format, for a host's own LLM loop. Unknown role → 404; a bad format → 422. A huge list (over
+ * about 8 MiB of JSON) is streamed tool by tool, never encoded as one string that may exceed
+ * what V8 can hold (which answered 500).
  */
 export function registerDefinitionRoutes (app: FastifyInstance, runtime: Runtime): void {
   app.get('/api/tools/definitions', function definitionsRoute (request: FastifyRequest, reply: FastifyReply) {
     const query = parseOrThrow(definitionsQuerySchema, request.query ?? {})
     const role = runtime.roles.get(query.role)
-    reply.send({ ok: true, role: role.name, format: query.format, tools: toolDefinitions(role, query.format) })
+    const tools = toolDefinitions(role, query.format) as readonly object[]
+    // Gemini's list is one object holding every declaration: stream its declarations.
+    const gemini = query.format === 'gemini' && tools.length === 1
+      ? (tools[0] as { functionDeclarations: readonly object[] }).functionDeclarations
+      : null
+    const items = gemini ?? tools
+    let bytes = 0
+    for (const item of items) {
+      bytes += bytesOf(item)
+      if (bytes > STREAM_DEFINITIONS_ABOVE) break
+    }
+    if (bytes <= STREAM_DEFINITIONS_ABOVE) {
+      reply.send({ ok: true, role: role.name, format: query.format, tools })
+      return
+    }
+    const head = `{"ok":true,"role":${JSON.stringify(role.name)},"format":${JSON.stringify(query.format)},"tools":` +
+      (gemini === null ? '[' : '[{"functionDeclarations":[')
+    const tail = gemini === null ? ']}' : ']}]}'
+    reply.type('application/json').send(Readable.from(jsonChunks(head, items, tail), { objectMode: false }))
   })
+}
+
+/** `head`, the items' JSON separated by commas, `tail`, in chunks of about STREAM_CHUNK. */
+function * jsonChunks (head: string, items: readonly object[], tail: string): Generator<string> {
+  let chunk = head
+  for (let i = 0; i < items.length; i++) {
+    chunk += (i === 0 ? '' : ',') + JSON.stringify(items[i])
+    if (chunk.length >= STREAM_CHUNK) {
+      yield chunk
+      chunk = ''
+    }
+  }
+  yield chunk + tail
 }
 
 function sendRpcError (reply: FastifyReply, statusCode: number, code: number, message: string): void {

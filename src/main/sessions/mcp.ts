@@ -513,7 +513,7 @@ function isDeeperThan (value: unknown, limit: number): boolean {
 const definitionBytes = new WeakMap<object, number>()
 
 /** About how many bytes of JSON one listed tool is (memoised: listed tools are frozen). */
-function bytesOf (tool: object): number {
+export function bytesOf (tool: object): number {
   let bytes = definitionBytes.get(tool)
   if (bytes === undefined) {
     bytes = JSON.stringify(tool).length
