@@ -85,7 +85,7 @@ const mcpSchema = z.strictObject({
   /** Events each session keeps for resumed streams. */
   eventStoreMaxEvents: z.number().int().min(1).max(1_000_000).default(512),
   /** Bytes of messages each session keeps for resumed streams. */
-  eventStoreMaxBytes: z.number().int().min(0).max(1024 ** 3).default(1024 * 1024)
+  eventStoreMaxBytes: z.number().int().min(0).max(1024 ** 3).default(256 * 1024)
 })
 
 /** Every option of `createToolport` and `toolport serve`. */

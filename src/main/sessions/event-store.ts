@@ -20,7 +20,7 @@ const LIST_CHANGED: JSONRPCMessage = Object.freeze({ jsonrpc: '2.0', method: 'no
 export interface EventStoreLimits {
   /** Most events kept (default 512). */
   maxEvents?: number
-  /** Most bytes of message JSON kept (default 1 MiB). A larger single message keeps only its marker. */
+  /** Most bytes of message JSON kept (default 256 KiB). A larger single message keeps only its marker. */
   maxBytes?: number
 }
 
@@ -53,7 +53,7 @@ export class BoundedEventStore implements EventStore {
 
   constructor (limits: EventStoreLimits = {}) {
     this.#maxEvents = limits.maxEvents ?? 512
-    this.#maxBytes = limits.maxBytes ?? 1024 * 1024
+    this.#maxBytes = limits.maxBytes ?? 256 * 1024
   }
 
   /** Events kept now (markers included). */

@@ -65,7 +65,7 @@ export interface McpSessionsOptions {
   maxCalls?: number
   /** The `retry` (ms) a resumable stream's priming event suggests to the client (default 2000). */
   retryIntervalMs?: number
-  /** Bounds of each session's event store (default 512 events, 1 MiB). */
+  /** Bounds of each session's event store (default 512 events, 256 KiB). */
   eventStore?: EventStoreLimits
 }
 // Each bound above defaults to the runtime's `mcp` option of the same name (config.ts).
