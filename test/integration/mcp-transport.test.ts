@@ -427,3 +427,30 @@ test('GET /api/tools/definitions streams a huge list tool by tool; the JSON is t
   assert.ok(small.headers['content-length'] !== undefined)
   assert.deepEqual((await small.body.json() as { tools: Array<{ name: string }> }).tools.map((d) => d.name), ['small'])
 })
+
+test('calls in flight are bounded per client: the sessions a connection initialized share one budget', async (t) => {
+  const { tp } = await startToolport(t, { roles: ['Lanlan'], dispatch: { closeGraceMs: 0 } })
+  const server = await callbacks(t)
+  await tp.register({ name: 'stuck', callback_url: `${server.url}/sleep/60000` })
+  const mcp = await mcpOnlyApp(t, tp, { maxCallsPerSession: 3, maxCallsPerClient: 4 })
+  const endpoint = mcp.endpoint('Lanlan')
+  const connection = new UndiciClient(new URL(endpoint).origin)
+  t.after(() => connection.close())
+  const first = await rawSession(endpoint, LATEST, connection)
+  const second = await rawSession(endpoint, LATEST, connection)
+  const batch = (ids: number[]): unknown[] => ids.map((id) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'stuck', arguments: {} } }))
+
+  const one = await openStream(endpoint, 'POST', { 'mcp-session-id': first, 'mcp-protocol-version': LATEST }, batch([1, 2, 3]))
+  while (server.requests.length < 3) await once(server.events, 'request')
+  const two = await openStream(endpoint, 'POST', { 'mcp-session-id': second, 'mcp-protocol-version': LATEST }, batch([4, 5, 6]))
+  const refused = [await nextMessage(two.events), await nextMessage(two.events)].map(({ message }) => message)
+  for (const message of refused) {
+    assert.equal(message.result.isError, true)
+    assert.match(message.result.content[0].text, /too many calls in flight from this MCP client \(4\)/)
+  }
+  while (server.requests.length < 4) await once(server.events, 'request')
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  assert.equal(server.requests.length, 4)
+  one.abort()
+  two.abort()
+})
