@@ -86,6 +86,25 @@ const limitsSchema = z.strictObject({
   maxDefinitionsBytes: z.number().int().min(1024).max(16 * 1024 ** 3).default(1024 ** 3)
 })
 
+const mcpSchema = z.strictObject({
+  /** MCP sessions at once, all roles together; when full, idle ones are evicted. */
+  maxSessions: z.number().int().min(1).max(100_000).default(256),
+  /** MCP sessions one client (the connection that initializes) holds; its next evicts its oldest. */
+  maxSessionsPerClient: z.number().int().min(1).max(100_000).default(32),
+  /** `tools/call` in flight per MCP session; beyond it a call answers a tool error. */
+  maxCallsPerSession: z.number().int().min(1).max(1_000_000).default(32),
+  /** `tools/call` in flight over all sessions of one MCP client. */
+  maxCallsPerClient: z.number().int().min(1).max(1_000_000).default(128),
+  /** `tools/call` in flight over every MCP session (default: a quarter of `dispatch.maxPending`). */
+  maxCalls: z.number().int().min(1).max(1_000_000).optional(),
+  /** The `retry` (ms) a resumable stream's priming event suggests. */
+  retryIntervalMs: z.number().int().min(0).max(600_000).default(2000),
+  /** Events each session keeps for resumed streams. */
+  eventStoreMaxEvents: z.number().int().min(1).max(1_000_000).default(512),
+  /** Bytes of messages each session keeps for resumed streams. */
+  eventStoreMaxBytes: z.number().int().min(0).max(1024 ** 3).default(256 * 1024)
+})
+
 /** Every option of `createToolport` and `toolport serve`. */
 export const optionsSchema = z.strictObject({
   /** Roles that exist from the start. */
@@ -105,7 +124,9 @@ export const optionsSchema = z.strictObject({
     .default(false),
   dispatch: dispatchSchema.prefault({}),
   security: securitySchema.prefault({}),
-  limits: limitsSchema.prefault({})
+  limits: limitsSchema.prefault({}),
+  /** The MCP endpoint's bounds (`/mcp/<role>`). */
+  mcp: mcpSchema.prefault({})
 })
 
 /** Options as a caller writes them (everything optional). */

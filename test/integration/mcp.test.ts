@@ -7,7 +7,7 @@ import fastify from 'fastify'
 import { request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
+import { ErrorCode, McpError, ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
@@ -204,13 +204,19 @@ test('MCP, R12: a text reply is text content without structuredContent; argument
   assert.deepEqual(server.requests.map((r) => r.path), ['/text'], 'the plugin is not called with invalid arguments')
 })
 
-test('MCP: an unknown tool is an isError result naming the available tools', async (t) => {
-  const { url, connect } = await setup(t)
+test('MCP: an unknown tool is the JSON-RPC error -32602 (MCP "unknown tool") naming the available tools, and is still counted', async (t) => {
+  const { tp, url, connect } = await setup(t)
   const { client } = await connect('Lanlan')
   await register(url, { name: 'get_weather', callback_url: 'http://127.0.0.1:9333/x' })
-  const result = await client.callTool({ name: 'nope', arguments: {} }) as CallToolResult
-  assert.equal(result.isError, true)
-  assert.match(textOf(result), /get_weather/)
+  const finished = once(tp, 'call-finished')
+  await assert.rejects(client.callTool({ name: 'nope', arguments: {} }), (err: unknown) => {
+    assert.ok(err instanceof McpError)
+    assert.equal(err.code, ErrorCode.InvalidParams)
+    assert.match(err.message, /unknown tool 'nope'.*get_weather/)
+    return true
+  })
+  const [event] = await finished
+  assert.equal(event.outcome, 'unknown_tool')
 })
 
 test('MCP: notifications/cancelled aborts the running call, and the session keeps working', async (t) => {
@@ -255,8 +261,8 @@ test('MCP: sessions of two roles are isolated: each lists, calls and is notified
   assert.equal(tp.roles.get('Lanlan').syncCount, lanlanSyncs, "Mochi's registration does not sync Lanlan's sessions")
   assert.deepEqual((await lanlan.client.listTools()).tools.map((tool) => tool.name), ['lanlan_tool'])
   assert.deepEqual((await mochi.client.listTools()).tools.map((tool) => tool.name), ['mochi_tool'])
-  const crossed = await mochi.client.callTool({ name: 'lanlan_tool', arguments: {} }) as CallToolResult
-  assert.equal(crossed.isError, true)
+  await assert.rejects(mochi.client.callTool({ name: 'lanlan_tool', arguments: {} }),
+    (err: unknown) => err instanceof McpError && err.code === ErrorCode.InvalidParams)
   assert.equal(server.requests.length, 0)
   assert.equal(lanlan.noticeCount, 1)
 })

@@ -7,8 +7,9 @@
 //   from a loopback peer, but its requests carry `Host: attacker.example`; only loopback names
 //   (and configured extras) pass.
 // - Cross-site requests: a browser adds `Origin` (and `Sec-Fetch-Site`) to a page's requests;
-//   only allow-listed origins pass, so a web page cannot drive the API, not even with a "simple"
-//   POST that needs no CORS preflight.
+//   only Toolport's own origin (a loopback name with the port the request arrived on: /docs'
+//   "Try it out", the MCP conformance check) and allow-listed origins pass, so another web page
+//   cannot drive the API, not even with a "simple" POST that needs no CORS preflight.
 // - Mutating methods must send `application/json`, which a cross-site form or simple request
 //   cannot do without a preflight that we never answer with CORS headers.
 import { createHash, timingSafeEqual } from 'node:crypto'
@@ -66,7 +67,7 @@ export function buildGuard (options: GuardOptions): GuardHook {
     if (checkOrigin) {
       const origin = request.headers.origin
       if (origin !== undefined) {
-        if (!allowedOrigins.has(origin)) {
+        if (!allowedOrigins.has(origin) && !isOwnOrigin(origin, socket?.localPort)) {
           done(new OriginForbiddenError(`Origin ${JSON.stringify(origin)} is not allowed`))
           return
         }
@@ -89,6 +90,22 @@ export function buildGuard (options: GuardOptions): GuardHook {
     }
     done()
   }
+}
+
+/**
+ * `http://127.0.0.1:<port>`, `http://localhost:<port>` or `http://[::1]:<port>` where `<port>` is
+ * the port this request arrived on: a page Toolport itself served. (A rebinding page has its own
+ * hostname in Origin, and another local web app has another port.)
+ */
+function isOwnOrigin (origin: string, localPort: number | undefined): boolean {
+  if (localPort === undefined || !origin.startsWith('http://')) return false
+  const rest = origin.slice(7)
+  const colon = rest.lastIndexOf(':')
+  const host = colon === -1 ? rest : rest.slice(0, colon)
+  if (host !== '127.0.0.1' && host !== 'localhost' && host !== '[::1]') return false
+  if (colon === -1) return localPort === 80
+  const port = rest.slice(colon + 1)
+  return /^[1-9]\d{0,4}$/.test(port) && Number(port) === localPort
 }
 
 function sha256 (text: string): Buffer {

@@ -3,23 +3,26 @@
 // Both sit behind the plugin's guard (loopback peer, Host, Origin; Origin validation is a MUST
 // of MCP's Streamable HTTP transport), and POST bodies arrive already parsed by the plugin's
 // JSON parser (application/json only, size and depth capped). An unknown role is a 404 in the
-// TP_ERR_* shape; errors of the MCP protocol itself (no or unknown session) answer JSON-RPC
-// errors with the statuses the MCP transport specifies, so MCP clients react as they should
-// (a 404 for a session makes them start a new one).
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+// TP_ERR_* shape; errors of the MCP protocol itself (no or unknown session, a body that is not
+// JSON) answer JSON-RPC errors with the statuses the MCP transport specifies, so MCP clients
+// react as they should (a 404 for a session makes them start a new one).
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js'
 import { z } from 'zod'
 import type { Runtime } from '../runtime.js'
-import { RoleNotFoundError } from '../errors.js'
+import { RoleNotFoundError, isToolportError } from '../errors.js'
 import { parseOrThrow } from '../schemas.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
 import { DEFINITION_FORMATS } from '../sessions/definitions.js'
 import { definitionsBody } from './definitions-body.js'
 import { errorText } from '../../shared/util.js'
+import { handleError } from './errors.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
 const RPC_BAD_REQUEST = -32000
 const RPC_SESSION_NOT_FOUND = -32001
+const RPC_PARSE_ERROR = -32700
+const RPC_INVALID_REQUEST = -32600
 
 /**
  * Registers `POST|GET|DELETE /mcp/:role` on `app`. Every session ends when the app closes.
@@ -53,9 +56,12 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, optio
         sendRpcError(reply, 400, RPC_BAD_REQUEST, 'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
         return
       }
-      session = await sessions.open(role)
+      // The client is the connection that initializes (see sessions/mcp.ts).
+      const socket = request.raw.socket
+      session = await sessions.open(role, `${socket.remoteAddress ?? ''}:${socket.remotePort ?? ''}`)
       if (session === null) {
-        sendRpcError(reply, 503, RPC_BAD_REQUEST, 'Service Unavailable: too many MCP sessions, or the server is closing')
+        sendRpcError(reply, 503, RPC_BAD_REQUEST,
+          'Service Unavailable: too many MCP sessions with requests in flight, or the server is closing')
         return
       }
     } else {
@@ -83,10 +89,33 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, optio
     }
   }
 
-  app.post('/mcp/:role', mcpRoute)
-  app.get('/mcp/:role', mcpRoute)
-  app.delete('/mcp/:role', mcpRoute)
+  const routeOptions = { errorHandler: mcpErrorHandler }
+  app.post('/mcp/:role', routeOptions, mcpRoute)
+  app.get('/mcp/:role', routeOptions, mcpRoute)
+  app.delete('/mcp/:role', routeOptions, mcpRoute)
   return sessions
+}
+
+/**
+ * A body that cannot be read as JSON is a JSON-RPC error object for MCP clients (-32700 parse
+ * error; -32600 for one over the size or depth limit), with the TP_ERR_* code in `data`. Every
+ * other error keeps the usual TP_ERR_* body.
+ */
+function mcpErrorHandler (this: FastifyInstance, err: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
+  const code = (err as { code?: unknown }).code
+  if (isToolportError(err) && (code === 'TP_ERR_BAD_JSON' || code === 'TP_ERR_JSON_TOO_DEEP' || code === 'TP_ERR_BODY_TOO_LARGE')) {
+    const rpcCode = code === 'TP_ERR_BAD_JSON' ? RPC_PARSE_ERROR : RPC_INVALID_REQUEST
+    const message = `${rpcCode === RPC_PARSE_ERROR ? 'Parse error' : 'Invalid Request'}: ${err.message}`
+    reply.code(err.statusCode).type('application/json')
+      .send({ jsonrpc: '2.0', error: { code: rpcCode, message, data: { code } }, id: null })
+    return
+  }
+  if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
+    reply.code(413).type('application/json')
+      .send({ jsonrpc: '2.0', error: { code: RPC_INVALID_REQUEST, message: 'Invalid Request: the body is too large', data: { code: 'TP_ERR_BODY_TOO_LARGE' } }, id: null })
+    return
+  }
+  handleError.call(this, err, request, reply)
 }
 
 const definitionsQuerySchema = z.object({

@@ -66,6 +66,32 @@ export class Role {
     return () => this.#detach(session)
   }
 
+  /**
+   * Swaps model sessions in one step while the role and its registry stay: detaches `previous`,
+   * attaches `next` (a session in both stays), then syncs and resolves with that sync's outcome,
+   * so `next` has the role's tools (plugin tools included) when it resolves. The way to rebuild
+   * a character's sessions: removing and adding the role instead drops every plugin's tools.
+   *
+   * @example
+   * await tp.roles.get('Lanlan').replaceSessions([oldSession], [newSession])
+   */
+  async replaceSessions (previous: readonly ModelSession[], next: readonly ModelSession[]): Promise<SyncOutcome> {
+    const keep = new Set(next)
+    for (const session of previous) {
+      if (!keep.has(session)) this.#sessions.delete(session)
+    }
+    for (const session of next) this.#sessions.add(session)
+    this.#sessionList = [...this.#sessions]
+    return await this.sync()
+  }
+
+  /** Detaches a session (as the function `attachSession` returned does); true when it was attached. */
+  detachSession (session: ModelSession): boolean {
+    const had = this.#sessions.has(session)
+    this.#detach(session)
+    return had
+  }
+
   /** The attached sessions, in attach order. */
   sessions (): readonly ModelSession[] {
     return this.#sessionList

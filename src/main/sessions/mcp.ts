@@ -7,15 +7,23 @@
 //   request's abort signal, which the SDK aborts on `notifications/cancelled` and on close.
 // - A session attaches to its role once the client has initialized, and detaches when it ends:
 //   DELETE, the client going away (its event stream closed and not reopened within a grace
-//   period), inactivity, the role being removed, or the server closing.
+//   period), inactivity, the role being removed, eviction (sessions full), or the server closing.
+// - Streams are resumable: each session keeps a bounded event store, POST streams start with a
+//   priming event (an event id, empty data, `retry`), and a client that reconnects with
+//   `Last-Event-ID` is sent what it missed, tool-list changes included.
+// - Bounds: sessions in all, sessions per client, calls in flight per session, per client and
+//   for all MCP sessions together, so one MCP client cannot take the dispatcher's whole budget.
+//   A client is the TCP connection (peer address and port) that sent `initialize`: on loopback
+//   every process has the same address, and nothing a client sends identifies it better.
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Server } from '@modelcontextprotocol/sdk/server/index.js'
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import {
-  CallToolRequestSchema, ListToolsRequestSchema,
-  type CallToolRequest, type CallToolResult, type ListToolsResult, type ServerNotification, type ServerRequest
+  CallToolRequestSchema, ErrorCode, LATEST_PROTOCOL_VERSION, ListToolsRequestSchema, McpError, SUPPORTED_PROTOCOL_VERSIONS,
+  isInitializeRequest,
+  type CallToolRequest, type CallToolResult, type ListToolsRequest, type ListToolsResult, type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import type { Runtime } from '../runtime.js'
@@ -25,6 +33,7 @@ import type { ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
 import { VERSION } from '../version.js'
 import { toolDefinitions } from './definitions.js'
+import { BoundedEventStore, type EventStoreLimits } from './event-store.js'
 
 /** The name and version Toolport gives MCP clients in `initialize`. */
 export const MCP_SERVER_INFO = Object.freeze({ name: 'toolport', version: VERSION })
@@ -42,12 +51,32 @@ export interface McpSessionsOptions {
    * within this long (default 30 s). SDK clients reconnect a dropped stream within seconds.
    */
   reconnectGraceMs?: number
-  /** Most sessions at once, all roles together; an `initialize` beyond it gets 503 (default 256). */
+  /**
+   * Most sessions at once, all roles together (default 256). When full, an `initialize` evicts
+   * the least recently active session with no request in flight (one without an event stream
+   * first); only when every session has a request in flight does it get 503.
+   */
   maxSessions?: number
+  /**
+   * Most sessions one client holds (default 32): its next `initialize` evicts its own least
+   * recently active session with no request in flight, else gets 503.
+   */
+  maxSessionsPerClient?: number
+  /** Most `tools/call` in flight in one session; beyond it a call answers a tool error (default 32). */
+  maxCallsPerSession?: number
+  /** Most `tools/call` in flight over all sessions of one client (default 128). */
+  maxCallsPerClient?: number
+  /** Most `tools/call` in flight over every MCP session (default: a quarter of `dispatch.maxPending`). */
+  maxCalls?: number
+  /** The `retry` (ms) a resumable stream's priming event suggests to the client (default 2000). */
+  retryIntervalMs?: number
+  /** Bounds of each session's event store (default 512 events, 256 KiB). */
+  eventStore?: EventStoreLimits
 }
+// Each bound above defaults to the runtime's `mcp` option of the same name (config.ts).
 
 /** Why a session ended. */
-export type McpCloseReason = 'deleted' | 'idle' | 'role-removed' | 'closed'
+export type McpCloseReason = 'deleted' | 'idle' | 'evicted' | 'role-removed' | 'closed'
 
 export interface McpSessionOpenedEvent { role: string, sessionId: string }
 export interface McpSessionClosedEvent { role: string, sessionId: string, reason: McpCloseReason }
@@ -57,7 +86,47 @@ export interface McpSessionsEvents {
   'session-closed': [McpSessionClosedEvent]
 }
 
-const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000, maxSessions: 256 }
+/** Defaults of the options that are not in the runtime's `mcp` options (config.ts has the others). */
+const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
+
+/** A `tools/list` page holds about this many bytes of JSON at most (and at least one tool). */
+const LIST_PAGE_BYTES = 4 * 1024 * 1024
+
+type ResolvedOptions = Required<Omit<McpSessionsOptions, 'eventStore'>> & { eventStore: EventStoreLimits }
+
+/** Calls in flight per session, per client and in all: one counter set per McpSessions. */
+class CallBudget {
+  readonly #options: ResolvedOptions
+  readonly #perClient = new Map<string, number>()
+  #total = 0
+
+  constructor (options: ResolvedOptions) {
+    this.#options = options
+  }
+
+  /** Takes one call for `session`; '' on success, else why not (the tool error text). */
+  acquire (session: McpSession): string {
+    const o = this.#options
+    if (session.callsInFlight >= o.maxCallsPerSession) {
+      return `too many calls in flight on this MCP session (${o.maxCallsPerSession}); try again when some have answered`
+    }
+    const client = this.#perClient.get(session.client) ?? 0
+    if (client >= o.maxCallsPerClient) {
+      return `too many calls in flight from this MCP client (${o.maxCallsPerClient}); try again when some have answered`
+    }
+    if (this.#total >= o.maxCalls) return 'Toolport is busy (too many MCP calls in flight); try again shortly'
+    this.#perClient.set(session.client, client + 1)
+    this.#total++
+    return ''
+  }
+
+  release (session: McpSession): void {
+    const client = (this.#perClient.get(session.client) ?? 1) - 1
+    if (client <= 0) this.#perClient.delete(session.client)
+    else this.#perClient.set(session.client, client)
+    this.#total--
+  }
+}
 
 /**
  * The MCP sessions of one server, keyed by `Mcp-Session-Id`. The HTTP routes (http/mcp.ts) route
@@ -69,7 +138,8 @@ const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000, maxSessions
  */
 export class McpSessions extends EventEmitter<McpSessionsEvents> {
   readonly #runtime: Runtime
-  readonly #options: Required<McpSessionsOptions>
+  readonly #options: ResolvedOptions
+  readonly #budget: CallBudget
   readonly #sessions = new Map<string, McpSession>()
   /** Sessions created but not yet initialized (counted against maxSessions, closed on closeAll). */
   readonly #starting = new Set<McpSession>()
@@ -78,11 +148,20 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   constructor (runtime: Runtime, options: McpSessionsOptions = {}) {
     super()
     this.#runtime = runtime
+    // Explicit options win over the runtime's `mcp` options, which have the defaults.
+    const mcp = runtime.options.mcp
     this.#options = {
       idleTimeoutMs: options.idleTimeoutMs ?? DEFAULTS.idleTimeoutMs,
       reconnectGraceMs: options.reconnectGraceMs ?? DEFAULTS.reconnectGraceMs,
-      maxSessions: options.maxSessions ?? DEFAULTS.maxSessions
+      maxSessions: options.maxSessions ?? mcp.maxSessions,
+      maxSessionsPerClient: options.maxSessionsPerClient ?? mcp.maxSessionsPerClient,
+      maxCallsPerSession: options.maxCallsPerSession ?? mcp.maxCallsPerSession,
+      maxCallsPerClient: options.maxCallsPerClient ?? mcp.maxCallsPerClient,
+      maxCalls: options.maxCalls ?? mcp.maxCalls ?? Math.max(1, Math.floor(runtime.options.dispatch.maxPending / 4)),
+      retryIntervalMs: options.retryIntervalMs ?? mcp.retryIntervalMs,
+      eventStore: options.eventStore ?? { maxEvents: mcp.eventStoreMaxEvents, maxBytes: mcp.eventStoreMaxBytes }
     }
+    this.#budget = new CallBudget(this.#options)
   }
 
   /** Initialized sessions now open. */
@@ -100,12 +179,21 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   }
 
   /**
-   * A new session of `role` for an `initialize` request, or null when closing or full. It joins
-   * the map and attaches to its role once that request succeeds; otherwise it closes.
+   * A new session of `role` for an `initialize` request from `client` (see the file comment), or
+   * null when closing or full of sessions that all have a request in flight. Makes room first by
+   * evicting (see `maxSessions`, `maxSessionsPerClient`). The session joins the map and attaches
+   * to its role once that request succeeds; otherwise it closes.
    */
-  async open (role: string): Promise<McpSession | null> {
-    if (this.#closed || this.#sessions.size + this.#starting.size >= this.#options.maxSessions) return null
-    const session = new McpSession(this.#runtime, role, this.#options, {
+  async open (role: string, client = ''): Promise<McpSession | null> {
+    if (this.#closed) return null
+    const mine = this.list().filter((s) => s.client === client)
+    let starting = 0
+    for (const s of this.#starting) if (s.client === client) starting++
+    if (mine.length + starting >= this.#options.maxSessionsPerClient && !(await this.#evictOne(mine))) return null
+    if (this.#sessions.size + this.#starting.size >= this.#options.maxSessions && !(await this.#evictOne(this.list()))) {
+      return null
+    }
+    const session = new McpSession(this.#runtime, role, client, this.#options, this.#budget, {
       initialized: (s) => this.#initialized(s),
       closed: (s, reason, wasInitialized) => this.#ended(s, reason, wasInitialized)
     })
@@ -119,6 +207,22 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
     this.#closed = true
     const all = [...this.#starting, ...this.#sessions.values()]
     await Promise.allSettled(all.map((s) => s.close('closed')))
+  }
+
+  /**
+   * Ends the least recently active of `candidates` that has no request in flight, preferring one
+   * without an event stream; false when every candidate is busy.
+   */
+  async #evictOne (candidates: readonly McpSession[]): Promise<boolean> {
+    let victim: McpSession | undefined
+    for (const s of candidates) {
+      if (s.isClosed || s.requestsInFlight > 0) continue
+      if (victim === undefined || evictsBefore(s, victim)) victim = s
+    }
+    if (victim === undefined) return false
+    this.#runtime.log.info({ role: victim.role, session: victim.sessionId }, 'MCP session evicted to make room')
+    await victim.close('evicted')
+    return true
   }
 
   #initialized (session: McpSession): void {
@@ -139,6 +243,12 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   }
 }
 
+/** True when `a` should be evicted before `b`: no event stream first, then the least recently active. */
+function evictsBefore (a: McpSession, b: McpSession): boolean {
+  if (a.hasStream !== b.hasStream) return !a.hasStream
+  return a.lastActive < b.lastActive
+}
+
 interface SessionHooks {
   initialized: (session: McpSession) => void
   closed: (session: McpSession, reason: McpCloseReason, wasInitialized: boolean) => void
@@ -154,11 +264,18 @@ export class McpSession implements ModelSession {
   /** The `Mcp-Session-Id` the client sends. */
   readonly sessionId: string
   readonly role: string
+  /** The client that opened it (peer address and port of the `initialize` request). */
+  readonly client: string
   readonly #runtime: Runtime
-  readonly #options: Required<McpSessionsOptions>
+  readonly #options: ResolvedOptions
+  readonly #budget: CallBudget
   readonly #hooks: SessionHooks
   readonly #server: Server
   readonly #transport: StreamableHTTPServerTransport
+  /** The protocol version negotiated at `initialize`. */
+  #protocolVersion = ''
+  #calls = 0
+  #lastActive = performance.now()
   #detach: (() => void) | null = null
   /** The snapshot the client last listed; null until its first `tools/list`. */
   #listed: readonly ToolDefinition[] | null = null
@@ -174,23 +291,28 @@ export class McpSession implements ModelSession {
   #isInitialized = false
   #isClosed = false
 
-  constructor (runtime: Runtime, role: string, options: Required<McpSessionsOptions>, hooks: SessionHooks) {
+  constructor (runtime: Runtime, role: string, client: string, options: ResolvedOptions, budget: CallBudget, hooks: SessionHooks) {
     this.sessionId = randomUUID()
     this.id = `mcp-${this.sessionId}`
     this.role = role
+    this.client = client
     this.#runtime = runtime
     this.#options = options
+    this.#budget = budget
     this.#hooks = hooks
     const sessionId = this.sessionId
     this.#transport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => sessionId,
-      onsessioninitialized: () => this.#onInitialized()
+      onsessioninitialized: () => this.#onInitialized(),
+      eventStore: new BoundedEventStore(options.eventStore),
+      retryInterval: options.retryIntervalMs
     })
+    primeByNegotiatedVersion(this.#transport, () => this.#protocolVersion)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(role)
     })
-    this.#server.setRequestHandler(ListToolsRequestSchema, () => this.#listTools())
+    this.#server.setRequestHandler(ListToolsRequestSchema, (request) => this.#listTools(request))
     this.#server.setRequestHandler(CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
     this.#server.onclose = () => this.#onClosed()
     this.#server.onerror = (err) => {
@@ -201,6 +323,14 @@ export class McpSession implements ModelSession {
 
   get isInitialized (): boolean { return this.#isInitialized }
   get isClosed (): boolean { return this.#isClosed }
+  /** `tools/call` requests running now. */
+  get callsInFlight (): number { return this.#calls }
+  /** HTTP requests other than event streams being served now. */
+  get requestsInFlight (): number { return this.#requests }
+  /** Whether an event stream (GET) is open. */
+  get hasStream (): boolean { return this.#streams > 0 }
+  /** `performance.now()` of the last request's start or end. */
+  get lastActive (): number { return this.#lastActive }
 
   /** Connects the SDK server to its transport; call once before the first `handle`. */
   async start (): Promise<void> {
@@ -214,6 +344,14 @@ export class McpSession implements ModelSession {
   async handle (request: IncomingMessage, response: ServerResponse, body: unknown): Promise<void> {
     const isStream = request.method === 'GET'
     if (request.method === 'DELETE') this.#closeReason = 'deleted'
+    if (this.#protocolVersion === '' && isInitializeRequest(body)) {
+      const requested = body.params.protocolVersion
+      this.#protocolVersion = SUPPORTED_PROTOCOL_VERSIONS.includes(requested) ? requested : LATEST_PROTOCOL_VERSION
+    }
+    // A client that reconnects with Last-Event-ID is replayed what it missed, changes included.
+    const isResume = isStream && typeof request.headers['last-event-id'] === 'string'
+    if (isResume) this.#hasPendingNotice = false
+    this.#lastActive = performance.now()
     clearTimeout(this.#idleTimer)
     if (isStream) {
       this.#streams++
@@ -226,9 +364,10 @@ export class McpSession implements ModelSession {
       // The transport registers a GET's event stream synchronously inside handleRequest, and
       // queues what is sent on it until the headers go out: a change that found no stream can
       // be announced now and reaches the client first thing.
-      if (isStream) this.#flushNotice()
+      if (isStream && !isResume) this.#flushNotice()
       await handled
     } finally {
+      this.#lastActive = performance.now()
       if (isStream) this.#streams--
       else this.#requests--
       if (request.method === 'DELETE' && !this.#isClosed) this.#closeReason = 'closed'
@@ -243,16 +382,14 @@ export class McpSession implements ModelSession {
 
   /**
    * ModelSession: tells the client its list changed. Resolves once the notification is written
-   * to the client's event stream; with no stream open it resolves at once (the next `tools/list`
-   * reads the registry live) and the notification follows when the client opens one.
+   * to the client's event stream; with no stream open it resolves once it is stored (the next
+   * `tools/list` reads the registry live): a client that resumes its stream is replayed it, and
+   * one that opens a new stream is sent a fresh one.
    */
   async syncTools (tools: readonly ToolDefinition[], signal: AbortSignal): Promise<void> {
     // Nothing to announce to a client that never listed, or that listed exactly this snapshot.
     if (this.#isClosed || this.#listed === null || this.#listed === tools) return
-    if (this.#streams === 0) {
-      this.#hasPendingNotice = true
-      return
-    }
+    if (this.#streams === 0) this.#hasPendingNotice = true
     signal.throwIfAborted()
     try {
       await this.#server.sendToolListChanged()
@@ -290,24 +427,40 @@ export class McpSession implements ModelSession {
     this.#hooks.closed(this, this.#closeReason, this.#isInitialized)
   }
 
-  #listTools (): ListToolsResult {
+  #listTools (request: ListToolsRequest): ListToolsResult {
     const tools = this.#runtime.roles.get(this.role).registry.definitions()
     this.#listed = tools
     this.#hasPendingNotice = false
     // The frozen, memoised MCP form of this snapshot; the SDK only serialises it.
-    return { tools: toolDefinitions(tools, 'mcp') as ListToolsResult['tools'] }
+    const all = toolDefinitions(tools, 'mcp') as ListToolsResult['tools']
+    return listPage(all, request.params?.cursor)
   }
 
   async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest, ServerNotification>): Promise<CallToolResult> {
     const { name } = request.params
     const args = request.params.arguments ?? {}
-    const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
-    if (extra.signal.aborted) {
-      // A cancelled request gets no response (MCP "Cancellation"; the SDK drops it): end the
-      // request's event stream too, so neither side holds it open waiting.
-      this.#transport.closeSSEStream(extra.requestId)
+    const isKnown = this.#runtime.roles.find(this.role)?.registry.get(name) !== undefined
+    if (!isKnown) {
+      // Still through the runtime, so the call is counted and reported like any other.
+      const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
+      // MCP's "unknown tool" is a protocol error, not a tool result.
+      throw new McpError(ErrorCode.InvalidParams, result.error ?? `unknown tool '${name}'`)
     }
-    return toCallToolResult(result)
+    const refused = this.#budget.acquire(this)
+    if (refused !== '') return { content: [{ type: 'text', text: JSON.stringify({ error: refused }) }], isError: true }
+    this.#calls++
+    try {
+      const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
+      if (extra.signal.aborted) {
+        // A cancelled request gets no response (MCP "Cancellation"; the SDK drops it): end the
+        // request's event stream too, so neither side holds it open waiting.
+        this.#transport.closeSSEStream(extra.requestId)
+      }
+      return sendableResult(toCallToolResult(result))
+    } finally {
+      this.#calls--
+      this.#budget.release(this)
+    }
   }
 
   #flushNotice (): void {
@@ -338,6 +491,90 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
   const out: CallToolResult = { content, isError: result.is_error }
   if (!result.is_error && isPlainObject(result.output)) out.structuredContent = result.output
   return out
+}
+
+/** Deeper output than this is not sent as `structuredContent` (JSON.stringify would overflow the stack). */
+const MAX_STRUCTURED_DEPTH = 4096
+
+/**
+ * A result the transport can encode. A structure too deep for JSON.stringify (a reply nested
+ * 200 000 levels) would make the response vanish: such a result answers a tool error instead,
+ * as `POST /api/tools/call` does.
+ */
+function sendableResult (result: CallToolResult): CallToolResult {
+  if (result.structuredContent === undefined || !isDeeperThan(result.structuredContent, MAX_STRUCTURED_DEPTH)) return result
+  const error = `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`
+  return { content: [{ type: 'text', text: JSON.stringify({ error }) }], isError: true }
+}
+
+/** Whether objects/arrays nest deeper than `limit` in `value` (iterative: no stack to overflow). */
+function isDeeperThan (value: unknown, limit: number): boolean {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [current, depth] = stack.pop() as [unknown, number]
+    if (typeof current !== 'object' || current === null) continue
+    if (depth > limit) return true
+    for (const child of Array.isArray(current) ? current : Object.values(current)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+    }
+  }
+  return false
+}
+
+const definitionBytes = new WeakMap<object, number>()
+
+/** About how many bytes of JSON one listed tool is (memoised: listed tools are frozen). */
+export function bytesOf (tool: object): number {
+  let bytes = definitionBytes.get(tool)
+  if (bytes === undefined) {
+    bytes = JSON.stringify(tool).length
+    definitionBytes.set(tool, bytes)
+  }
+  return bytes
+}
+
+/**
+ * One `tools/list` page from `cursor` (the index of its first tool): pages hold about
+ * LIST_PAGE_BYTES so a huge list is sent in parts the client fetches with `nextCursor`,
+ * instead of one response too large to encode.
+ */
+function listPage (all: ListToolsResult['tools'], cursor: string | undefined): ListToolsResult {
+  let start = 0
+  if (cursor !== undefined) {
+    if (!/^\d{1,9}$/.test(cursor) || Number(cursor) > all.length) {
+      throw new McpError(ErrorCode.InvalidParams, `invalid cursor ${JSON.stringify(cursor)}; list again without one`)
+    }
+    start = Number(cursor)
+  }
+  let end = start
+  let bytes = 0
+  while (end < all.length) {
+    bytes += bytesOf(all[end] as object)
+    if (bytes > LIST_PAGE_BYTES && end > start) break
+    end++
+  }
+  if (start === 0 && end === all.length) return { tools: all }
+  const page: ListToolsResult = { tools: all.slice(start, end) }
+  if (end < all.length) page.nextCursor = String(end)
+  return page
+}
+
+/**
+ * The SDK sends the priming event of a resumable stream only when the request's
+ * MCP-Protocol-Version header is 2025-11-25 or later; a client that negotiated such a version at
+ * `initialize` but labels a request older (the conformance runner's raw requests do) could then
+ * not resume it. Prime by the newer of the two. Guarded: if the SDK's internals differ, its own
+ * behaviour stays.
+ */
+function primeByNegotiatedVersion (transport: StreamableHTTPServerTransport, negotiated: () => string): void {
+  type Prime = (controller: unknown, encoder: unknown, streamId: string, version: string) => Promise<void>
+  const inner = (transport as unknown as { _webStandardTransport?: { writePrimingEvent?: Prime } })._webStandardTransport
+  const original = inner?.writePrimingEvent
+  if (inner === undefined || typeof original !== 'function') return
+  inner.writePrimingEvent = function writePrimingEvent (controller, encoder, streamId, version) {
+    const session = negotiated()
+    return original.call(this, controller, encoder, streamId, session > version ? session : version)
+  }
 }
 
 function closeIdle (session: McpSession): void {

@@ -1,0 +1,51 @@
+// The official MCP Python SDK client (pip package `mcp`) against a real Toolport over Streamable
+// HTTP: what LangChain, the OpenAI Agents SDK and every other Python MCP client run. Skips with a
+// message when python3 or the package is missing (CI installs it: test/requirements.txt).
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFile, execFileSync } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { httpJson, startToolport } from '../helpers.js'
+import { startCallbackServer } from '../fixtures/callback-server.js'
+
+const SCRIPT = fileURLToPath(new URL('../fixtures/mcp_python_client.py', import.meta.url))
+
+function pythonMcpMissing (): string {
+  try {
+    execFileSync('python3', ['-c', 'import mcp'], { stdio: 'pipe', timeout: 30_000 })
+    return ''
+  } catch (err) {
+    return `python3 with the "mcp" package is not available (pip install -r test/requirements.txt): ${(err as Error).message.split('\n')[0] ?? ''}`
+  }
+}
+
+const missing = pythonMcpMissing()
+
+function runPython (args: string[]): Promise<{ code: number | null, stdout: string, stderr: string }> {
+  return new Promise((resolve) => {
+    const child = execFile('python3', [SCRIPT, ...args], { timeout: 60_000 }, (err, stdout, stderr) => {
+      resolve({ code: err === null ? 0 : (child.exitCode ?? -1), stdout, stderr })
+    })
+  })
+}
+
+test('the MCP Python SDK client initializes, lists, calls a plugin tool and closes; its DELETE ends the session', { skip: missing === '' ? false : missing, timeout: 90_000 }, async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+  const plugin = await startCallbackServer()
+  t.after(() => plugin.close())
+  const registered = await httpJson(`${url}/api/tools/register`, 'POST',
+    { name: 'get_weather', description: 'Weather now', callback_url: `${plugin.url}/raw-output` })
+  assert.equal(registered.statusCode, 200)
+
+  const { code, stdout, stderr } = await runPython([`${url}/mcp/Lanlan`, 'get_weather', '{}'])
+  assert.equal(code, 0, `python exited ${String(code)}:\n${stderr}`)
+  const seen = JSON.parse(stdout.trim().split('\n').at(-1) as string) as { server: string, tools: string[], is_error: boolean, text: string[] }
+  assert.equal(seen.server, 'toolport')
+  assert.deepEqual(seen.tools, ['get_weather'])
+  assert.equal(seen.is_error, false)
+  assert.deepEqual(seen.text.map((text) => JSON.parse(text)), [{ temperature_c: 28 }])
+  assert.equal(plugin.requests.length, 1, 'the call reached the plugin callback')
+  // Ended by the client's DELETE on close, not by a timeout 30 s later: nothing lingers.
+  assert.doesNotMatch(stderr, /Session termination failed/)
+  assert.deepEqual(tp.roles.get('Lanlan').sessions(), [], 'the session left its role when the client closed')
+})
