@@ -8,6 +8,8 @@ import { registerToolRoutes } from './tools.js'
 import { registerOperationRoutes } from './operations.js'
 import { noValidation, registerDocs } from './openapi.js'
 import { registerDefinitionRoutes, registerMcpRoutes } from './mcp.js'
+import { registerEventRoutes } from './events.js'
+import { buildAppGuard, registerConsole } from './console.js'
 
 export interface ToolportPluginOptions {
   /** The runtime whose registry the routes serve. */
@@ -38,6 +40,7 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   registerOperationRoutes(app, runtime)
   registerDefinitionRoutes(app, runtime)
   registerMcpRoutes(app, runtime)
+  registerEventRoutes(app, runtime)
   done()
 }
 
@@ -64,7 +67,7 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     childLoggerFactory: reuseLogger
   }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
-  app.addHook('onRequest', buildGuard(runtime.options.security))
+  app.addHook('onRequest', buildAppGuard(runtime.options.security, runtime.options.console))
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'string' }, buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(handleError)
@@ -72,6 +75,7 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   // Docs first: @fastify/swagger collects the routes registered after it.
   registerDocs(app)
   app.register(toolportPlugin, { runtime, guard: false })
+  if (runtime.options.console) registerConsole(app)
   return app
 }
 
