@@ -12,7 +12,7 @@
 // outcome kind, duration, bytes): never arguments, outputs, callback bodies or error text. A tool
 // name that matched no tool is the model's free text, so it is sent as null.
 import type { EventEmitter } from 'node:events'
-import type { ToolportEvents } from '../events.js'
+import type { CallFinishedEvent, ToolportEvents } from '../events.js'
 import { VERSION } from '../version.js'
 
 /** Every event type of the stream, in the order the README documents them. */
@@ -47,10 +47,14 @@ interface StreamRecord {
   readonly type: StreamEventType
   /** Roles the event concerns, for the `?role=` filter. */
   readonly roles: readonly string[]
+  /** The wire data; for `call`, the runtime's own event object, encoded only when sent. */
   readonly data: object
   /** The serialised frame, built on first send and shared by every subscriber. */
   frame: string | null
 }
+
+/** `call` events are the hot ones: their JSON starts with a per-tool prefix encoded once. */
+interface CallPrefix { source: string, outcome: string, json: string }
 
 interface Subscriber {
   readonly sink: EventSink
@@ -98,6 +102,8 @@ export class EventHub {
   #batchScheduled = false
   #dropped = 0
   #closed = false
+  /** role → tool → the encoded start of its `call` events (bounded like the registry). */
+  readonly #callPrefixes = new Map<string, Map<string, CallPrefix>>()
 
   constructor (events: EventEmitter<ToolportEvents>, instanceId: string, options: EventHubOptions) {
     this.instanceId = instanceId
@@ -129,17 +135,8 @@ export class EventHub {
         error: e.ok ? null : e.error
       })
     })
-    events.on('call-finished', (e) => {
-      this.publish('call', [e.role], {
-        role: e.role,
-        tool: e.outcome === 'unknown_tool' ? null : e.name,
-        source: e.source === '' || e.source === undefined ? null : e.source,
-        outcome: e.outcome,
-        is_error: e.isError,
-        duration_ms: round(e.durationMs),
-        bytes: e.bytes ?? 0
-      })
-    })
+    // The hot path: no copy of the event, no encoding until a subscriber needs the frame.
+    events.on('call-finished', (e) => { this.#publishRecord('call', e.role, e) })
     events.on('role-added', (e) => { this.publish('role-added', [e.role], { role: e.role }) })
     events.on('role-removed', (e) => { this.publish('role-removed', [e.role], { role: e.role }) })
   }
@@ -192,9 +189,13 @@ export class EventHub {
 
   /** Numbers an event, keeps it in the ring and queues it for the subscribers. */
   publish (type: StreamEventType, roles: readonly string[], data: object): void {
+    this.#publishRecord(type, roles, data)
+  }
+
+  #publishRecord (type: StreamEventType, roles: readonly string[] | string, data: object): void {
     if (this.#closed) return
     const seq = ++this.#seq
-    const record: StreamRecord = { seq, type, roles, data, frame: null }
+    const record: StreamRecord = { seq, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null }
     this.#ring[seq % this.#options.replaySize] = record
     if (this.#subscribers.size === 0) return
     this.#pending.push(record)
@@ -241,8 +242,41 @@ export class EventHub {
   }
 
   #frame (record: StreamRecord): string {
-    record.frame ??= `id: ${this.#tag}-${record.seq}\nevent: ${record.type}\ndata: ${JSON.stringify(record.data)}\n\n`
+    if (record.frame === null) {
+      const json = record.type === 'call' ? this.#callJson(record.data as CallFinishedEvent) : JSON.stringify(record.data)
+      record.frame = `id: ${this.#tag}-${record.seq}\nevent: ${record.type}\ndata: ${json}\n\n`
+    }
     return record.frame
+  }
+
+  /**
+   * `{"role","tool","source","outcome","is_error","duration_ms","bytes"}`: metadata only. A name
+   * that matched no tool is the model's free text, so `tool` is null then (and it is not cached).
+   */
+  #callJson (e: CallFinishedEvent): string {
+    const tail = `,"is_error":${e.isError ? 'true' : 'false'},"duration_ms":${round(e.durationMs)},"bytes":${e.bytes ?? 0}}`
+    const source = e.source ?? ''
+    if (e.outcome === 'unknown_tool') {
+      return `{"role":${JSON.stringify(e.role)},"tool":null,"source":null,"outcome":"unknown_tool"${tail}`
+    }
+    let byTool = this.#callPrefixes.get(e.role)
+    if (byTool === undefined) {
+      // Bounded: roles and tool names come from the registry (capped), never from the model.
+      if (this.#callPrefixes.size > 10_000) this.#callPrefixes.clear()
+      byTool = new Map()
+      this.#callPrefixes.set(e.role, byTool)
+    }
+    let prefix = byTool.get(e.name)
+    if (prefix === undefined || prefix.source !== source || prefix.outcome !== e.outcome) {
+      if (byTool.size > 10_000) byTool.clear()
+      prefix = {
+        source,
+        outcome: e.outcome,
+        json: `{"role":${JSON.stringify(e.role)},"tool":${JSON.stringify(e.name)},"source":${source === '' ? 'null' : JSON.stringify(source)},"outcome":${JSON.stringify(e.outcome)}`
+      }
+      byTool.set(e.name, prefix)
+    }
+    return prefix.json + tail
   }
 
   /** The seq of an id of this instance, or null (absent, malformed, or another instance's). */

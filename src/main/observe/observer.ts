@@ -76,7 +76,8 @@ export class Observer {
   readonly #runtime: Runtime
   readonly #lastSync = new Map<string, LastSync>()
   readonly #evictions: EvictionRecord[] = []
-  readonly #calls: Array<RecentCall | undefined> = new Array<RecentCall | undefined>(RECENT_CALLS)
+  /** A ring of the last calls; `at` is formatted only when the state is read (off the call path). */
+  readonly #calls: Array<(Omit<RecentCall, 'at'> & { atMs: number }) | undefined> = new Array(RECENT_CALLS)
   #callCount = 0
 
   constructor (runtime: Runtime) {
@@ -86,7 +87,7 @@ export class Observer {
       const tool = e.outcome === 'unknown_tool' ? null : e.name
       this.stats.record(e.role, tool, e.durationMs, e.isError)
       this.#calls[this.#callCount++ % RECENT_CALLS] = {
-        at: new Date().toISOString(),
+        atMs: Date.now(),
         role: e.role,
         tool,
         source: e.source === '' || e.source === undefined ? null : e.source,
@@ -144,7 +145,8 @@ export class Observer {
     }
     const calls: RecentCall[] = []
     for (let i = Math.max(0, this.#callCount - RECENT_CALLS); i < this.#callCount; i++) {
-      calls.push(this.#calls[i % RECENT_CALLS] as RecentCall)
+      const { atMs, ...call } = this.#calls[i % RECENT_CALLS] as Omit<RecentCall, 'at'> & { atMs: number }
+      calls.push({ at: new Date(atMs).toISOString(), ...call })
     }
     return {
       instance_id: runtime.instanceId,
