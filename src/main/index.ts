@@ -14,7 +14,10 @@ export type { RoleManager } from './roles/roles.js'
 export type { ToolDefinition, ToolListing, LocalToolHandler, LocalToolContext } from './roles/tool-registry.js'
 export type { ToolResult } from './dispatch/result.js'
 export type { ToolportOptions, ResolvedOptions } from './config.js'
-export type { ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent } from './events.js'
+export type {
+  ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent, SyncFinishedEvent,
+  RoleChangedEvent
+} from './events.js'
 export { ERROR_CODES, isToolportError } from './errors.js'
 export type { ToolportError, ErrorDetail } from './errors.js'
 export { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'

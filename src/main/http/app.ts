@@ -10,6 +10,7 @@ import { noValidation, registerDocs } from './openapi.js'
 import { registerDefinitionRoutes, registerMcpRoutes } from './mcp.js'
 import { registerEventRoutes } from './events.js'
 import { buildAppGuard, registerConsole } from './console.js'
+import { observerOf } from '../observe/observer.js'
 
 export interface ToolportPluginOptions {
   /** The runtime whose registry the routes serve. */
@@ -67,6 +68,8 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     childLoggerFactory: reuseLogger
   }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
+  // The event ring and the console's numbers start now, not when the routes are first mounted.
+  observerOf(runtime)
   app.addHook('onRequest', buildAppGuard(runtime.options.security, runtime.options.console))
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'string' }, buildJsonParser(runtime.options.limits.maxJsonDepth))

@@ -93,8 +93,7 @@ export function registerConsole (app: FastifyInstance): void {
       // The guard's `no-store` stands: a console from an older version is never cached.
       cacheControl: false,
       etag: false,
-      lastModified: false,
-      redirect: true
+      lastModified: false
     })
     child.register(fastifyStatic, {
       root: uplotDir,
@@ -105,6 +104,9 @@ export function registerConsole (app: FastifyInstance): void {
     })
     child.get('/ui/vendor/eventsource-parser.js', function parserRoute (_request: FastifyRequest, reply: FastifyReply) {
       return reply.sendFile('index.js', parserDir)
+    })
+    child.get('/ui', { schema: { hide: true } }, function consoleRedirectRoute (_request: FastifyRequest, reply: FastifyReply) {
+      return reply.redirect('/ui/', 301)
     })
     child.get('/', { schema: { hide: true } }, function consoleIndexRoute (_request: FastifyRequest, reply: FastifyReply) {
       return reply.sendFile('index.html')
