@@ -99,8 +99,13 @@ test('the console state lists roles, tools, sessions, last syncs, origins with h
   let state = JSON.parse((await get(tp, '/api/console/state')).body)
   const lanlan = state.roles.find((r: { name: string }) => r.name === 'Lanlan')
   assert.deepEqual(lanlan.tools[0], {
-    name: 'gone', description: '', source: 'plugin:gone', callback_url: 'http://127.0.0.1:9/gone',
-    origin: 'http://127.0.0.1:9', is_remote: true, timeout_seconds: 2
+    name: 'gone',
+    description: '',
+    source: 'plugin:gone',
+    callback_url: 'http://127.0.0.1:9/gone',
+    origin: 'http://127.0.0.1:9',
+    is_remote: true,
+    timeout_seconds: 2
   })
   const mochi = state.roles.find((r: { name: string }) => r.name === 'Mochi')
   assert.equal(mochi.sessions, 1)
