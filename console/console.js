@@ -119,7 +119,8 @@ function renderState () {
   $('stat-roles').textContent = String(state.roles.length)
   $('stat-tools').textContent = String(toolCount)
   const sessions = state.roles.reduce((n, r) => n + r.sessions, 0)
-  $('roles-summary').textContent = `${state.roles.length} roles · ${toolCount} tools · ${sessions} live sessions`
+  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`
+  $('roles-summary').textContent = `${plural(state.roles.length, 'role')} · ${plural(toolCount, 'tool')} · ${plural(sessions, 'live session')}`
   renderRoles()
   renderOrigins()
   renderEvictions()
