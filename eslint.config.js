@@ -1,4 +1,5 @@
 import neostandard from 'neostandard'
+import globals from 'globals'
 
 export default [
   ...neostandard({ ts: true, ignores: ['dist/**', 'coverage/**', 'bench/results/**'] }),
@@ -15,6 +16,11 @@ export default [
       // type checker already reports real redeclarations.
       '@typescript-eslint/no-redeclare': 'off'
     }
+  },
+  {
+    // The web console: plain ES modules that run in the browser.
+    files: ['console/**/*.js'],
+    languageOptions: { globals: globals.browser }
   },
   {
     files: ['src/main/cli.ts', 'bench/**', 'test/fixtures/**'],

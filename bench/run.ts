@@ -1,7 +1,7 @@
 // The bench entry: `npm run bench [-- flags]` (node --import tsx bench/run.ts).
 //
 //   --quick          every scenario, small counts, ≤ 90 s (CI smoke test; no thresholds)
-//   --scope a,b      only these scenarios (dispatch, mixed, e2e, control, micro, peers, memory;
+//   --scope a,b      only these scenarios (dispatch, mixed, e2e, control, micro, peers, memory, events;
 //                    `tuning`, the pool settings one at a time, runs only when named)
 //   --json           machine-readable report on stdout instead of the tables
 //   --no-write       do not write bench/results/*
@@ -21,6 +21,7 @@ import { microScenario } from './micro.bench.js'
 import { peersScenario } from './peers.bench.js'
 import { memoryScenario } from './memory.bench.js'
 import { tuningScenario } from './tuning.bench.js'
+import { eventsScenario } from './events.bench.js'
 import { cpuSnapshot, foreignShare } from './lib/cpu.js'
 import { Progress } from './lib/progress.js'
 import { startCallbackServer } from './lib/processes.js'
@@ -29,7 +30,8 @@ import { renderMarkdown, renderText } from './lib/report.js'
 import type { BenchContext, MachineInfo, RunReport, Scenario, ScenarioReport } from './lib/report.js'
 
 const SCENARIOS: readonly Scenario[] = [
-  dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario, tuningScenario
+  dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario, tuningScenario,
+  eventsScenario
 ]
 /** Run only when named in --scope. */
 const OPT_IN = new Set(['tuning'])

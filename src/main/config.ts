@@ -105,6 +105,17 @@ const mcpSchema = z.strictObject({
   eventStoreMaxBytes: z.number().int().min(0).max(1024 ** 3).default(256 * 1024)
 })
 
+const eventsSchema = z.strictObject({
+  /** Events kept for `Last-Event-ID` replay on `GET /api/events` (a ring; the oldest go first). */
+  replaySize: z.number().int().min(16).max(1_000_000).default(2048),
+  /** A comment line sent to every subscriber this often, so idle proxies and clients see life. */
+  heartbeatMs: z.number().int().min(100).max(600_000).default(15_000),
+  /** Bytes an event-stream subscriber may leave unread before it is dropped (never slows dispatch). */
+  maxSubscriberBufferBytes: z.number().int().min(1024).max(256 * 1024 * 1024).default(1024 * 1024),
+  /** Simultaneous event-stream subscribers; one more is answered 503. */
+  maxSubscribers: z.number().int().min(1).max(10_000).default(64)
+})
+
 /** Every option of `createToolport` and `toolport serve`. */
 export const optionsSchema = z.strictObject({
   /** Roles that exist from the start. */
@@ -122,6 +133,9 @@ export const optionsSchema = z.strictObject({
   /** fastify/pino logger: false (silent), true (info) or a level name. */
   logger: z.union([z.boolean(), z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])])
     .default(false),
+  /** Serve the web console at `/` and `/ui/` (static files; the API it reads is guarded as usual). */
+  console: z.boolean().default(true),
+  events: eventsSchema.prefault({}),
   dispatch: dispatchSchema.prefault({}),
   security: securitySchema.prefault({}),
   limits: limitsSchema.prefault({}),

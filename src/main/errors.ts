@@ -78,6 +78,9 @@ export const ConfigError = createError('TP_ERR_CONFIG', 'invalid Toolport option
 /** 503: the runtime is closing or closed. */
 export const ClosedError = createError('TP_ERR_CLOSED', 'Toolport is closed', 503)
 
+/** 503: `GET /api/events` already has `events.maxSubscribers` subscribers. */
+export const StreamFullError = createError('TP_ERR_STREAM_FULL', 'the event stream has %s subscribers already; try again later', 503)
+
 /** 500: a bug. The message never carries stack traces, credentials or callback bodies. */
 export const InternalError = createError('TP_ERR_INTERNAL', 'internal error', 500)
 
@@ -101,6 +104,7 @@ export const ERROR_CODES: Readonly<Record<string, number>> = Object.freeze({
   TP_ERR_ROLE_EXISTS: 409,
   TP_ERR_CONFIG: 500,
   TP_ERR_CLOSED: 503,
+  TP_ERR_STREAM_FULL: 503,
   TP_ERR_INTERNAL: 500
 })
 

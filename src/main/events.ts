@@ -4,8 +4,22 @@ import type { OutcomeKind } from '../workers/protocol.js'
 /** Why a tool left a role's registry. */
 export type RemovalReason = 'unregister' | 'clear' | 'evicted' | 'replaced' | 'local'
 
-export interface ToolRegisteredEvent { role: string, name: string, source: string, isRemote: boolean }
-export interface ToolRemovedEvent { role: string, name: string, source: string, reason: RemovalReason }
+export interface ToolRegisteredEvent {
+  role: string
+  name: string
+  source: string
+  isRemote: boolean
+  /** `scheme://host:port` of the callback; '' for a local tool. */
+  origin?: string
+}
+export interface ToolRemovedEvent {
+  role: string
+  name: string
+  source: string
+  reason: RemovalReason
+  /** `scheme://host:port` of the callback; '' for a local tool. */
+  origin?: string
+}
 export interface OriginEvictedEvent {
   /** `scheme://host:port` of the callbacks that failed. */
   origin: string
@@ -23,10 +37,25 @@ export interface CallFinishedEvent {
   outcome: OutcomeKind | 'invalid_arguments' | 'unknown_tool' | 'local_error'
   isError: boolean
   durationMs: number
+  /** The tool's `source`; '' when the name matched no tool. */
+  source?: string
+  /** Bytes of callback reply read; 0 for local tools and calls that never reached a callback. */
+  bytes?: number
 }
 export interface SyncFailedEvent { role: string, error: string }
 /** Every sync that ran (the role had sessions), once, however many mutations shared it. */
-export interface SyncFinishedEvent { role: string, ok: boolean, error: string, durationMs: number, sessions: number }
+export interface SyncFinishedEvent {
+  role: string
+  ok: boolean
+  error: string
+  durationMs: number
+  sessions: number
+  /** Sessions that did not take the tools (0 when `ok`). */
+  failures?: number
+}
+
+/** A role was created or removed (`tp.roles.add` / `tp.roles.remove`). */
+export interface RoleChangedEvent { role: string }
 
 /** Event name → listener arguments, for `EventEmitter<ToolportEvents>`. */
 export interface ToolportEvents {
@@ -36,4 +65,6 @@ export interface ToolportEvents {
   'call-finished': [CallFinishedEvent]
   'sync-failed': [SyncFailedEvent]
   'sync-finished': [SyncFinishedEvent]
+  'role-added': [RoleChangedEvent]
+  'role-removed': [RoleChangedEvent]
 }

@@ -17,7 +17,7 @@ export type { ToolResult, ToolImage } from './dispatch/result.js'
 export type { ToolportOptions, ResolvedOptions } from './config.js'
 export type {
   ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent,
-  SyncFinishedEvent
+  SyncFinishedEvent, RoleChangedEvent
 } from './events.js'
 export { ERROR_CODES, isToolportError } from './errors.js'
 export type { ToolportError, ErrorDetail } from './errors.js'

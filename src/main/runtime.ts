@@ -71,6 +71,8 @@ export interface HealthReport {
   ok: boolean
   status: 'ready' | 'starting' | 'closed'
   version: string
+  /** Random per process start: a client that sees it change knows Toolport restarted. */
+  instance_id: string
   uptime_seconds: number
   roles: number
   tools: number
@@ -117,6 +119,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #health: OriginHealth
   readonly #background = new Set<Promise<unknown>>()
   readonly #startedAt = Date.now()
+  /** Random per Runtime (so per process start), in `/api/health` and the event stream's `hello`. */
+  readonly instanceId: string = randomUUID()
   readonly #sweeper: NodeJS.Timeout
   /** Cancel functions of the local tool calls running now. */
   readonly #localCalls = new Set<() => void>()
@@ -185,6 +189,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       ok: ready,
       status: this.#closed ? 'closed' : ready ? 'ready' : 'starting',
       version: VERSION,
+      instance_id: this.instanceId,
       uptime_seconds: Math.round((Date.now() - this.#startedAt) / 1000),
       roles: this.roles.size,
       tools,
@@ -243,7 +248,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       role.registry.set(entry)
       if (existing !== undefined) role.emitRemoved(existing, 'replaced')
       if (this.listenerCount('tool-registered') > 0) {
-        this.emit('tool-registered', { role: role.name, name: entry.name, source: entry.source, isRemote: true })
+        this.emit('tool-registered', { role: role.name, name: entry.name, source: entry.source, isRemote: true, origin: entry.origin })
       }
       accepted.push(role)
     }
@@ -346,12 +351,12 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       return this.#finish(role, call.name, callId, started, 'unknown_tool', errorResult(`unknown tool '${call.name}'; ${available}`))
     }
     const args = readArguments(call.raw_arguments, call.arguments)
-    if (!args.ok) return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error))
+    if (!args.ok) return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error), entry.source)
     const problem = checkArguments(entry, args.value, this.#onBadSchema)
-    if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem))
+    if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem), entry.source)
     if (entry.handler !== null) {
       const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal, this.#localCalls)
-      return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result)
+      return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result, entry.source)
     }
     // The callback body is built once, here, as a string (R9). `args.raw` is JSON text that was
     // just parsed, so it is spliced in as-is instead of being encoded a second time.
@@ -369,7 +374,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }, options?.signal)
     this.#recordHealth(entry, outcome, epoch)
     const result = outcomeToResult(outcome, entry, this.options.dispatch.maxResponseBytes)
-    return this.#finish(role, entry.name, callId, started, outcome.kind, result)
+    return this.#finish(role, entry.name, callId, started, outcome.kind, result, entry.source, outcome.bytes)
   }
 
   /** Stops accepting calls, lets in-flight calls finish (up to `dispatch.closeGraceMs`), frees the pool. */
@@ -416,9 +421,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     syncing.finally(() => this.#background.delete(syncing)).catch(noop)
   }
 
-  #finish (role: Role, name: string, callId: string, started: number, outcome: ToolportEvents['call-finished'][0]['outcome'], result: ToolResult): ToolResult {
+  #finish (role: Role, name: string, callId: string, started: number, outcome: ToolportEvents['call-finished'][0]['outcome'],
+    result: ToolResult, source = '', bytes = 0): ToolResult {
     if (this.listenerCount('call-finished') > 0 || this.log.isLevelEnabled('debug')) {
-      const event = { role: role.name, name, callId, outcome, isError: result.is_error, durationMs: performance.now() - started }
+      const event = { role: role.name, name, callId, outcome, isError: result.is_error, durationMs: performance.now() - started, source, bytes }
       // Metadata only: never arguments, outputs or callback bodies (they carry private data). A
       // name that matches no tool is the model's free text, so it is not logged either.
       this.log.debug(outcome === 'unknown_tool' ? { ...event, name: undefined } : event, 'tool call finished')

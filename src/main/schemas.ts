@@ -234,6 +234,7 @@ export const healthSchema = z.object({
   ok: z.boolean().describe('ready to serve (HTTP 200); false answers 503'),
   status: z.enum(['ready', 'starting', 'closed']),
   version: z.string(),
+  instance_id: z.string().describe('random per process start: a change means Toolport restarted'),
   uptime_seconds: z.number().int(),
   roles: z.number().int(),
   tools: z.number().int().describe('registrations summed over roles'),

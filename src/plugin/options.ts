@@ -102,6 +102,12 @@ export interface PluginOptions<T extends Record<string, unknown> = Record<string
   pollIntervalMs?: number | undefined
   /** Longest wait between checks while Toolport is down, in ms (default 30000). */
   maxBackoffMs?: number | undefined
+  /**
+   * Watch Toolport's live event stream (`GET /api/events`) and check at once when Toolport
+   * restarted or removed any of the plugin's tools, instead of waiting for the next poll
+   * (default true). Polling goes on as the fallback either way.
+   */
+  watchEvents?: boolean | undefined
   /** Budget of one request to Toolport's API, in ms (default 10000). */
   requestTimeoutMs?: number | undefined
   /**
@@ -138,6 +144,7 @@ export interface ResolvedPluginOptions {
   port: number
   pollIntervalMs: number
   maxBackoffMs: number
+  watchEvents: boolean
   requestTimeoutMs: number
   startTimeoutMs: number
   maxBodyBytes: number
@@ -211,6 +218,8 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   const pollIntervalMs = milliseconds(options.pollIntervalMs, 2000, 10, 'pollIntervalMs', problem)
   const maxBackoffMs = milliseconds(options.maxBackoffMs, 30_000, 10, 'maxBackoffMs', problem)
   const requestTimeoutMs = milliseconds(options.requestTimeoutMs, 10_000, 1, 'requestTimeoutMs', problem)
+  const watchEvents = options.watchEvents ?? true
+  if (typeof watchEvents !== 'boolean') problem('watchEvents', 'must be a boolean')
   const startTimeoutMs = milliseconds(options.startTimeoutMs, 30_000, 0, 'startTimeoutMs', problem)
   const maxBodyBytes = options.maxBodyBytes ?? 8 * 1024 * 1024
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 1) problem('maxBodyBytes', 'must be a positive integer')
@@ -242,6 +251,7 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
     port,
     pollIntervalMs,
     maxBackoffMs: Math.max(maxBackoffMs, pollIntervalMs),
+    watchEvents,
     requestTimeoutMs,
     startTimeoutMs,
     maxBodyBytes,

@@ -1,11 +1,12 @@
 // A plugin's life: serve callbacks, register, keep the registrations alive, clear them on stop.
 //
 // Registrations are runtime-only (docs/protocol.md R3) and a plugin's tools also vanish when Toolport evicts
-// its origin (R13) or someone unregisters them (R15). Toolport does not tell anyone, so the plugin
-// asks: one poll of `GET /api/tools` at a time, every `pollIntervalMs` (jittered, so many plugins
-// restarted together do not poll in step), backing off exponentially (with jitter) while Toolport
-// is down. Whatever of ours is missing is registered again. The poll timer is unref'd: it never
-// keeps a process alive on its own.
+// its origin (R13) or someone unregisters them (R15). Toolport's event stream (`GET /api/events`,
+// see event-watch.ts) says so at once, and the plugin then checks right away. As the fallback it
+// also polls: one check of `GET /api/tools` at a time, every `pollIntervalMs` (jittered, so many
+// plugins restarted together do not poll in step), backing off exponentially (with jitter) while
+// Toolport is down. Whatever of ours is missing is registered again. The poll timer is unref'd:
+// it never keeps a process alive on its own.
 //
 // State machine: idle → starting → running → stopping → stopped (start failure: starting →
 // stopped). Only one check or start attempt talks to Toolport at a time, and `stop()` waits for it
@@ -17,6 +18,7 @@ import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
 import { ToolportClient, type RegisterBody } from './toolport-client.js'
 import { errorText, noop } from '../shared/util.js'
+import { EventWatch } from './event-watch.js'
 
 /** Why tools were registered: the first registration, or a check that found them missing. */
 export type RegisteredReason = 'start' | 'restored'
@@ -85,6 +87,10 @@ export class Plugin extends EventEmitter<PluginEvents> {
   /** Consecutive failed checks: drives the backoff and the log level. */
   #failures = 0
   #hasRegistered = false
+  /** The watch on Toolport's event stream while running (null when off or not started). */
+  #watch: EventWatch | null = null
+  /** A check was asked for while one was running: run another right after it. */
+  #recheck = false
   /** `role\0name\0source\0url` of tools held by someone else, warned about once each. */
   readonly #conflicts = new Set<string>()
 
@@ -167,6 +173,20 @@ export class Plugin extends EventEmitter<PluginEvents> {
     }
     this.#state = 'running'
     this.#schedule(this.#nextDelay())
+    if (this.#options.watchEvents) {
+      this.#watch = new EventWatch({
+        baseUrl: this.#options.toolportUrl,
+        token: this.#options.token,
+        role: this.role,
+        source: this.source,
+        origin: new URL(result.url).origin,
+        onStale: (reason) => { this.#checkNow(reason) },
+        logger: this.#options.logger,
+        maxBackoffMs: this.#options.maxBackoffMs,
+        requestTimeoutMs: this.#options.requestTimeoutMs
+      })
+      this.#watch.start()
+    }
     this.#options.logger.info?.(`registered ${result.names.length} tool(s) of ${this.source} (roles: ${result.roles.join(', ') || 'none'}); callbacks at ${result.url}`)
     // Last, outside the try: a listener that throws is the listener's bug, not a failed start.
     this.emit('registered', { names: result.names, roles: result.roles, reason: 'start' })
@@ -232,6 +252,22 @@ export class Plugin extends EventEmitter<PluginEvents> {
     }
   }
 
+  /** True while the event stream is connected (it makes re-registration immediate). */
+  get isWatchingEvents (): boolean { return this.#watch?.isConnected === true }
+
+  /** Runs a check now (the event stream said something of ours may be gone), or right after the running one. */
+  #checkNow (reason: string): void {
+    if (this.#state !== 'running') return
+    this.#options.logger.debug?.(`checking the registrations now: ${reason}`)
+    if (this.#check !== null) {
+      this.#recheck = true
+      return
+    }
+    if (this.#timer !== null) clearTimeout(this.#timer)
+    this.#timer = null
+    this.#check = this.#runCheck()
+  }
+
   #schedule (delayMs: number): void {
     this.#timer = setTimeout(() => {
       this.#timer = null
@@ -251,7 +287,11 @@ export class Plugin extends EventEmitter<PluginEvents> {
       this.#report(asPluginError(err), this.#failures === 1 ? 'warn' : 'debug')
     } finally {
       this.#check = null
-      if (this.#state === 'running') this.#schedule(this.#nextDelay())
+      if (this.#state === 'running') {
+        const again = this.#recheck && this.#failures === 0
+        this.#recheck = false
+        this.#schedule(again ? 0 : this.#nextDelay())
+      }
     }
   }
 
@@ -327,6 +367,9 @@ export class Plugin extends EventEmitter<PluginEvents> {
     this.#stopController.abort()
     if (this.#timer !== null) clearTimeout(this.#timer)
     this.#timer = null
+    // First: our own clear must not look like a loss to re-register.
+    await this.#watch?.close()
+    this.#watch = null
     // Let the one exchange in flight finish, so no registration can land after the clear.
     await this.#check
     if (this.#starting !== null) await this.#starting.catch(noop)

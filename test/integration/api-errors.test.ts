@@ -132,9 +132,11 @@ test('API errors: application/json is accepted in any case and with a UTF-8 char
 })
 
 test('API errors: an unknown route or method is 404 TP_ERR_ROUTE_NOT_FOUND', async (t) => {
-  const tp = await createTestToolport(t, { roles: ['A'] })
+  // `/` is the web console unless it is switched off (test/integration/console-routes.test.ts).
+  const tp = await createTestToolport(t, { roles: ['A'], console: false })
   assertError(await inject(tp, 'GET', '/nope'), 404, 'TP_ERR_ROUTE_NOT_FOUND')
   assertError(await inject(tp, 'GET', '/'), 404, 'TP_ERR_ROUTE_NOT_FOUND')
+  assertError(await inject(tp, 'GET', '/uix'), 404, 'TP_ERR_ROUTE_NOT_FOUND')
   assertError(await inject(tp, 'POST', '/api/tools/nope', {}), 404, 'TP_ERR_ROUTE_NOT_FOUND')
   assertError(await inject(tp, 'GET', '/api/tools/register'), 404, 'TP_ERR_ROUTE_NOT_FOUND')
   assertError(await inject(tp, 'POST', '/api/tools', {}), 404, 'TP_ERR_ROUTE_NOT_FOUND')

@@ -9,6 +9,9 @@ import { registerToolRoutes } from './tools.js'
 import { registerOperationRoutes } from './operations.js'
 import { noValidation, registerDocs } from './openapi.js'
 import { registerDefinitionRoutes, registerMcpRoutes } from './mcp.js'
+import { registerEventRoutes } from './events.js'
+import { buildAppGuard, registerConsole } from './console.js'
+import { observerOf } from '../observe/observer.js'
 
 export interface ToolportPluginOptions {
   /** The runtime whose registry the routes serve. */
@@ -39,6 +42,7 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   registerOperationRoutes(app, runtime)
   registerDefinitionRoutes(app, runtime)
   registerMcpRoutes(app, runtime)
+  registerEventRoutes(app, runtime)
   done()
 }
 
@@ -65,7 +69,9 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     childLoggerFactory: reuseLogger
   }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
-  app.addHook('onRequest', buildGuard(runtime.options.security))
+  // The event ring and the console's numbers start now, not when the routes are first mounted.
+  observerOf(runtime)
+  app.addHook('onRequest', buildAppGuard(runtime.options.security, runtime.options.console))
   const { limits } = runtime.options
   const connections = new ConnectionPressure(app.server, limits)
   if (runtime.options.security.token !== undefined) {
@@ -83,6 +89,7 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   // Docs first: @fastify/swagger collects the routes registered after it.
   registerDocs(app)
   app.register(toolportPlugin, { runtime, guard: false })
+  if (runtime.options.console) registerConsole(app)
   return app
 }
 

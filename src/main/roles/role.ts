@@ -105,7 +105,8 @@ export class Role {
   /** Once per sync that ran (however many callers shared it). */
   #onSyncFinished (outcome: SyncOutcome, durationMs: number, sessions: number): void {
     if (this.#events.listenerCount('sync-finished') > 0) {
-      this.#events.emit('sync-finished', { role: this.name, ok: outcome.ok, error: outcome.error, durationMs, sessions })
+      const failures = outcome.ok ? 0 : outcome.failedSessions ?? sessions
+      this.#events.emit('sync-finished', { role: this.name, ok: outcome.ok, error: outcome.error, durationMs, sessions, failures })
     }
     if (!outcome.ok && this.#events.listenerCount('sync-failed') > 0) {
       this.#events.emit('sync-failed', { role: this.name, error: outcome.error })
@@ -121,7 +122,7 @@ export class Role {
     const previous = this.registry.set(entry)
     if (previous !== undefined) this.emitRemoved(previous, 'replaced')
     if (this.#events.listenerCount('tool-registered') > 0) {
-      this.#events.emit('tool-registered', { role: this.name, name: entry.name, source: entry.source, isRemote: false })
+      this.#events.emit('tool-registered', { role: this.name, name: entry.name, source: entry.source, isRemote: false, origin: '' })
     }
     return await this.sync()
   }
@@ -143,7 +144,7 @@ export class Role {
   /** Emits `tool-removed` for an entry that left this role (only when someone listens). */
   emitRemoved (entry: ToolEntry, reason: RemovalReason): void {
     if (this.#events.listenerCount('tool-removed') > 0) {
-      this.#events.emit('tool-removed', { role: this.name, name: entry.name, source: entry.source, reason })
+      this.#events.emit('tool-removed', { role: this.name, name: entry.name, source: entry.source, reason, origin: entry.origin })
     }
   }
 

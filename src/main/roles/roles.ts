@@ -26,12 +26,15 @@ export class RoleManager {
     if (this.#roles.has(name)) throw new RoleExistsError(name)
     const role = new Role(name, this.#options)
     this.#roles.set(name, role)
+    if (this.#options.events.listenerCount('role-added') > 0) this.#options.events.emit('role-added', { role: name })
     return role
   }
 
   /** Removes a role and its registry; true when it existed. Its sessions are simply dropped. */
   remove (name: string): boolean {
-    return this.#roles.delete(name)
+    if (!this.#roles.delete(name)) return false
+    if (this.#options.events.listenerCount('role-removed') > 0) this.#options.events.emit('role-removed', { role: name })
+    return true
   }
 
   /** The role, or TP_ERR_ROLE_NOT_FOUND (HTTP 404). */

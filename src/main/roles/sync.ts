@@ -25,6 +25,8 @@ export interface ModelSession {
 export interface SyncOutcome {
   ok: boolean
   error: string
+  /** Sessions that did not take the tools (set when `ok` is false). */
+  failedSessions?: number
 }
 
 const SYNC_OK: SyncOutcome = Object.freeze({ ok: true, error: '' })
@@ -106,7 +108,7 @@ export class RoleSync {
     try {
       outcome = await this.#sync(sessions)
     } catch (err) {
-      outcome = { ok: false, error: `sync failed: ${errorText(err)}` }
+      outcome = { ok: false, error: `sync failed: ${errorText(err)}`, failedSessions: sessions.length }
     }
     try {
       this.#observer?.(outcome, performance.now() - started, sessions.length)
@@ -132,10 +134,10 @@ export class RoleSync {
       if (result === 'timeout') {
         controller.abort(new Error(`sync timed out after ${this.#timeoutMs} ms`))
         const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
-        return { ok: false, error: `sync timed out after ${this.#timeoutMs} ms (session ${pending.join(', ')})` }
+        return { ok: false, error: `sync timed out after ${this.#timeoutMs} ms (session ${pending.join(', ')})`, failedSessions: pending.length }
       }
       const failures = result.filter((r) => r !== '')
-      return failures.length === 0 ? SYNC_OK : { ok: false, error: failures.join('; ') }
+      return failures.length === 0 ? SYNC_OK : { ok: false, error: failures.join('; '), failedSessions: failures.length }
     } finally {
       clearTimeout(timer)
     }

@@ -180,6 +180,11 @@ export class ToolRegistry {
     return this.#bySource.get(source)?.size ?? 0
   }
 
+  /** The entries in registration order (the console's view of a role). */
+  entries (): IterableIterator<ToolEntry> {
+    return this.#byName.values()
+  }
+
   names (): string[] {
     return [...this.#byName.keys()]
   }

@@ -1,0 +1,403 @@
+// Toolport console: reads GET /api/console/state (the registry), GET /api/console/stats (every
+// 2 s) and the live GET /api/events stream. Everything shown is built with DOM nodes and
+// textContent (tool names and descriptions come from plugins: never HTML). The stream is read with
+// fetch, not EventSource, so that the bearer token of token mode can be sent as a header.
+import { createParser } from '/ui/vendor/eventsource-parser.js'
+import UPlot from '/ui/vendor/uplot/uPlot.esm.js'
+import { setupPlayground } from '/ui/playground.js'
+
+const TOKEN_KEY = 'toolport.token'
+const THEME_KEY = 'toolport.theme'
+const MAX_CALL_ROWS = 60
+const STATS_EVERY_MS = 2000
+/** Events after which the registry view is fetched again. */
+const REGISTRY_EVENTS = new Set(['registered', 'unregistered', 'cleared', 'evicted', 'sync', 'role-added', 'role-removed'])
+
+const $ = (id) => document.getElementById(id)
+
+/** A DOM element: h('td', { className: 'num' }, 'text', child). Strings become text nodes. */
+export function h (tag, props = {}, ...children) {
+  const el = document.createElement(tag)
+  for (const [key, value] of Object.entries(props)) {
+    if (value === undefined || value === null) continue
+    if (key === 'dataset') Object.assign(el.dataset, value)
+    else if (key in el) el[key] = value
+    else el.setAttribute(key, value)
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)))
+  }
+  return el
+}
+
+// ---------------------------------------------------------------------------------------------
+// API access (token mode: the token lives in sessionStorage, for this tab only)
+
+let token = sessionStorage.getItem(TOKEN_KEY)
+let tokenPrompt = null
+
+function authHeaders (extra = {}) {
+  return token === null ? { ...extra } : { ...extra, authorization: `Bearer ${token}` }
+}
+
+/** Asks for the token once (a second caller waits for the same dialog). */
+function askToken (message = '') {
+  tokenPrompt ??= new Promise((resolve) => {
+    const dialog = $('token-dialog')
+    $('token-error').textContent = message
+    $('token-input').value = ''
+    dialog.showModal()
+    $('token-form').addEventListener('submit', () => {
+      token = $('token-input').value.trim()
+      sessionStorage.setItem(TOKEN_KEY, token)
+      tokenPrompt = null
+      resolve()
+    }, { once: true })
+  })
+  return tokenPrompt
+}
+
+/** fetch + JSON; a 401 asks for the token and tries again. */
+export async function api (path, init = {}) {
+  for (;;) {
+    const res = await fetch(path, { ...init, headers: authHeaders(init.headers) })
+    if (res.status === 401) {
+      await askToken(token === null ? '' : 'That token was refused; try again.')
+      continue
+    }
+    const body = await res.json().catch(() => null)
+    return { status: res.status, body }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatting
+
+function ago (iso) {
+  const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000))
+  if (s < 60) return `${s} s ago`
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`
+  return `${Math.floor(s / 3600)} h ago`
+}
+
+function clock (iso) {
+  return new Date(iso).toLocaleTimeString([], { hour12: false })
+}
+
+function ms (value) {
+  if (value === null || value === undefined) return '–'
+  return value < 10 ? value.toFixed(2) : value < 100 ? value.toFixed(1) : Math.round(value).toString()
+}
+
+function outcomeBadge (outcome, isError) {
+  const kind = outcome === 'ok' ? (isError ? 'warn' : 'ok') : outcome === 'local_error' ? 'warn' : 'bad'
+  const label = outcome === 'ok' && isError ? 'tool error' : outcome.replaceAll('_', ' ')
+  return h('span', { className: `badge ${kind}` }, label)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry view: roles, plugins, evictions
+
+let state = null
+let instanceId = null
+
+async function loadState () {
+  const { status, body } = await api('/api/console/state')
+  if (status !== 200 || body === null) return
+  state = body
+  if (instanceId !== null && instanceId !== body.instance_id) $('calls').replaceChildren()
+  instanceId = body.instance_id
+  renderState()
+  playground.update(state.roles)
+}
+
+function renderState () {
+  $('version').textContent = `v${state.version}`
+  $('instance').textContent = `instance ${state.instance_id.slice(0, 8)}`
+  const toolCount = state.roles.reduce((n, r) => n + r.tools.length, 0)
+  $('stat-roles').textContent = String(state.roles.length)
+  $('stat-tools').textContent = String(toolCount)
+  const sessions = state.roles.reduce((n, r) => n + r.sessions, 0)
+  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`
+  $('roles-summary').textContent = `${plural(state.roles.length, 'role')} · ${plural(toolCount, 'tool')} · ${plural(sessions, 'live session')}`
+  renderRoles()
+  renderOrigins()
+  renderEvictions()
+  if ($('calls').children.length === 0) {
+    for (const call of state.calls) addCallRow(call, false)
+  }
+}
+
+function renderRoles () {
+  const roles = state.roles.map((role) => {
+    const sync = role.last_sync
+    const syncText = sync === null
+      ? h('span', {}, 'no sync yet')
+      : h('span', { title: sync.error ?? '' },
+        sync.ok ? h('span', { className: 'badge ok' }, 'synced') : h('span', { className: 'badge bad' }, `${sync.failures} failed`),
+        ` ${ms(sync.duration_ms)} ms · ${ago(sync.at)}`)
+    const head = h('div', { className: 'role-head' },
+      h('span', { className: 'role-name' }, role.name),
+      h('span', { className: 'role-meta' },
+        h('span', { className: 'badge info' }, `${role.tools.length} tools`),
+        h('span', { className: 'badge' }, `${role.sessions} session${role.sessions === 1 ? '' : 's'}`),
+        syncText))
+    const body = role.tools.length === 0
+      ? h('div', { className: 'empty' }, 'no tools')
+      : h('div', { className: 'table-wrap' }, h('table', { className: 'table' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'tool'), h('th', {}, 'source'), h('th', {}, 'callback'), h('th', { className: 'num' }, 'timeout'))),
+        h('tbody', {}, role.tools.map((tool) => h('tr', { dataset: { tool: tool.name } },
+          h('td', {}, h('div', { className: 'mono' }, tool.name), h('div', { className: 'desc', title: tool.description }, tool.description)),
+          h('td', {}, h('span', { className: `badge ${tool.is_remote ? '' : 'info'}` }, tool.source)),
+          h('td', { className: 'mono small', title: tool.callback_url ?? '' }, tool.origin === null ? 'in-process' : tool.origin.replace(/^https?:\/\//, '')),
+          h('td', { className: 'num' }, `${tool.timeout_seconds} s`))))))
+    return h('div', { className: 'role', dataset: { role: role.name } }, head, body)
+  })
+  $('roles').replaceChildren(roles.length === 0 ? h('div', { className: 'empty' }, 'no roles') : h('div', { className: 'roles' }, roles))
+}
+
+function renderOrigins () {
+  const rows = state.origins.map((o) => h('tr', { dataset: { origin: o.origin } },
+    h('td', { className: 'mono' }, o.origin),
+    h('td', {}, o.sources.join(', ')),
+    h('td', { className: 'num' }, String(o.tools)),
+    h('td', {}, o.roles.join(', ')),
+    h('td', {}, o.failures === 0
+      ? h('span', { className: 'badge ok' }, 'healthy')
+      : h('span', { className: 'badge warn' }, `${o.failures} consecutive failure${o.failures === 1 ? '' : 's'}`))))
+  $('origins').replaceChildren(...(rows.length === 0 ? [h('tr', {}, h('td', { className: 'empty', colSpan: 5 }, 'no plugin callbacks registered'))] : rows))
+}
+
+function renderEvictions () {
+  const items = state.evictions.map((e) => h('div', { className: 'eviction', dataset: { origin: e.origin } },
+    h('div', { className: 'row between' },
+      h('span', {}, h('span', { className: 'badge bad' }, 'evicted'), ' ', h('span', { className: 'mono' }, e.origin)),
+      h('span', { className: 'when', title: e.at }, `${clock(e.at)} · ${ago(e.at)}`)),
+    h('div', { className: 'small' }, `${e.tools.join(', ')} from ${e.roles.join(', ')} after ${e.failures} connection failures`)))
+  $('evictions').replaceChildren(...(items.length === 0 ? [h('div', { className: 'empty' }, 'no evictions')] : items))
+}
+
+let refreshTimer = null
+function scheduleStateRefresh () {
+  if (refreshTimer !== null) return
+  refreshTimer = setTimeout(() => {
+    refreshTimer = null
+    loadState().catch(() => {})
+  }, 120)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recent calls (from `call` events: metadata only)
+
+function addCallRow (call, flash = true) {
+  const tbody = $('calls')
+  const row = h('tr', { className: flash ? 'flash' : '' },
+    h('td', { className: 'muted' }, clock(call.at ?? new Date().toISOString())),
+    h('td', {}, call.role),
+    h('td', { className: 'mono' }, call.tool ?? '(unknown tool)'),
+    h('td', {}, outcomeBadge(call.outcome, call.is_error)),
+    h('td', { className: 'num' }, ms(call.duration_ms)),
+    h('td', { className: 'num' }, String(call.bytes)))
+  tbody.prepend(row)
+  while (tbody.children.length > MAX_CALL_ROWS) tbody.lastElementChild.remove()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live numbers and charts (GET /api/console/stats every 2 s)
+
+const charts = { rate: null, latency: null }
+let selectedSeries = 'all'
+let lastStats = null
+
+function cssVar (name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim()
+}
+
+function chartOptions (kind, width) {
+  const axis = { stroke: cssVar('--muted'), grid: { stroke: cssVar('--grid'), width: 1 }, ticks: { stroke: cssVar('--grid') } }
+  const series = kind === 'rate'
+    ? [{}, { label: 'calls/s', stroke: cssVar('--accent'), fill: cssVar('--accent-soft'), width: 1.5 },
+        { label: 'errors/s', stroke: cssVar('--bad'), width: 1.2 }]
+    : [{}, { label: 'p50', stroke: cssVar('--ok'), width: 1.5, spanGaps: false },
+        { label: 'p99', stroke: cssVar('--warn'), width: 1.5, spanGaps: false }]
+  return {
+    width,
+    height: 150,
+    cursor: { drag: { x: false, y: false } },
+    legend: { show: true },
+    scales: { x: { time: true }, y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+    axes: [{ ...axis, space: 70, values: (_u, splits) => splits.map(timeLabel) }, { ...axis, size: 48 }],
+    series
+  }
+}
+
+function timeLabel (second) {
+  return new Date(second * 1000).toLocaleTimeString([], { hour12: false })
+}
+
+/** Charts start at the first second with calls (at least the last minute shows), up to the window. */
+function firstShown (all, windowSeconds) {
+  const first = all.calls.findIndex((n) => n > 0)
+  return first === -1 ? windowSeconds - 60 : Math.min(first, windowSeconds - 60)
+}
+
+function chartData (kind, series, endSecond, windowSeconds, start) {
+  const xs = []
+  for (let i = start; i < windowSeconds; i++) xs.push(endSecond - windowSeconds + 1 + i)
+  return kind === 'rate'
+    ? [xs, series.calls.slice(start), series.errors.slice(start)]
+    : [xs, series.p50.slice(start), series.p99.slice(start)]
+}
+
+function drawCharts () {
+  if (lastStats === null) return
+  const { stats } = lastStats
+  const series = selectedSeries === 'all'
+    ? stats.all
+    : stats.tools.find((s) => `${s.role}/${s.tool}` === selectedSeries) ?? stats.all
+  const start = firstShown(stats.all, stats.window_seconds)
+  for (const kind of ['rate', 'latency']) {
+    const target = $(kind === 'rate' ? 'chart-rate' : 'chart-latency')
+    const data = chartData(kind, series, stats.end_second, stats.window_seconds, start)
+    const width = Math.max(240, target.clientWidth)
+    if (charts[kind] === null) {
+      charts[kind] = new UPlot(chartOptions(kind, width), data, target)
+    } else {
+      charts[kind].setData(data)
+      if (Math.abs(charts[kind].width - width) > 2) charts[kind].setSize({ width, height: 150 })
+    }
+  }
+}
+
+function resetCharts () {
+  for (const kind of ['rate', 'latency']) {
+    charts[kind]?.destroy()
+    charts[kind] = null
+  }
+  drawCharts()
+}
+
+function renderSeriesSelect (stats) {
+  const select = $('series-select')
+  const keys = ['all', ...stats.tools.map((s) => `${s.role}/${s.tool}`)]
+  const current = [...select.options].map((o) => o.value)
+  if (current.join('\n') === keys.join('\n')) return
+  select.replaceChildren(...keys.map((key) => h('option', { value: key, selected: key === selectedSeries }, key === 'all' ? 'all calls' : key)))
+  if (!keys.includes(selectedSeries)) selectedSeries = 'all'
+}
+
+async function loadStats () {
+  const { status, body } = await api('/api/console/stats')
+  if (status !== 200 || body === null) return
+  lastStats = body
+  const pool = body.pool
+  $('stat-pool').textContent = pool.mode === 'pool' ? `${pool.threads} thread${pool.threads === 1 ? '' : 's'}` : 'inline'
+  $('stat-inflight').textContent = `${pool.in_flight} · ${pool.queued}`
+  const util = Math.round(pool.utilization * 100)
+  $('stat-util').textContent = `${util} %`
+  $('stat-util-bar').style.width = `${Math.min(100, util)}%`
+  const recent = body.stats.all.calls.slice(-10)
+  $('stat-rate').textContent = (recent.reduce((a, b) => a + b, 0) / 10).toFixed(1)
+  renderSeriesSelect(body.stats)
+  drawCharts()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The live stream (fetch + eventsource-parser, with Last-Event-ID on reconnect)
+
+let lastEventId = null
+
+function setLive (kind, text) {
+  $('live').dataset.state = kind
+  $('live-text').textContent = text
+}
+
+function onEvent (message) {
+  if (message.id !== undefined) lastEventId = message.id
+  const data = JSON.parse(message.data)
+  if (message.event === 'hello') {
+    setLive('live', 'live')
+    // A new instance, or a replay that could not cover the gap: fetch the whole view again.
+    if (data.instance_id !== instanceId || data.replay !== 'complete') scheduleStateRefresh()
+    return
+  }
+  if (message.event === 'call') {
+    addCallRow({ ...data, at: new Date().toISOString() })
+    return
+  }
+  if (REGISTRY_EVENTS.has(message.event)) scheduleStateRefresh()
+}
+
+async function streamOnce () {
+  const headers = authHeaders({ accept: 'text/event-stream' })
+  if (lastEventId !== null) headers['last-event-id'] = lastEventId
+  const res = await fetch('/api/events', { headers, cache: 'no-store' })
+  if (res.status === 401) {
+    await askToken(token === null ? '' : 'That token was refused; try again.')
+    return
+  }
+  if (!res.ok || res.body === null) throw new Error(`HTTP ${res.status}`)
+  const parser = createParser({ onEvent })
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader()
+  for (;;) {
+    const { value, done } = await reader.read()
+    if (done) break
+    parser.feed(value)
+  }
+}
+
+async function stream () {
+  let failures = 0
+  for (;;) {
+    try {
+      await streamOnce()
+      failures = 0
+    } catch {
+      failures++
+    }
+    setLive(failures === 0 ? 'connecting' : 'down', failures === 0 ? 'reconnecting' : 'disconnected')
+    await new Promise((resolve) => setTimeout(resolve, Math.min(10_000, 500 * 2 ** Math.min(failures, 5))))
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Theme
+
+function applyTheme (theme) {
+  if (theme === null) delete document.documentElement.dataset.theme
+  else document.documentElement.dataset.theme = theme
+}
+
+function toggleTheme () {
+  const dark = cssVar('color-scheme') === 'dark'
+  const next = dark ? 'light' : 'dark'
+  localStorage.setItem(THEME_KEY, next)
+  applyTheme(next)
+  resetCharts()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const playground = setupPlayground({ api, h })
+
+async function main () {
+  applyTheme(localStorage.getItem(THEME_KEY))
+  $('theme-toggle').addEventListener('click', toggleTheme)
+  $('series-select').addEventListener('change', (e) => {
+    selectedSeries = e.target.value
+    drawCharts()
+  })
+  window.addEventListener('resize', () => drawCharts())
+  await loadState()
+  await loadStats()
+  setInterval(() => { loadStats().catch(() => {}) }, STATS_EVERY_MS)
+  // Relative times ("12 s ago") age even without events.
+  setInterval(() => { if (state !== null) { renderRoles(); renderEvictions() } }, 15_000)
+  stream()
+}
+
+main().catch((err) => {
+  setLive('down', 'error')
+  console.error('console failed to start', err)
+})

@@ -1,0 +1,100 @@
+// GET /api/events (Server-Sent Events) and the console's two read-only JSON routes,
+// GET /api/console/state and GET /api/console/stats. All sit behind the same guard as every
+// route: loopback peer, Host, Origin, and the bearer token in token mode.
+import type { ServerResponse } from 'node:http'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import { z } from 'zod'
+import type { Runtime } from '../runtime.js'
+import { StreamFullError, validationError } from '../errors.js'
+import { parseOrThrow } from '../schemas.js'
+import { observerOf } from '../observe/observer.js'
+import { STREAM_EVENT_TYPES, type EventFilter } from '../observe/event-hub.js'
+import { ERROR_BODY_JSON_SCHEMA as errorBody } from './openapi.js'
+
+const eventsQuerySchema = z.object({
+  /** Only events that concern this role (`hello` always comes). */
+  role: z.string().min(1).max(128).optional(),
+  /** Comma-separated event types (`hello` always comes). */
+  types: z.string().min(1).max(512).optional()
+})
+
+const EVENT_TYPES: ReadonlySet<string> = new Set(STREAM_EVENT_TYPES)
+
+/**
+ * Registers the event stream and the console's JSON routes on `app`. Streams opened through this
+ * app end when it closes (before the server waits for its connections).
+ */
+export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): void {
+  const observer = observerOf(runtime)
+  const open = new Map<ServerResponse, () => void>()
+
+  app.addHook('preClose', function endEventStreams (done) {
+    for (const [res, unsubscribe] of open) {
+      unsubscribe()
+      res.destroy()
+    }
+    open.clear()
+    done()
+  })
+
+  app.get('/api/events', {
+    schema: {
+      summary: 'Live events (Server-Sent Events): hello, registered, unregistered, cleared, evicted, sync, call, role-added, role-removed',
+      tags: ['operations'],
+      produces: ['text/event-stream'],
+      response: { 200: { type: 'string', description: 'text/event-stream' }, 401: errorBody, 403: errorBody, 422: errorBody, 503: errorBody }
+    }
+  }, function eventsRoute (request: FastifyRequest, reply: FastifyReply) {
+    const query = parseOrThrow(eventsQuerySchema, request.query ?? {})
+    const filter: EventFilter = { types: parseTypes(query.types), role: query.role ?? null }
+    if (!observer.hub.hasRoom) throw new StreamFullError(String(runtime.options.events.maxSubscribers))
+    const lastEventId = request.headers['last-event-id']
+    const res = reply.raw
+    // The guard's headers (nosniff, no-store, …) travel on the raw response too.
+    for (const [name, value] of Object.entries(reply.getHeaders())) {
+      if (value !== undefined) res.setHeader(name, value)
+    }
+    reply.hijack()
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-store',
+      // Tells a buffering reverse proxy (nginx) to pass events through at once.
+      'x-accel-buffering': 'no'
+    })
+    res.socket?.setNoDelay(true)
+    const unsubscribe = observer.hub.subscribe(res, filter, typeof lastEventId === 'string' ? lastEventId : undefined)
+    open.set(res, unsubscribe)
+    res.once('close', () => {
+      unsubscribe()
+      open.delete(res)
+    })
+  })
+
+  app.get('/api/console/state', {
+    schema: { summary: 'The console\'s view of the registry: roles, tools, sessions, last syncs, origins, evictions, recent calls', tags: ['operations'], hide: true }
+  }, function consoleStateRoute () {
+    return observer.state()
+  })
+
+  app.get('/api/console/stats', {
+    schema: { summary: 'The console\'s live numbers: pool, event stream, per-second call statistics', tags: ['operations'], hide: true }
+  }, function consoleStatsRoute () {
+    return observer.liveStats()
+  })
+}
+
+/** The `types` filter as a set, or null for every type; an unknown type is a 422 naming it. */
+function parseTypes (text: string | undefined): ReadonlySet<string> | null {
+  if (text === undefined) return null
+  const types = new Set(text.split(',').map((t) => t.trim()).filter((t) => t !== ''))
+  const unknown = [...types].filter((t) => !EVENT_TYPES.has(t))
+  if (unknown.length > 0) {
+    throw validationError([{
+      path: 'types',
+      code: 'invalid_value',
+      message: `unknown event type(s) ${unknown.join(', ')}; known: ${STREAM_EVENT_TYPES.join(', ')}`
+    }])
+  }
+  types.add('hello')
+  return types
+}

@@ -1,0 +1,144 @@
+// The web console in a real browser: Debian's chromium driven by puppeteer-core (which never
+// downloads a browser). Skipped, with the reason, when no chromium is installed.
+import assert from 'node:assert/strict'
+import { existsSync } from 'node:fs'
+import { after, before, describe, test } from 'node:test'
+import puppeteer, { type Browser, type Page } from 'puppeteer-core'
+import { startCallbackServer } from '../fixtures/callback-server.js'
+import { httpJson, startToolport } from '../helpers.js'
+import { CONSOLE_CSP } from '../../src/main/http/console.js'
+
+const CHROMIUM = [process.env.CHROMIUM_PATH, '/usr/bin/chromium', '/usr/bin/chromium-browser', '/usr/bin/google-chrome']
+  .find((path) => path !== undefined && path !== '' && existsSync(path))
+const skip = CHROMIUM === undefined ? 'no chromium found (install it: apt-get install -y chromium, or set CHROMIUM_PATH)' : false
+const TOKEN = 'console-test-token-that-is-long-enough-0123456789'
+
+interface Watched { page: Page, errors: string[] }
+
+describe('the console in chromium', { skip }, () => {
+  let browser: Browser
+  before(async () => {
+    browser = await puppeteer.launch({
+      executablePath: CHROMIUM as string,
+      headless: true,
+      // The test runs as root in CI; `attacker.example` resolves to loopback for the Host test.
+      args: ['--no-sandbox', '--disable-gpu', '--host-resolver-rules=MAP attacker.example 127.0.0.1']
+    })
+  })
+  after(async () => { await browser?.close() })
+
+  /** A new page that records console errors, page errors and CSP violations. */
+  async function open (url: string, t: { after: (fn: () => Promise<void>) => void }): Promise<Watched> {
+    const page = await browser.newPage()
+    t.after(async () => { await page.close() })
+    const errors: string[] = []
+    page.on('console', (message) => { if (message.type() === 'error') errors.push(message.text()) })
+    page.on('pageerror', (err) => { errors.push(`pageerror: ${(err as Error).message}`) })
+    // Page-side code is given as text: this project's TypeScript has no DOM types.
+    await page.evaluateOnNewDocument(`document.addEventListener('securitypolicyviolation', (e) => {
+      console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI)
+    })`)
+    await page.goto(url, { waitUntil: 'load' })
+    return { page, errors }
+  }
+
+  test('it loads with no console errors and no CSP violations, and lists the roles and tools', async (t) => {
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
+    await tp.register({ name: 'get_weather', callback_url: 'http://127.0.0.1:9333/get_weather', source: 'plugin:weather', role: 'Mochi' })
+    const res = await fetch(`${url}/`)
+    assert.equal(res.headers.get('content-security-policy'), CONSOLE_CSP)
+    assert.match(CONSOLE_CSP, /script-src 'self'/)
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('[data-role="Mochi"] [data-tool="get_weather"]', { timeout: 5000 })
+    await page.waitForSelector('#live[data-state="live"]', { timeout: 5000 })
+    const roles = await page.evaluate('[...document.querySelectorAll("[data-role]")].map((e) => e.dataset.role)')
+    assert.deepEqual(roles, ['Lanlan', 'Mochi'])
+    // The charts drew (uPlot from its package) once the first numbers came.
+    await page.waitForSelector('#chart-rate .uplot', { timeout: 5000 })
+    assert.deepEqual(errors, [])
+  })
+
+  test('a tool registered over the API appears within a second, without a reload', async (t) => {
+    const { url } = await startToolport(t, { roles: ['Lanlan'] })
+    const { page, errors } = await open(`${url}/ui/`, t)
+    await page.waitForSelector('#live[data-state="live"]', { timeout: 5000 })
+    const registered = await httpJson(`${url}/api/tools/register`, 'POST', { name: 'fresh_tool', callback_url: 'http://127.0.0.1:9333/fresh' })
+    assert.equal(registered.statusCode, 200)
+    await page.waitForSelector('[data-role="Lanlan"] [data-tool="fresh_tool"]', { timeout: 1000 })
+    assert.deepEqual(errors, [])
+  })
+
+  test('a playground call shows the plugin\'s output', async (t) => {
+    const callback = await startCallbackServer()
+    t.after(() => callback.close())
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    await tp.register({
+      name: 'echo',
+      callback_url: `${callback.url}/echo`,
+      source: 'plugin:echo',
+      parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] }
+    })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('#pg-form input[name="city"]', { timeout: 5000 })
+    await page.type('#pg-form input[name="city"]', 'Lisbon')
+    await page.type('#pg-form input[name="days"]', '3')
+    const raw = JSON.parse(await page.evaluate('document.getElementById("pg-raw").value') as string)
+    assert.deepEqual(raw, { city: 'Lisbon', days: 3 }, 'the form fills the raw JSON editor')
+    await page.click('#pg-call')
+    await page.waitForSelector('#pg-result:not([hidden])', { timeout: 5000 })
+    const output = await page.$eval('#pg-output', (el) => el.textContent)
+    const body = JSON.parse(output ?? 'null')
+    assert.deepEqual(body.arguments, { city: 'Lisbon', days: 3 }, 'the echo plugin\'s output')
+    assert.equal(body.name, 'echo')
+    assert.match(await page.$eval('#pg-timing', (el) => el.textContent ?? ''), /ms round trip/)
+    // The call also arrives in the live table, as metadata.
+    await page.waitForFunction('document.querySelector("#calls tr td.mono")?.textContent === "echo"', { timeout: 2000 })
+    assert.deepEqual(errors, [])
+  })
+
+  test('R13: a plugin killed and called three times shows as evicted', async (t) => {
+    const callback = await startCallbackServer()
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    await tp.register({ name: 'doomed', callback_url: `${callback.url}/echo`, source: 'plugin:doomed' })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector(`#origins tr[data-origin="${callback.origin}"]`, { timeout: 5000 })
+    await callback.close()
+    for (let i = 0; i < 3; i++) {
+      const reply = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'Lanlan', name: 'doomed', arguments: {} })
+      assert.equal(reply.body.is_error, true)
+    }
+    await page.waitForSelector(`.eviction[data-origin="${callback.origin}"]`, { timeout: 2000 })
+    const text = await page.$eval(`.eviction[data-origin="${callback.origin}"]`, (el) => el.textContent ?? '')
+    assert.match(text, /doomed/)
+    await page.waitForFunction('document.querySelector(\'[data-tool="doomed"]\') === null', { timeout: 2000 })
+    assert.deepEqual(errors.filter((e) => !e.includes('Failed to load resource')), [])
+  })
+
+  test('token mode asks for the token once, keeps it for the tab and uses it', async (t) => {
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'], security: { token: TOKEN } })
+    await tp.register({ name: 'guarded', callback_url: 'http://127.0.0.1:9333/guarded' })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('#token-dialog[open]', { timeout: 5000 })
+    await page.type('#token-input', TOKEN)
+    await page.click('#token-submit')
+    await page.waitForSelector('[data-tool="guarded"]', { timeout: 5000 })
+    await page.waitForSelector('#live[data-state="live"]', { timeout: 5000 })
+    assert.equal(await page.evaluate('sessionStorage.getItem("toolport.token")'), TOKEN)
+    // Only the first, token-less API requests were refused.
+    assert.ok(errors.every((e) => e.includes('401')), errors.join('\n'))
+
+    await page.reload({ waitUntil: 'load' })
+    await page.waitForSelector('[data-tool="guarded"]', { timeout: 5000 })
+    assert.equal(await page.$('#token-dialog[open]'), null, 'not asked again in the same tab')
+  })
+
+  test('a page opened through a foreign Host name is refused', async (t) => {
+    const { port } = await startToolport(t, { roles: ['Lanlan'] })
+    const page = await browser.newPage()
+    t.after(async () => { await page.close() })
+    const res = await page.goto(`http://attacker.example:${port}/`, { waitUntil: 'load' })
+    assert.equal(res?.status(), 403)
+    const body = JSON.parse(await res.text())
+    assert.equal(body.code, 'TP_ERR_HOST_FORBIDDEN')
+  })
+})
