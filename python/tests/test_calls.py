@@ -207,9 +207,9 @@ async def test_a_tool_error_carries_its_output_and_other_exceptions_never_a_trac
         result = await api.call("get_weather", {"city": "Atlantis"})
         assert result["is_error"] is True
         assert result["error"] == "NO_DATA"
-        # What the model reads. TIGHTEN after merge (results helper): only the second form, with
-        # the output, is right; the first is what Toolport answered before it read `output`.
-        assert json.loads(result["text"]) in ({"error": "NO_DATA"}, {"error": "NO_DATA", "output": {"reason": "no such city"}})
+        # What the model reads: the error and the plugin's output beside it.
+        assert json.loads(result["text"]) == {"error": "NO_DATA", "output": {"reason": "no such city"}}
+        assert result["output"] == {"reason": "no such city"}
 
         status, reply = await post_callback(plugin, "get_weather", {"city": "Oslo"})
         assert reply == {"error": "KeyError: 'secret internals'", "is_error": True}
@@ -241,10 +241,9 @@ async def test_images_travel_in_the_reply_images_channel(api: Api) -> None:
         result = await api.call("radar", {"city": "Oslo"})
         assert result["is_error"] is False
         assert result["output"]["city"] == "Oslo"
-        # TIGHTEN after merge (results helper): result["images"] must then be
-        # [{"mime_type": "image/png", "data_base64": <PNG>, "prompt": "rain radar"}].
-        if "images" in result:
-            assert [(i["mime_type"], base64.b64decode(i["data_base64"])) for i in result["images"]] == [("image/png", PNG)]
+        assert [(i["mime_type"], base64.b64decode(i["data_base64"]), i.get("prompt")) for i in result["images"]] == [
+            ("image/png", PNG, "rain radar")
+        ]
 
 
 async def test_the_deadline_header_cancels_the_handler(api: Api) -> None:

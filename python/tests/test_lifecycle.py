@@ -51,9 +51,9 @@ async def test_toolport_killed_and_restarted_gets_the_tools_back(own_api: Api) -
         assert [e.reason for e in restored] == ["start", "restored"]
         assert restored[1].names == ["echo"]
         assert restored[1].roles == ["default"]
-        # TIGHTEN after merge (event stream): the plugin must then follow it.
-        if await has_events(api):
-            await api.wait_for(lambda: _mode(plugin, "events"), timeout=10, what="the event stream followed")
+        # Toolport offers the event stream: the plugin follows it again after the restart.
+        assert await has_events(api)
+        await api.wait_for(lambda: _mode(plugin, "events"), timeout=10, what="the event stream followed")
 
 
 async def test_with_the_event_stream_a_restart_is_repaired_without_polling(own_api: Api) -> None:
