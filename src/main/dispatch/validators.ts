@@ -44,6 +44,8 @@ export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({ m
 const COMPILER_HEAP_MB = 256
 /** Refusals remembered (by schema hash), so a hostile schema sent again costs no compile. */
 const MAX_REMEMBERED_REFUSALS = 256
+/** Schemas up to this many characters of JSON are cached under their own text. */
+const SHORT_KEY_CHARS = 2048
 /** Longest refusal reason passed on to the plugin. */
 const MAX_PROBLEM_CHARS = 500
 
@@ -93,8 +95,7 @@ export async function compileValidator (parameters: Record<string, unknown>, bud
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
   const text = JSON.stringify(parameters)
-  const key = createHash('sha256')
-    .update(`${budgets.maxSchemaCodeBytes}\n${budgets.maxSchemaCompileMs}\n`).update(text).digest('base64url')
+  const key = cacheKey(text, budgets)
   const cached = validators.get(key)?.deref()
   if (cached !== undefined) return cached
   const refused = refusals.get(key)
@@ -132,6 +133,17 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
   validators.set(key, new WeakRef(validator))
   finalizer.register(validator, { key, regexps })
   return validator
+}
+
+/**
+ * The cache key of a schema: its text with the budgets it was compiled under. A short text is its
+ * own key (a Map hashes a string once; cheaper than a digest on the registration path); a long
+ * one is keyed by its SHA-256, so the cache never holds 60 KB keys.
+ */
+function cacheKey (text: string, budgets: SchemaBudgets): string {
+  const prefix = `${budgets.maxSchemaCodeBytes}:${budgets.maxSchemaCompileMs}:`
+  if (text.length <= SHORT_KEY_CHARS) return `${prefix}${text}`
+  return `${prefix}sha256:${createHash('sha256').update(text).digest('base64url')}`
 }
 
 function remember (key: string, problem: string): void {
