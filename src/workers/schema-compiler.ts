@@ -27,7 +27,7 @@ export interface CompileJob {
 /** The answer: the validator's standalone CommonJS module text, or why there is none. */
 export type CompileReply =
   | { id: number, ok: true, code: string }
-  | { id: number, ok: false, problem: string }
+  | { id: number, ok: false, problem: string, overBudget?: boolean }
 
 class BudgetError extends Error {}
 
@@ -64,12 +64,12 @@ export function compileSchema (job: CompileJob): CompileReply {
     // The CommonJS module's `default` (a property of the function itself under Node's ESM interop too).
     const code = standalone.default(ajv, validate)
     if (code.length > job.maxCodeBytes) {
-      return { id: job.id, ok: false, problem: `its validator code passes the budget of ${job.maxCodeBytes} bytes (limits.maxSchemaCodeBytes)` }
+      return { id: job.id, ok: false, problem: `its validator code passes the budget of ${job.maxCodeBytes} bytes (limits.maxSchemaCodeBytes)`, overBudget: true }
     }
     return { id: job.id, ok: true, code }
   } catch (err) {
-    const problem = err instanceof BudgetError ? err.message : `it does not compile: ${(err as Error).message}`
-    return { id: job.id, ok: false, problem }
+    if (err instanceof BudgetError) return { id: job.id, ok: false, problem: err.message, overBudget: true }
+    return { id: job.id, ok: false, problem: `it does not compile: ${(err as Error).message}` }
   } finally {
     for (const re of regexps) freeRegExp(re)
   }

@@ -115,7 +115,7 @@ test('compile bomb: a schema over the code budget is a 422 and the server keeps 
   for (let i = 0; i < 1000; i++) outer[`r${i}`] = { $ref: `#/$defs/big${i % 5}` }
   await assert.rejects(tp.register(tool('bomb', { parameters: { type: 'object', $defs: defs, properties: outer } })),
     (err: { code: string, statusCode: number, details: Array<{ code: string }> }) =>
-      err.code === 'TP_ERR_VALIDATION' && err.statusCode === 422 && err.details[0]?.code === 'invalid_schema')
+      err.code === 'TP_ERR_VALIDATION' && err.statusCode === 422 && err.details[0]?.code === 'schema_too_costly')
   const ok = await tp.register(tool('fine', { parameters: { type: 'object', properties: { a: { type: 'string' } } } }))
   assert.equal(ok.ok, true)
 })

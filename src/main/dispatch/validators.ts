@@ -55,7 +55,7 @@ const requireFromHere = createRequire(import.meta.url)
 /** Per-thread state: the compiler thread and the caches are shared by every Toolport in the process. */
 const validators = new Map<string, WeakRef<ArgumentsValidator>>()
 const compiling = new Map<string, Promise<ArgumentsValidator>>()
-const refusals = new Map<string, string>()
+const refusals = new Map<string, { code: string, problem: string }>()
 const finalizer = new FinalizationRegistry<{ key: string, regexps: RE2[] }>(({ key, regexps }) => {
   if (validators.get(key)?.deref() === undefined) validators.delete(key)
   for (const re of regexps) freeRegExp(re)
@@ -99,7 +99,7 @@ export async function compileValidator (parameters: Record<string, unknown>, bud
   const cached = validators.get(key)?.deref()
   if (cached !== undefined) return cached
   const refused = refusals.get(key)
-  if (refused !== undefined) throw schemaError('invalid_schema', refused)
+  if (refused !== undefined) throw schemaError(refused.code, refused.problem)
   let pending = compiling.get(key)
   if (pending === undefined) {
     pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes }, budgets.maxSchemaCompileMs)
@@ -113,8 +113,9 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
   const reply = await compiler.compile(job, budgetMs)
   if (!reply.ok) {
     const problem = reply.problem.length > MAX_PROBLEM_CHARS ? `${reply.problem.slice(0, MAX_PROBLEM_CHARS)}…` : reply.problem
-    if (reply.remember) remember(key, problem)
-    throw schemaError(reply.remember ? 'invalid_schema' : 'schema_too_costly', problem)
+    const code = reply.overBudget ? 'schema_too_costly' : 'invalid_schema'
+    if (reply.remember) remember(key, code, problem)
+    throw schemaError(code, problem)
   }
   const regexps: RE2[] = []
   let validate: StandaloneValidate
@@ -123,7 +124,7 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
   } catch (err) {
     for (const re of regexps) freeRegExp(re)
     const problem = `its validator could not be loaded: ${(err as Error).message}`.slice(0, MAX_PROBLEM_CHARS)
-    remember(key, problem)
+    remember(key, 'invalid_schema', problem)
     throw schemaError('invalid_schema', problem)
   }
   const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
@@ -146,8 +147,8 @@ function cacheKey (text: string, budgets: SchemaBudgets): string {
   return `${prefix}sha256:${createHash('sha256').update(text).digest('base64url')}`
 }
 
-function remember (key: string, problem: string): void {
-  refusals.set(key, problem)
+function remember (key: string, code: string, problem: string): void {
+  refusals.set(key, { code, problem })
   if (refusals.size > MAX_REMEMBERED_REFUSALS) refusals.delete(refusals.keys().next().value as string)
 }
 
@@ -190,8 +191,12 @@ function describeErrors (errors: ErrorObject[] | null | undefined): string {
   return errors.slice(0, 5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
 }
 
-/** A reply as the cache sees it: `remember` is false for refusals that may not recur (time). */
-type CompileOutcome = { ok: true, code: string } | { ok: false, problem: string, remember: boolean }
+/**
+ * A reply as the cache sees it: `overBudget` for a schema refused by a budget (time, code size,
+ * memory); `remember` is false for refusals that may not recur (time on a busy machine, a thread
+ * that failed for another reason).
+ */
+type CompileOutcome = { ok: true, code: string } | { ok: false, problem: string, overBudget: boolean, remember: boolean }
 
 interface QueuedJob {
   job: CompileJob
@@ -233,7 +238,7 @@ class SchemaCompiler {
     this.#current = next
     this.jobs++
     this.#timer = setTimeout(() => {
-      this.#fail(`compiling it took longer than the budget of ${next.budgetMs} ms (limits.maxSchemaCompileMs)`, false)
+      this.#fail(`compiling it took longer than the budget of ${next.budgetMs} ms (limits.maxSchemaCompileMs)`, true, false)
     }, next.budgetMs)
     worker.postMessage(next.job)
   }
@@ -250,13 +255,13 @@ class SchemaCompiler {
     worker.on('message', (message: CompileReply | { ready: true }) => { this.#onMessage(worker, message) })
     worker.on('error', (err: Error & { code?: string }) => {
       if (worker !== this.#worker) return
-      this.#fail(err.code === 'ERR_WORKER_OUT_OF_MEMORY'
-        ? `compiling it needs more than ${COMPILER_HEAP_MB} MB of memory`
-        : `the schema compiler thread failed: ${err.message}`, err.code === 'ERR_WORKER_OUT_OF_MEMORY')
+      const outOfMemory = err.code === 'ERR_WORKER_OUT_OF_MEMORY'
+      this.#fail(outOfMemory ? `compiling it needs more than ${COMPILER_HEAP_MB} MB of memory` : `the schema compiler thread failed: ${err.message}`,
+        outOfMemory, outOfMemory)
     })
     worker.on('exit', () => {
       if (worker !== this.#worker) return
-      this.#fail('the schema compiler thread stopped', false)
+      this.#fail('the schema compiler thread stopped', false, false)
     })
     return worker
   }
@@ -271,18 +276,20 @@ class SchemaCompiler {
     }
     const current = this.#current
     if (current === null || current.job.id !== message.id) return
-    this.#settle(message.ok ? { ok: true, code: message.code } : { ok: false, problem: message.problem, remember: true })
+    this.#settle(message.ok
+      ? { ok: true, code: message.code }
+      : { ok: false, problem: message.problem, overBudget: message.overBudget === true, remember: true })
   }
 
   /** Answers the running job (or, while the thread was starting, the next one) and replaces the thread. */
-  #fail (problem: string, remember: boolean): void {
+  #fail (problem: string, overBudget: boolean, remember: boolean): void {
     const worker = this.#worker
     this.#worker = null
     this.#ready = false
     if (worker !== null) worker.terminate().catch(noop)
     const failed = this.#current ?? this.#queue.shift() ?? null
     this.#current = null
-    if (failed !== null) this.#settle({ ok: false, problem, remember }, failed)
+    if (failed !== null) this.#settle({ ok: false, problem, overBudget, remember }, failed)
     else this.#pump()
   }
 
