@@ -19,6 +19,8 @@ import { Bench } from 'tinybench'
 import { checkCallbackUrl } from '../src/shared/loopback.js'
 import { ToolEntry, ToolRegistry } from '../src/main/roles/tool-registry.js'
 import { checkArguments, readArguments } from '../src/main/dispatch/arguments.js'
+import { compileValidator, DEFAULT_SCHEMA_BUDGETS } from '../src/main/dispatch/validators.js'
+import type { ArgumentsValidator } from '../src/main/roles/tool-registry.js'
 import { outcomeToResult, replyToResult } from '../src/main/dispatch/result.js'
 import { mapReply, readReply } from '../src/shared/reply.js'
 import { isValidJson } from '../src/shared/json-scan.js'
@@ -64,7 +66,7 @@ function noopPool (atomics: 'disabled' | 'async' = 'disabled'): Piscina {
   })
 }
 
-function tasks (pool: Piscina, asyncPool: Piscina): MicroTask[] {
+function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator): MicroTask[] {
   const url = 'http://127.0.0.1:9333/tools/get_weather?v=1'
   const registry = new ToolRegistry()
   const map = new Map<string, ToolEntry>()
@@ -75,13 +77,14 @@ function tasks (pool: Piscina, asyncPool: Piscina): MicroTask[] {
       parameters: PARAMETERS,
       source: 'plugin:bench',
       timeoutMs: 30_000,
-      callback: { href: `http://127.0.0.1:9333/t/${i}`, origin: 'http://127.0.0.1:9333', path: `/t/${i}` }
+      callback: { href: `http://127.0.0.1:9333/t/${i}`, origin: 'http://127.0.0.1:9333', path: `/t/${i}` },
+      validator
     })
     registry.set(entry)
     map.set(entry.name, entry)
   }
   const entry = registry.get('tool_500') as ToolEntry
-  const noBadSchema = (): void => {}
+  const noop = (): void => {}
   const callId = 'call_8f14e45fceea167a5a36dedd4bea2543'
   const task: CallTask = {
     id: 123456,
@@ -115,12 +118,12 @@ function tasks (pool: Piscina, asyncPool: Piscina): MicroTask[] {
     { group: 'arguments', name: 'JSON.parse (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => JSON.parse(RAW_ARGUMENTS)) },
     {
       group: 'arguments',
-      name: 'readArguments + checkArguments (ajv)',
+      name: 'readArguments + checkArguments (ajv, RE2)',
       isBaseline: false,
       ops: INNER,
       fn: repeat(() => {
         const args = readArguments(RAW_ARGUMENTS, undefined)
-        return args.ok ? checkArguments(entry, args.value, noBadSchema) : ''
+        return args.ok ? checkArguments(entry, args.value) : ''
       })
     },
     {
@@ -161,12 +164,12 @@ function tasks (pool: Piscina, asyncPool: Piscina): MicroTask[] {
       ops: INNER,
       fn: repeat(() => {
         const controller = new AbortController()
-        controller.signal.addEventListener('abort', noBadSchema, { once: true })
-        controller.signal.removeEventListener('abort', noBadSchema)
+        controller.signal.addEventListener('abort', noop, { once: true })
+        controller.signal.removeEventListener('abort', noop)
         return controller
       })
     },
-    { group: 'per-call bookkeeping', name: 'setTimeout + clearTimeout', isBaseline: false, ops: INNER, fn: repeat(() => { clearTimeout(setTimeout(noBadSchema, 30_000)) }) },
+    { group: 'per-call bookkeeping', name: 'setTimeout + clearTimeout', isBaseline: false, ops: INNER, fn: repeat(() => { clearTimeout(setTimeout(noop, 30_000)) }) },
     { group: 'thread round trip (awaited, c=1)', name: 'await setImmediate (baseline)', isBaseline: true, ops: 1, fn: () => new Promise((resolve) => { setImmediate(resolve) }) },
     { group: 'thread round trip (awaited, c=1)', name: 'piscina run, empty batch', isBaseline: false, ops: 1, fn: () => pool.run({ calls: [] }) },
     { group: 'thread round trip (awaited, c=1)', name: 'piscina run, batch of 1 CallTask', isBaseline: false, ops: 1, fn: () => pool.run({ calls: [task] }) },
@@ -184,7 +187,7 @@ export const microScenario: Scenario = {
   async run (ctx) {
     const pool = noopPool()
     const asyncPool = noopPool('async')
-    const list = tasks(pool, asyncPool)
+    const list = tasks(pool, asyncPool, await compileValidator(PARAMETERS, DEFAULT_SCHEMA_BUDGETS))
     const perRep = new Map<string, number[]>()
     try {
       for (let rep = 0; rep < ctx.reps; rep++) {

@@ -64,6 +64,13 @@ const limitsSchema = z.strictObject({
   maxParametersBytes: z.number().int().min(256).max(16 * 1024 * 1024).default(64 * 1024),
   /** Deepest nesting inside a `parameters` schema. */
   maxParametersDepth: z.number().int().min(2).max(1024).default(32),
+  /**
+   * Longest a `parameters` schema may take to compile into its argument validator, in ms (on the
+   * schema compiler thread; over it, the registration is a 422).
+   */
+  maxSchemaCompileMs: z.number().int().min(50).max(60_000).default(2000),
+  /** Largest validator code a `parameters` schema may compile into, in bytes (over it: 422). */
+  maxSchemaCodeBytes: z.number().int().min(64 * 1024).max(256 * 1024 * 1024).default(4 * 1024 * 1024),
   /** Longest tool `description`, in characters. */
   maxDescriptionChars: z.number().int().min(1).max(1024 * 1024).default(16 * 1024),
   /** Most tools one role may hold. */

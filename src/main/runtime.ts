@@ -15,6 +15,7 @@ import { clearSchema, parseOrThrow, registerSchema, registrationProblems, unregi
 import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
+import { compileValidator, warmUpSchemaCompiler } from './dispatch/validators.js'
 import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
 import { errorText, noop } from '../shared/util.js'
 import type { CallOutcome } from '../workers/protocol.js'
@@ -134,7 +135,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     super()
     this.options = parseOptions(options)
     this.log = logger ?? createLogger(this.options.logger)
-    this.roles = new RoleManager({ syncTimeoutMs: this.options.syncTimeoutMs, events: this })
+    this.roles = new RoleManager({ syncTimeoutMs: this.options.syncTimeoutMs, events: this, schemaBudgets: this.options.limits })
     for (const name of this.options.roles) this.roles.add(name)
     this.metrics = this.options.metrics
       ? new Metrics({
@@ -155,6 +156,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       this.#owners.sweep()
     }, HEALTH_SWEEP_MS)
     this.#sweeper.unref()
+    warmUpSchemaCompiler()
   }
 
   /**
@@ -219,6 +221,12 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const request = parseOrThrow(registerSchema, body)
     const problems = registrationProblems(request, this.options.limits)
     if (problems.length > 0) throw validationError(problems)
+    this.#checkCaps(this.#targets(request.role), request.name, request.source)
+    // Compiled before anything changes, off the main thread: a schema Toolport cannot validate is
+    // a 422 here, never a tool whose arguments go unchecked.
+    const validator = await compileValidator(request.parameters, this.options.limits)
+    // Roles and registries may have changed while the schema compiled: look and check again.
+    this.#assertOpen()
     const targets = this.#targets(request.role)
     const owner = this.#ownerOf(options)
     if (owner !== null) this.#owners.assert(request.source, owner)
@@ -229,7 +237,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       parameters: request.parameters,
       source: request.source,
       timeoutMs: Math.round(request.timeout_seconds * 1000),
-      callback: request.callback_url
+      callback: request.callback_url,
+      validator
     })
     // A new registration at an origin means the plugin is back: count its failures afresh.
     this.#health.reset(entry.origin)
@@ -352,7 +361,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const args = readArguments(call.raw_arguments, call.arguments)
     if (!args.ok) return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error), entry.source)
-    const problem = checkArguments(entry, args.value, this.#onBadSchema)
+    const problem = checkArguments(entry, args.value)
     if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem), entry.source)
     if (entry.handler !== null) {
       const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal, this.#localCalls)
@@ -431,11 +440,6 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       this.emit('call-finished', event)
     }
     return result
-  }
-
-  readonly #onBadSchema = (entry: ToolEntry, message: string): void => {
-    this.log.warn({ tool: entry.name, source: entry.source, reason: message },
-      'the tool\'s parameters schema does not compile; its arguments are not validated')
   }
 
   /** Refuses (422) a registration that would take any target role past a tool cap; mutates nothing. */

@@ -174,6 +174,11 @@ export class CallbackServer {
     } else if (typeof args !== 'object' || args === null || Array.isArray(args)) {
       send(res, errorEnvelope('arguments must be a JSON object'))
       return
+    } else if (tool.validate !== null && !tool.validate(args)) {
+      const problems = (tool.validate.errors ?? []).slice(0, 5)
+        .map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
+      send(res, errorEnvelope(`invalid arguments: ${problems === '' ? 'invalid' : problems}`))
+      return
     }
 
     const controller = new AbortController()

@@ -4,7 +4,9 @@
 // at construction with every problem named instead of at `start()` with the first one. Zod
 // parameter schemas are converted to JSON Schema here, once per tool.
 import { randomBytes } from 'node:crypto'
+import type { ValidateFunction } from 'ajv'
 import { z } from 'zod'
+import { createSchemaAjv, schemaDialect } from '../shared/json-schema.js'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
 import { codePointLength, errorText, isPlainObject, MAX_TIMER_MS } from '../shared/util.js'
@@ -129,6 +131,11 @@ export interface ResolvedTool {
   parameters: JsonSchemaObject
   /** The zod schema the arguments are validated with, or null for a JSON Schema tool. */
   schema: z.core.$ZodType | null
+  /**
+   * A JSON Schema tool's compiled `parameters` (Toolport's dialects and rules, src/shared), or
+   * null for a zod tool: the arguments are checked again before the handler runs.
+   */
+  validate: ValidateFunction | null
   handler: (args: any, ctx: ToolCallContext) => unknown
   timeoutSeconds: number
 }
@@ -276,6 +283,7 @@ function resolveTool (name: string, tool: unknown, problem: (path: string, messa
   }
   let jsonSchema: JsonSchemaObject = EMPTY_PARAMETERS
   let schema: z.core.$ZodType | null = null
+  let validate: ValidateFunction | null = null
   if (parameters === undefined) {
     // no arguments
   } else if (isZodSchema(parameters)) {
@@ -288,6 +296,17 @@ function resolveTool (name: string, tool: unknown, problem: (path: string, messa
       problem(`${at}.parameters`, 'must describe an object (type: "object"): tool arguments are a JSON object')
     }
     jsonSchema = parameters
+    // What Toolport would refuse with a 422 at registration, refused here first.
+    const dialect = schemaDialect(parameters)
+    if (!dialect.ok) {
+      problem(`${at}.parameters`, dialect.problem)
+    } else {
+      try {
+        validate = createSchemaAjv(dialect.dialect).compile(parameters)
+      } catch (err) {
+        problem(`${at}.parameters`, `the schema does not compile: ${(err as Error).message}`)
+      }
+    }
   } else {
     problem(`${at}.parameters`, 'must be a JSON Schema object or a zod schema')
   }
@@ -296,6 +315,7 @@ function resolveTool (name: string, tool: unknown, problem: (path: string, messa
     description: typeof description === 'string' ? description : '',
     parameters: jsonSchema,
     schema,
+    validate,
     handler: handler as ResolvedTool['handler'],
     timeoutSeconds: typeof timeoutSeconds === 'number' ? timeoutSeconds : 30
   }
@@ -303,14 +323,14 @@ function resolveTool (name: string, tool: unknown, problem: (path: string, messa
 
 /**
  * A zod schema as the JSON Schema the model sees, or a message saying why it cannot be one.
- * `io: 'input'` describes what the model must send (before transforms and defaults); draft-07 is
- * what Toolport's argument checker (ajv) and most model APIs read, and `$schema` is dropped because
- * several model APIs refuse unknown keywords at the top level.
+ * `io: 'input'` describes what the model must send (before transforms and defaults). The target
+ * is 2020-12, the dialect Toolport (and MCP) assume for a schema without `$schema`; `$schema` is
+ * dropped because several model APIs refuse unknown keywords at the top level.
  */
 function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
   let converted: Record<string, unknown>
   try {
-    converted = z.toJSONSchema(schema, { target: 'draft-07', io: 'input' }) as Record<string, unknown>
+    converted = z.toJSONSchema(schema, { target: 'draft-2020-12', io: 'input' }) as Record<string, unknown>
   } catch (err) {
     return `the zod schema has no JSON Schema form: ${errorText(err)}`
   }

@@ -232,13 +232,14 @@ for (const mode of MODES) {
       assert.equal(s.requests.length, 1)
     })
 
-    test('arguments: a parameters schema that does not compile disables validation instead of the tool', async (t) => {
+    test('R7: a parameters schema that does not compile is a 422 at registration, never a tool left unvalidated', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
-      await register(tp, { name: 'odd', callback_url: `${s.url}/echo`, parameters: { type: 'no-such-type' } })
+      await assert.rejects(tp.register({ name: 'odd', callback_url: `${s.url}/echo`, parameters: { type: 'no-such-type' } }),
+        { code: 'TP_ERR_VALIDATION', statusCode: 422 })
       const result = await tp.callTool('Lanlan', { name: 'odd', arguments: { x: 1 } })
-      assert.equal(result.is_error, false)
-      assert.equal(s.requests.length, 1)
+      assert.equal(result.is_error, true)
+      assert.equal(s.requests.length, 0)
     })
 
     test('an unknown tool is an is_error result listing the available names; an unknown role throws 404', async (t) => {

@@ -183,7 +183,8 @@ function remoteEntry (name: string): ToolEntry {
     parameters: { type: 'object', properties: {} },
     source: 'external',
     timeoutMs: 30_000,
-    callback: { href: 'http://127.0.0.1:9/x', origin: 'http://127.0.0.1:9', path: '/x' }
+    callback: { href: 'http://127.0.0.1:9/x', origin: 'http://127.0.0.1:9', path: '/x' },
+    validator: () => ''
   })
 }
 

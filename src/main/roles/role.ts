@@ -5,6 +5,7 @@ import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
 import { noop } from '../../shared/util.js'
+import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
@@ -22,6 +23,8 @@ export interface LocalToolOptions {
 export interface RoleOptions {
   syncTimeoutMs: number
   events: EventEmitter<ToolportEvents>
+  /** Compile budgets of local tools' `parameters` (the runtime's `limits`). */
+  schemaBudgets?: SchemaBudgets | undefined
 }
 
 /**
@@ -41,10 +44,12 @@ export class Role {
   #sessionList: readonly ModelSession[] = []
   readonly #sync: RoleSync
   readonly #events: EventEmitter<ToolportEvents>
+  readonly #schemaBudgets: SchemaBudgets
 
   constructor (name: string, options: RoleOptions) {
     this.name = name
     this.#events = options.events
+    this.#schemaBudgets = options.schemaBudgets ?? DEFAULT_SCHEMA_BUDGETS
     this.#sync = new RoleSync({
       definitions: () => this.registry.definitions(),
       sessions: () => this.#sessionList
@@ -118,7 +123,7 @@ export class Role {
    * Local tools are listed with `is_remote: false`, and the HTTP API cannot replace or remove them.
    */
   async registerLocalTool (options: LocalToolOptions): Promise<SyncOutcome> {
-    const entry = buildLocalEntry(options)
+    const entry = await buildLocalEntry(options, this.#schemaBudgets)
     const previous = this.registry.set(entry)
     if (previous !== undefined) this.emitRemoved(previous, 'replaced')
     if (this.#events.listenerCount('tool-registered') > 0) {
@@ -153,15 +158,17 @@ export class Role {
   }
 }
 
-function buildLocalEntry (options: LocalToolOptions): ToolEntry {
+async function buildLocalEntry (options: LocalToolOptions, budgets: SchemaBudgets): Promise<ToolEntry> {
   // The registration rules, shared with the HTTP API; a bad field is a 422 naming it.
   const valid = parseOrThrow(localToolSchema, options)
+  const validator = await compileValidator(valid.parameters, budgets)
   return new ToolEntry({
     name: valid.name,
     description: valid.description,
     parameters: valid.parameters,
     source: valid.source,
     timeoutMs: Math.round(valid.timeoutSeconds * 1000),
-    handler: options.handler
+    handler: options.handler,
+    validator
   })
 }

@@ -44,6 +44,8 @@ export interface ToolEntryInit {
   callback?: { href: string, origin: string, path: string } | undefined
   /** Local tools: the in-process handler. */
   handler?: LocalToolHandler | undefined
+  /** The compiled `parameters` (dispatch/validators.ts `compileValidator`). */
+  validator: ArgumentsValidator
 }
 
 /** An argument validator compiled from a tool's `parameters` (see dispatch/arguments.ts). */
@@ -72,8 +74,8 @@ export class ToolEntry {
   readonly bodyPrefix: string
   readonly definition: ToolDefinition
   readonly listing: ToolListing
-  /** Compiled lazily on the first call (undefined = not yet; null = the schema did not compile). */
-  validator: ArgumentsValidator | null | undefined
+  /** Compiled at registration; shared by every entry with the same schema. */
+  readonly validator: ArgumentsValidator
 
   constructor (init: ToolEntryInit) {
     this.name = init.name
@@ -96,7 +98,7 @@ export class ToolEntry {
       callback_url: this.callbackUrl,
       is_remote: this.isRemote
     })
-    this.validator = undefined
+    this.validator = init.validator
   }
 }
 

@@ -1,0 +1,320 @@
+// Argument validators: compiled when a tool is registered, shared by identical schemas, freed
+// with the last tool that uses them.
+//
+// Where the compile runs. On a dedicated worker thread (src/workers/schema-compiler.ts), not on
+// the main thread: Ajv's compile is synchronous and cannot be interrupted, and its cost is set
+// by the plugin (a 60 KB schema takes ~0.5 s on a busy 2-core machine; a `$ref` bomb more). On
+// the compiler thread a time budget is enforced by terminating the thread, a memory bound by its
+// heap limit, and the main thread keeps answering every role meanwhile. The thread sends back
+// the validator as standalone code (`ajv/dist/standalone`), which the main thread evaluates once
+// (parsing, not compiling: a few ms for the largest code the budget allows).
+//
+// Lifetime. Each schema gets its own Ajv (on the compiler thread) and its own module here, so
+// nothing one schema does (`$id`, refs, Ajv's ever-growing scope) reaches another tool. The
+// cache maps a hash of the schema text to a WeakRef of its validator: identical schemas
+// registered by 1000 tools compile once, and when the last ToolEntry holding a validator is
+// gone (replaced, unregistered, cleared, evicted, its role removed) the garbage collector frees
+// it; a FinalizationRegistry then drops the cache slot and frees its RE2 objects, whose
+// WebAssembly memory the collector cannot see.
+import { createHash } from 'node:crypto'
+import { createRequire } from 'node:module'
+import { compileFunction } from 'node:vm'
+import { Worker } from 'node:worker_threads'
+import type { ErrorObject } from 'ajv'
+import type { RE2 } from 're2-wasm'
+import {
+  freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE
+} from '../../shared/json-schema.js'
+import { validationError, type ToolportError } from '../errors.js'
+import type { ArgumentsValidator } from '../roles/tool-registry.js'
+import type { CompileJob, CompileReply } from '../../workers/schema-compiler.js'
+
+/** The compile budgets (the `limits` options of the same names). */
+export interface SchemaBudgets {
+  /** Longest a schema may take to compile, in ms, on the compiler thread. */
+  maxSchemaCompileMs: number
+  /** Largest generated validator code, in bytes. */
+  maxSchemaCodeBytes: number
+}
+
+/** The `limits` defaults, for roles built outside a runtime. */
+export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({ maxSchemaCompileMs: 2000, maxSchemaCodeBytes: 4 * 1024 * 1024 })
+
+/** Heap of the compiler thread: a schema that needs more is refused, the process is unharmed. */
+const COMPILER_HEAP_MB = 256
+/** Refusals remembered (by schema hash), so a hostile schema sent again costs no compile. */
+const MAX_REMEMBERED_REFUSALS = 256
+/** Schemas up to this many characters of JSON are cached under their own text. */
+const SHORT_KEY_CHARS = 2048
+/** Longest refusal reason passed on to the plugin. */
+const MAX_PROBLEM_CHARS = 500
+
+const AJV_RUNTIME = 'ajv/dist/runtime/'
+const requireFromHere = createRequire(import.meta.url)
+
+/** Per-thread state: the compiler thread and the caches are shared by every Toolport in the process. */
+const validators = new Map<string, WeakRef<ArgumentsValidator>>()
+const compiling = new Map<string, Promise<ArgumentsValidator>>()
+const refusals = new Map<string, { code: string, problem: string }>()
+const finalizer = new FinalizationRegistry<{ key: string, regexps: RE2[] }>(({ key, regexps }) => {
+  if (validators.get(key)?.deref() === undefined) validators.delete(key)
+  for (const re of regexps) freeRegExp(re)
+})
+
+/** Validators alive in the cache now (for tests and metrics). */
+export function cachedValidatorCount (): number {
+  let n = 0
+  for (const ref of validators.values()) if (ref.deref() !== undefined) n++
+  return n
+}
+
+/**
+ * Starts the compiler thread now (it loads Ajv, RE2 and the meta-schemas) so that the first
+ * registration does not wait for that. The thread stays unref'd while idle.
+ */
+export function warmUpSchemaCompiler (): void {
+  compiler.warmUp()
+}
+
+/** Compile jobs started on the compiler thread since the process started (for tests). */
+export function compileCount (): number {
+  return compiler.jobs
+}
+
+/**
+ * The validator of a tool's `parameters`, compiled (or found in the cache) now. Throws a 422
+ * TP_ERR_VALIDATION, with the reason in `details`, for a schema Toolport cannot validate: an
+ * unknown `$schema`, a schema that is not valid in its dialect or does not compile (a pattern RE2
+ * cannot run, a `$ref` that does not resolve), or one over a compile budget.
+ *
+ * @example
+ * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets)
+ * validate({}) // "arguments do not match the tool's parameters: (root) must have required property 'q'"
+ */
+export async function compileValidator (parameters: Record<string, unknown>, budgets: SchemaBudgets): Promise<ArgumentsValidator> {
+  const dialect = schemaDialect(parameters)
+  if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
+  const text = JSON.stringify(parameters)
+  const key = cacheKey(text, budgets)
+  const cached = validators.get(key)?.deref()
+  if (cached !== undefined) return cached
+  const refused = refusals.get(key)
+  if (refused !== undefined) throw schemaError(refused.code, refused.problem)
+  let pending = compiling.get(key)
+  if (pending === undefined) {
+    pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes }, budgets.maxSchemaCompileMs)
+    compiling.set(key, pending)
+    pending.then(() => compiling.delete(key), () => compiling.delete(key))
+  }
+  return await pending
+}
+
+async function build (key: string, job: CompileJob, budgetMs: number): Promise<ArgumentsValidator> {
+  const reply = await compiler.compile(job, budgetMs)
+  if (!reply.ok) {
+    const problem = reply.problem.length > MAX_PROBLEM_CHARS ? `${reply.problem.slice(0, MAX_PROBLEM_CHARS)}…` : reply.problem
+    const code = reply.overBudget ? 'schema_too_costly' : 'invalid_schema'
+    if (reply.remember) remember(key, code, problem)
+    throw schemaError(code, problem)
+  }
+  const regexps: RE2[] = []
+  let validate: StandaloneValidate
+  try {
+    validate = loadStandalone(reply.code, regexps)
+  } catch (err) {
+    for (const re of regexps) freeRegExp(re)
+    const problem = `its validator could not be loaded: ${(err as Error).message}`.slice(0, MAX_PROBLEM_CHARS)
+    remember(key, 'invalid_schema', problem)
+    throw schemaError('invalid_schema', problem)
+  }
+  const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
+    if (validate(value)) return ''
+    return `arguments do not match the tool's parameters: ${describeErrors(validate.errors)}`
+  }
+  validators.set(key, new WeakRef(validator))
+  finalizer.register(validator, { key, regexps })
+  return validator
+}
+
+/**
+ * The cache key of a schema: its text with the budgets it was compiled under. A short text is its
+ * own key (a Map hashes a string once; cheaper than a digest on the registration path); a long
+ * one is keyed by its SHA-256, so the cache never holds 60 KB keys.
+ */
+function cacheKey (text: string, budgets: SchemaBudgets): string {
+  const prefix = `${budgets.maxSchemaCodeBytes}:${budgets.maxSchemaCompileMs}:`
+  if (text.length <= SHORT_KEY_CHARS) return `${prefix}${text}`
+  return `${prefix}sha256:${createHash('sha256').update(text).digest('base64url')}`
+}
+
+function remember (key: string, code: string, problem: string): void {
+  refusals.set(key, { code, problem })
+  if (refusals.size > MAX_REMEMBERED_REFUSALS) refusals.delete(refusals.keys().next().value as string)
+}
+
+function schemaError (code: string, message: string): ToolportError {
+  return validationError([{ path: 'parameters', code, message: `the schema cannot be used to validate arguments: ${message}` }])
+}
+
+interface StandaloneValidate {
+  (value: unknown): boolean
+  errors?: ErrorObject[] | null
+}
+
+/**
+ * Evaluates the compiler thread's standalone CommonJS module. Its `require` knows only Ajv's
+ * runtime helpers, the RE2 engine (each RE2 object it makes is recorded in `regexps`) and the
+ * shared formats: the code Ajv generates needs nothing else.
+ */
+function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
+  const engine = re2Engine((re) => { regexps.push(re) }, `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`)
+  const load = (id: string): unknown => {
+    if (id === STANDALONE_REGEXP_MODULE) return engine
+    if (id === STANDALONE_FORMATS_MODULE) return SCHEMA_FORMATS
+    if (id.startsWith(AJV_RUNTIME) && /^[a-z0-9_]+$/.test(id.slice(AJV_RUNTIME.length))) return requireFromHere(id)
+    throw new Error(`the validator code asks for an unknown module ${JSON.stringify(id)}`)
+  }
+  const module: { exports: unknown } = { exports: {} }
+  // The text is what Ajv generated from the schema on the compiler thread; Ajv's code generator
+  // quotes every schema value it embeds, exactly as when `ajv.compile` runs its `new Function`.
+  // vm.compileFunction, not `new Function`: V8 keeps every `new Function` source in its eval
+  // compilation cache (measured: ~0.2 MB kept per 200 KB validator after GC), a leak when tools
+  // are replaced; compileFunction keeps nothing once the validator is gone.
+  const factory = compileFunction(code, ['require', 'module', 'exports']) as (r: typeof load, m: typeof module, e: unknown) => void
+  factory(load, module, module.exports)
+  if (typeof module.exports !== 'function') throw new Error('the validator code exports no function')
+  return module.exports as StandaloneValidate
+}
+
+function describeErrors (errors: ErrorObject[] | null | undefined): string {
+  if (errors == null || errors.length === 0) return 'invalid'
+  return errors.slice(0, 5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
+}
+
+/**
+ * A reply as the cache sees it: `overBudget` for a schema refused by a budget (time, code size,
+ * memory); `remember` is false for refusals that may not recur (time on a busy machine, a thread
+ * that failed for another reason).
+ */
+type CompileOutcome = { ok: true, code: string } | { ok: false, problem: string, overBudget: boolean, remember: boolean }
+
+interface QueuedJob {
+  job: CompileJob
+  budgetMs: number
+  resolve: (outcome: CompileOutcome) => void
+}
+
+/**
+ * The compiler thread, started on first use. Jobs run one at a time, in order. The thread is
+ * unref'd while idle, so it never keeps a process alive, and is replaced after it is terminated
+ * (a job over its time budget) or dies (a job over its heap).
+ */
+class SchemaCompiler {
+  #worker: Worker | null = null
+  #ready = false
+  #queue: QueuedJob[] = []
+  #current: QueuedJob | null = null
+  #timer: NodeJS.Timeout | null = null
+  #nextId = 1
+  jobs = 0
+
+  warmUp (): void {
+    if (this.#worker === null) this.#start().unref()
+  }
+
+  compile (job: CompileJob, budgetMs: number): Promise<CompileOutcome> {
+    return new Promise((resolve) => {
+      this.#queue.push({ job: { ...job, id: this.#nextId++ }, budgetMs, resolve })
+      this.#pump()
+    })
+  }
+
+  #pump (): void {
+    if (this.#current !== null || this.#queue.length === 0) return
+    const worker = this.#worker ?? this.#start()
+    worker.ref()
+    if (!this.#ready) return // #onMessage pumps again once the thread has loaded
+    const next = this.#queue.shift() as QueuedJob
+    this.#current = next
+    this.jobs++
+    this.#timer = setTimeout(() => {
+      this.#fail(`compiling it took longer than the budget of ${next.budgetMs} ms (limits.maxSchemaCompileMs)`, true, false)
+    }, next.budgetMs)
+    worker.postMessage(next.job)
+  }
+
+  #start (): Worker {
+    const worker = new Worker(compilerBootstrap(), {
+      eval: true,
+      resourceLimits: { maxOldGenerationSizeMb: COMPILER_HEAP_MB },
+      stdout: false,
+      stderr: false
+    })
+    this.#worker = worker
+    this.#ready = false
+    worker.on('message', (message: CompileReply | { ready: true }) => { this.#onMessage(worker, message) })
+    worker.on('error', (err: Error & { code?: string }) => {
+      if (worker !== this.#worker) return
+      const outOfMemory = err.code === 'ERR_WORKER_OUT_OF_MEMORY'
+      this.#fail(outOfMemory ? `compiling it needs more than ${COMPILER_HEAP_MB} MB of memory` : `the schema compiler thread failed: ${err.message}`,
+        outOfMemory, outOfMemory)
+    })
+    worker.on('exit', () => {
+      if (worker !== this.#worker) return
+      this.#fail('the schema compiler thread stopped', false, false)
+    })
+    return worker
+  }
+
+  #onMessage (worker: Worker, message: CompileReply | { ready: true }): void {
+    if (worker !== this.#worker) return
+    if ('ready' in message) {
+      this.#ready = true
+      if (this.#queue.length === 0) worker.unref()
+      this.#pump()
+      return
+    }
+    const current = this.#current
+    if (current === null || current.job.id !== message.id) return
+    this.#settle(message.ok
+      ? { ok: true, code: message.code }
+      : { ok: false, problem: message.problem, overBudget: message.overBudget === true, remember: true })
+  }
+
+  /** Answers the running job (or, while the thread was starting, the next one) and replaces the thread. */
+  #fail (problem: string, overBudget: boolean, remember: boolean): void {
+    const worker = this.#worker
+    this.#worker = null
+    this.#ready = false
+    if (worker !== null) worker.terminate().catch(noop)
+    const failed = this.#current ?? this.#queue.shift() ?? null
+    this.#current = null
+    if (failed !== null) this.#settle({ ok: false, problem, overBudget, remember }, failed)
+    else this.#pump()
+  }
+
+  #settle (outcome: CompileOutcome, job: QueuedJob | null = this.#current): void {
+    if (this.#timer !== null) clearTimeout(this.#timer)
+    this.#timer = null
+    this.#current = null
+    job?.resolve(outcome)
+    if (this.#queue.length === 0) this.#worker?.unref()
+    this.#pump()
+  }
+}
+
+const compiler = new SchemaCompiler()
+
+/**
+ * The compiler thread's entry: imports the compiler module. Under a TypeScript loader (tsx, in
+ * tests and the bench) the module is a .ts file, and a worker thread does not reliably get the
+ * loader's hooks from `--import`, so the entry registers tsx's hooks in the thread first.
+ */
+function compilerBootstrap (): string {
+  const isTypeScript = import.meta.url.endsWith('.ts')
+  const file = new URL(`../../workers/schema-compiler${isTypeScript ? '.ts' : '.js'}`, import.meta.url).href
+  const register = isTypeScript ? `(await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();` : ''
+  return `(async () => { ${register} await import(${JSON.stringify(file)}) })().catch((err) => { throw err })`
+}
+
+function noop (): void {}

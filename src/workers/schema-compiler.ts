@@ -1,0 +1,99 @@
+// The schema compiler thread: turns a tool's `parameters` into standalone validator code.
+//
+// Compiling a plugin's schema is the expensive, attacker-shaped part of argument validation (a
+// `$ref` bomb, a huge schema): it runs here, on its own thread with its own heap limit, so the
+// main thread never stalls on it and a schema that exhausts memory kills only this thread. The
+// main thread receives the generated code as text (`ajv/dist/standalone`), evaluates it once, and
+// runs the validator on each call; see src/main/dispatch/validators.ts.
+//
+// One message in, one message out; the main thread sends one job at a time and terminates this
+// thread when a job runs past its time budget.
+import { parentPort } from 'node:worker_threads'
+import standalone from 'ajv/dist/standalone/index.js'
+import type { RE2 } from 're2-wasm'
+import {
+  createSchemaAjv, freeRegExp, metaSchemaProblems, SCHEMA_DIALECTS, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE,
+  type SchemaDialect
+} from '../shared/json-schema.js'
+
+/** A compile job: the schema as JSON text, its dialect, and the generated-code budget. */
+export interface CompileJob {
+  id: number
+  schema: string
+  dialect: SchemaDialect
+  maxCodeBytes: number
+}
+
+/** The answer: the validator's standalone CommonJS module text, or why there is none. */
+export type CompileReply =
+  | { id: number, ok: true, code: string }
+  | { id: number, ok: false, problem: string, overBudget?: boolean }
+
+class BudgetError extends Error {}
+
+export function compileSchema (job: CompileJob): CompileReply {
+  let schema: unknown
+  try {
+    schema = JSON.parse(job.schema)
+  } catch (err) {
+    return { id: job.id, ok: false, problem: `the schema is not JSON: ${(err as Error).message}` }
+  }
+  if (typeof schema !== 'object' || schema === null || Array.isArray(schema)) {
+    return { id: job.id, ok: false, problem: 'the schema must be a JSON object' }
+  }
+  const meta = metaSchemaProblems(schema as Record<string, unknown>, job.dialect)
+  if (meta !== '') return { id: job.id, ok: false, problem: `not a valid ${job.dialect} JSON Schema: ${meta}` }
+
+  const regexps: RE2[] = []
+  let codeBytes = 0
+  const ajv = createSchemaAjv(job.dialect, {
+    source: true,
+    regExpCode: `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`,
+    formatsCode: `require(${JSON.stringify(STANDALONE_FORMATS_MODULE)})`,
+    trackRegExp: (re) => { regexps.push(re) },
+    // Called after each generated function (with inlineRefs off, one per `$ref`'d definition):
+    // a schema whose code passes the budget stops compiling at that function.
+    process: (source) => {
+      codeBytes += source.length
+      if (codeBytes > job.maxCodeBytes) throw new BudgetError(`its validator code passes the budget of ${job.maxCodeBytes} bytes (limits.maxSchemaCodeBytes)`)
+      return source
+    }
+  })
+  try {
+    const validate = ajv.compile(schema as Record<string, unknown>)
+    // The CommonJS module's `default` (a property of the function itself under Node's ESM interop too).
+    const code = standalone.default(ajv, validate)
+    if (code.length > job.maxCodeBytes) {
+      return { id: job.id, ok: false, problem: `its validator code passes the budget of ${job.maxCodeBytes} bytes (limits.maxSchemaCodeBytes)`, overBudget: true }
+    }
+    return { id: job.id, ok: true, code }
+  } catch (err) {
+    if (err instanceof BudgetError) return { id: job.id, ok: false, problem: err.message, overBudget: true }
+    return { id: job.id, ok: false, problem: `it does not compile: ${(err as Error).message}` }
+  } finally {
+    for (const re of regexps) freeRegExp(re)
+  }
+}
+
+// Compile each dialect's meta-schema, and one small schema per dialect (so Ajv's code generator
+// has run once), before saying ready: a job's time budget is then spent on that job's schema.
+for (const dialect of SCHEMA_DIALECTS) {
+  compileSchema({
+    id: 0,
+    dialect,
+    maxCodeBytes: 1024 * 1024,
+    schema: '{"type":"object","properties":{"a":{"type":"string","pattern":"^a","format":"date"},"b":{"$ref":"#/properties/a"}}}'
+  })
+}
+parentPort?.postMessage({ ready: true })
+
+parentPort?.on('message', (job: CompileJob) => {
+  let reply: CompileReply
+  try {
+    reply = compileSchema(job)
+  } catch (err) {
+    // A bug (the compile itself is caught above); answer rather than leave the job hanging.
+    reply = { id: job.id, ok: false, problem: `the schema compiler failed: ${(err as Error).message}` }
+  }
+  parentPort?.postMessage(reply)
+})

@@ -1,0 +1,238 @@
+// Hostile `parameters` schemas: each attack on argument validation, reproduced with bounded
+// input against a real Toolport on 127.0.0.1, and shown to hold (docs/architecture.md, SECURITY.md).
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
+import { setImmediate as tick } from 'node:timers/promises'
+import { cachedValidatorCount, compileCount } from '../../src/main/dispatch/validators.js'
+import type { Toolport } from '../../src/main/index.js'
+import { createTestToolport, httpJson, startToolport, tool } from '../helpers.js'
+
+/** A hang here is the attack succeeding: fail the test instead of waiting for it. */
+const ATTACK = { timeout: 120_000 }
+
+/** Two roles: the attacker's tool goes to 'A', a bystander's local tool lives in 'B'. */
+async function withBystander (tp: Toolport): Promise<() => Promise<unknown>> {
+  await tp.roles.get('B').registerLocalTool({
+    name: 'ping',
+    parameters: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] },
+    handler: (args) => ({ pong: (args as { n: number }).n })
+  })
+  return async () => {
+    const result = await tp.callTool('B', { name: 'ping', arguments: { n: 7 } })
+    assert.equal(result.is_error, false, result.text)
+    assert.deepEqual(result.output, { pong: 7 })
+    return result
+  }
+}
+
+/** The compile bomb: one 150-property definition referenced 200 times through `$ref` (~11 KB). */
+function refBomb (properties = 150, refs = 200): Record<string, unknown> {
+  const big: Record<string, unknown> = {}
+  for (let i = 0; i < properties; i++) big[`p${i}`] = { type: 'string', minLength: 1 }
+  const outer: Record<string, unknown> = {}
+  for (let i = 0; i < refs; i++) outer[`r${i}`] = { $ref: '#/$defs/big' }
+  return { type: 'object', $defs: { big: { type: 'object', properties: big } }, properties: outer }
+}
+
+test('ReDoS: a backtracking pattern answers at once over HTTP, and another role answers meanwhile', ATTACK, async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A', 'B'] })
+  const ping = await withBystander(tp)
+  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('search', {
+    role: 'A',
+    parameters: { type: 'object', properties: { q: { type: 'string', pattern: '^(a+)+$' } } }
+  }))
+  assert.equal(registered.statusCode, 200)
+  // 29 × "a" + "!" took ~22 s with a backtracking engine and doubles with each "a": 50 000 would never end.
+  const [call] = await Promise.all([
+    httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'search', arguments: { q: `${'a'.repeat(50_000)}!` } }),
+    ping()
+  ])
+  assert.equal(call.statusCode, 200)
+  assert.equal(call.body.is_error, true)
+  assert.match(call.body.error, /must match pattern/)
+  // patternProperties run on the same engine.
+  await tp.roles.get('A').registerLocalTool({
+    name: 'keys',
+    parameters: { type: 'object', patternProperties: { '^(x+)+$': { type: 'integer' } } },
+    handler: () => 'ran'
+  })
+  const keyed = await tp.callTool('A', { name: 'keys', arguments: { [`${'x'.repeat(50_000)}!`]: 'not checked', xxx: 'bad' } })
+  assert.equal(keyed.is_error, true)
+  assert.match(keyed.error ?? '', /must be integer/)
+  // A format whose regex RE2 cannot run sees bounded input only.
+  await tp.roles.get('A').registerLocalTool({
+    name: 'link',
+    parameters: { type: 'object', properties: { u: { type: 'string', format: 'url' } } },
+    handler: () => 'ran'
+  })
+  const link = await tp.callTool('A', { name: 'link', arguments: { u: `http://${':'.repeat(200_000)}` } })
+  assert.equal(link.is_error, true)
+  await ping()
+})
+
+test('ReDoS: a pattern RE2 cannot run (backreference, lookaround) is a 422 at registration', async (t) => {
+  const { url } = await startToolport(t, { roles: ['A'] })
+  for (const pattern of ['^(a+)\\1$', '^(?=a)a+$', '(?<!x)y']) {
+    const res = await httpJson(`${url}/api/tools/register`, 'POST', tool('search', {
+      parameters: { type: 'object', properties: { q: { type: 'string', pattern } } }
+    }))
+    assert.equal(res.statusCode, 422, pattern)
+    assert.equal(res.body.code, 'TP_ERR_VALIDATION')
+    assert.equal(res.body.details[0].path, 'parameters')
+    assert.equal(res.body.details[0].code, 'invalid_schema')
+  }
+})
+
+test('compile bomb: a $ref to a 150-property definition used 200 times compiles off the main thread', ATTACK, async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A', 'B'] })
+  const ping = await withBystander(tp)
+  const heapBefore = process.memoryUsage().heapUsed
+  const registering = httpJson(`${url}/api/tools/register`, 'POST', tool('bomb', { role: 'A', parameters: refBomb() }))
+  // The main thread is free while the compiler thread works: the other role answers.
+  await ping()
+  const res = await registering
+  assert.ok(res.statusCode === 200 || res.statusCode === 422, `status ${res.statusCode}`)
+  if (res.statusCode === 200) {
+    const call = await tp.callTool('A', { name: 'bomb', arguments: { r0: { p0: '' } } })
+    assert.equal(call.is_error, true)
+    assert.match(call.error ?? '', /must NOT have fewer than 1 characters/)
+  }
+  // inlineRefs off: the definition is compiled once, not 200 times (which peaked at 1.2 GB).
+  assert.ok(process.memoryUsage().heapUsed - heapBefore < 200 * 1024 * 1024, 'main-thread heap stayed bounded')
+  await ping()
+})
+
+test('compile bomb: a schema over the code budget is a 422 and the server keeps registering', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], limits: { maxSchemaCodeBytes: 64 * 1024 } })
+  // ~56 KB: five 150-property definitions referenced 1000 times.
+  const big: Record<string, unknown> = {}
+  for (let i = 0; i < 150; i++) big[`p${i}`] = { type: 'string', minLength: 1 }
+  const defs: Record<string, unknown> = {}
+  for (let d = 0; d < 5; d++) defs[`big${d}`] = { type: 'object', properties: big }
+  const outer: Record<string, unknown> = {}
+  for (let i = 0; i < 1000; i++) outer[`r${i}`] = { $ref: `#/$defs/big${i % 5}` }
+  await assert.rejects(tp.register(tool('bomb', { parameters: { type: 'object', $defs: defs, properties: outer } })),
+    (err: { code: string, statusCode: number, details: Array<{ code: string }> }) =>
+      err.code === 'TP_ERR_VALIDATION' && err.statusCode === 422 && err.details[0]?.code === 'schema_too_costly')
+  const ok = await tp.register(tool('fine', { parameters: { type: 'object', properties: { a: { type: 'string' } } } }))
+  assert.equal(ok.ok, true)
+})
+
+test('compile bomb: a compile over the time budget is a 422, and the compiler thread is replaced', ATTACK, async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], limits: { maxSchemaCompileMs: 50 } })
+  // ~40 KB of properties: far more than 50 ms of code generation on any machine.
+  const big: Record<string, unknown> = {}
+  for (let i = 0; i < 600; i++) big[`p${i}`] = { type: 'string', minLength: 1, maxLength: 9 }
+  await assert.rejects(tp.register(tool('slow', { parameters: { type: 'object', properties: big, description: 'slow' } })),
+    (err: { statusCode: number, details: Array<{ code: string }> }) => err.statusCode === 422 && err.details[0]?.code === 'schema_too_costly')
+  // The thread that ran past the budget was terminated; a new one compiles the next schema (with
+  // the default budget: a cold thread on a busy machine may need more than 50 ms even for this).
+  const other = await createTestToolport(t, { roles: ['A'] })
+  const ok = await other.register(tool('fine', { parameters: { type: 'object', properties: { a: { type: 'string' } } } }))
+  assert.equal(ok.ok, true)
+  const call = await other.callTool('A', { name: 'fine', arguments: { a: 1 } })
+  assert.equal(call.is_error, true)
+})
+
+test('leak: replacing a tool with 60 KB schemas and calling it returns the heap to its baseline', ATTACK, async (t) => {
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  const collect = async (): Promise<void> => {
+    // Twice, with ticks between: FinalizationRegistry callbacks run after a collection.
+    for (let i = 0; i < 3; i++) {
+      gc()
+      await tick()
+    }
+  }
+  const tp = await createTestToolport(t, { roles: ['A'], limits: { maxParametersBytes: 128 * 1024 } })
+  const schema = (version: number): Record<string, unknown> => {
+    const properties: Record<string, unknown> = {}
+    for (let i = 0; i < 40; i++) {
+      properties[`field_${i}`] = {
+        type: 'string',
+        pattern: `^v${version}_[a-z]{1,${i + 2}}$`,
+        description: `${'documentation '.repeat(110)}${version}`
+      }
+    }
+    return { type: 'object', properties, required: ['field_0'] }
+  }
+  assert.ok(JSON.stringify(schema(0)).length > 60_000)
+  const cycle = async (version: number): Promise<void> => {
+    await tp.register(tool('big', { parameters: schema(version) }))
+    for (let i = 0; i < 10; i++) {
+      const ok = await tp.callTool('A', { name: 'big', arguments: { field_0: 'nope' } })
+      assert.equal(ok.is_error, true)
+    }
+  }
+  await cycle(0)
+  await cycle(1)
+  await collect()
+  const baseline = process.memoryUsage().heapUsed
+  // Validators of other tests' Toolports in this process may still be alive: count from here.
+  const aliveAtBaseline = cachedValidatorCount()
+  for (let version = 2; version < 32; version++) await cycle(version)
+  await collect()
+  const grown = process.memoryUsage().heapUsed - baseline
+  // The shared Ajv kept ~0.8 MB per replaced 60 KB schema: 30 cycles would be ~24 MB.
+  assert.ok(grown < 4 * 1024 * 1024, `heap grew ${(grown / 1024 / 1024).toFixed(1)} MB over 30 replacements`)
+  assert.ok(cachedValidatorCount() <= aliveAtBaseline, `${cachedValidatorCount() - aliveAtBaseline} more validators alive`)
+  // Unregistering frees the last one.
+  await tp.unregister({ name: 'big' })
+  await collect()
+  assert.ok(cachedValidatorCount() < aliveAtBaseline)
+})
+
+test('one compile for identical schemas: 1000 tools registered with the same schema compile it once', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A', 'B'] })
+  const parameters = { type: 'object', properties: { city: { type: 'string', pattern: '^[A-Z][a-z]+$' } }, required: ['city'] }
+  await tp.register(tool('warm', { parameters }))
+  const before = compileCount()
+  for (let i = 0; i < 1000; i++) await tp.register(tool(`t${i}`, { parameters, source: `s${i % 3}` }))
+  assert.equal(compileCount(), before)
+  const call = await tp.callTool('B', { name: 't999', arguments: { city: 'paris' } })
+  assert.equal(call.is_error, true)
+  assert.match(call.error ?? '', /must match pattern/)
+})
+
+test('$id poisoning: a schema that failed to compile, or another tool\'s $id, changes no other tool', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const id = 'https://example.test/schemas/args.json'
+  await assert.rejects(tp.register(tool('broken', {
+    source: 'plugin:evil',
+    parameters: { $id: id, type: 'object', properties: { x: { $ref: '#/$defs/missing' } } }
+  })), { statusCode: 422 })
+  await tp.register(tool('victim', {
+    source: 'plugin:victim',
+    parameters: { $id: id, type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] }
+  }))
+  await tp.register(tool('other', {
+    source: 'plugin:evil',
+    parameters: { $id: id, type: 'object', properties: { n: { type: 'string' } }, required: ['n'] }
+  }))
+  const victim = await tp.callTool('A', { name: 'victim', arguments: {} })
+  assert.equal(victim.is_error, true)
+  assert.match(victim.error ?? '', /required property 'n'/)
+  assert.match((await tp.callTool('A', { name: 'victim', arguments: { n: 'x' } })).error ?? '', /must be integer/)
+  assert.match((await tp.callTool('A', { name: 'other', arguments: { n: 1 } })).error ?? '', /must be string/)
+})
+
+test('inherited names: required "toString" is enforced and an optional "constructor" does not fail calls', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  await tp.roles.get('A').registerLocalTool({
+    name: 'own',
+    // Parsed from JSON so that "__proto__" is an own key, as it is in a registration body.
+    parameters: JSON.parse('{"type":"object","required":["toString"],' +
+      '"properties":{"constructor":{"type":"string"},"toString":{"type":"string"},"__proto__":{"type":"string"}}}'),
+    handler: () => 'ran'
+  })
+  const missing = await tp.callTool('A', { name: 'own', arguments: {} })
+  assert.equal(missing.is_error, true)
+  assert.match(missing.error ?? '', /required property 'toString'/)
+  const ok = await tp.callTool('A', { name: 'own', raw_arguments: '{"toString":"yes"}' })
+  assert.equal(ok.is_error, false, ok.text)
+  assert.equal(ok.output, 'ran')
+  const badConstructor = await tp.callTool('A', { name: 'own', raw_arguments: '{"toString":"yes","constructor":1}' })
+  assert.equal(badConstructor.is_error, true)
+})

@@ -1,0 +1,170 @@
+// Argument validation: JSON Schema dialects chosen by `$schema`, `$ref`/`$defs`, formats on RE2,
+// and the refusals at registration (docs/protocol.md R7: a field that fails validation is a 422).
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+import { z } from 'zod'
+import { compileValidator, DEFAULT_SCHEMA_BUDGETS } from '../../src/main/dispatch/validators.js'
+import { MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect } from '../../src/shared/json-schema.js'
+import { resolvePluginOptions } from '../../src/plugin/options.js'
+import { createTestToolport, inject, tool } from '../helpers.js'
+
+const compile = (schema: Record<string, unknown>): ReturnType<typeof compileValidator> => compileValidator(schema, DEFAULT_SCHEMA_BUDGETS)
+
+test('$schema picks the dialect: 2020-12 (also when absent), 2019-09, draft-07; others are refused', () => {
+  assert.deepEqual(schemaDialect({}), { ok: true, dialect: '2020-12' })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2020-12/schema' }), { ok: true, dialect: '2020-12' })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2020-12/schema#' }), { ok: true, dialect: '2020-12' })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2019-09/schema' }), { ok: true, dialect: '2019-09' })
+  assert.deepEqual(schemaDialect({ $schema: 'http://json-schema.org/draft-07/schema#' }), { ok: true, dialect: 'draft-07' })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft-07/schema' }), { ok: true, dialect: 'draft-07' })
+  for (const $schema of ['http://json-schema.org/draft-04/schema#', 'https://example.com/schema', 7, '']) {
+    assert.equal(schemaDialect({ $schema }).ok, false, String($schema))
+  }
+})
+
+test('2020-12 with $defs and $ref validates', async () => {
+  const validate = await compile({
+    $schema: 'https://json-schema.org/draft/2020-12/schema',
+    $defs: { city: { type: 'string', minLength: 2 } },
+    type: 'object',
+    properties: { from: { $ref: '#/$defs/city' }, to: { $ref: '#/$defs/city' }, stops: { type: 'array', prefixItems: [{ type: 'integer' }] } },
+    required: ['from']
+  })
+  assert.equal(validate({ from: 'Paris', to: 'Oslo', stops: [1, 'x'] }), '')
+  assert.match(validate({ from: 'P' }), /\/from must NOT have fewer than 2 characters/)
+  assert.match(validate({ to: 'Oslo' }), /required property 'from'/)
+  // prefixItems is a 2020-12 keyword: it is enforced.
+  assert.match(validate({ from: 'Paris', stops: ['x'] }), /\/stops\/0 must be integer/)
+})
+
+test('no $schema is 2020-12: prefixItems and $defs apply', async () => {
+  const validate = await compile({ $defs: { n: { type: 'integer' } }, type: 'object', properties: { p: { prefixItems: [{ $ref: '#/$defs/n' }] } } })
+  assert.match(validate({ p: ['x'] }), /\/p\/0 must be integer/)
+  assert.equal(validate({ p: [1] }), '')
+})
+
+test('2019-09 with $defs, $ref and unevaluatedProperties validates', async () => {
+  const validate = await compile({
+    $schema: 'https://json-schema.org/draft/2019-09/schema',
+    $defs: { id: { type: 'integer', minimum: 1 } },
+    type: 'object',
+    properties: { id: { $ref: '#/$defs/id' } },
+    unevaluatedProperties: false
+  })
+  assert.equal(validate({ id: 3 }), '')
+  assert.match(validate({ id: 0 }), /\/id must be >= 1/)
+  assert.match(validate({ id: 3, extra: true }), /must NOT have unevaluated properties/)
+})
+
+test('draft-07 with definitions, $ref and array items validates', async () => {
+  const validate = await compile({
+    $schema: 'http://json-schema.org/draft-07/schema#',
+    definitions: { tag: { type: 'string', enum: ['a', 'b'] } },
+    type: 'object',
+    properties: { tags: { type: 'array', items: { $ref: '#/definitions/tag' } }, pair: { type: 'array', items: [{ type: 'string' }, { type: 'number' }] } }
+  })
+  assert.equal(validate({ tags: ['a', 'b'], pair: ['x', 1] }), '')
+  assert.match(validate({ tags: ['c'] }), /\/tags\/0 must be equal to one of the allowed values/)
+  assert.match(validate({ pair: [1, 1] }), /\/pair\/0 must be string/)
+})
+
+test('formats are checked (ajv-formats): date-time, email, uuid, ipv4, uri', async () => {
+  const validate = await compile({
+    type: 'object',
+    properties: {
+      when: { type: 'string', format: 'date-time' },
+      mail: { type: 'string', format: 'email' },
+      id: { type: 'string', format: 'uuid' },
+      ip: { type: 'string', format: 'ipv4' },
+      link: { type: 'string', format: 'uri' }
+    }
+  })
+  assert.equal(validate({ when: '2026-12-01T05:00:00Z', mail: 'a@b.example', id: '123e4567-e89b-12d3-a456-426614174000', ip: '127.0.0.1', link: 'https://x.example/a' }), '')
+  assert.match(validate({ when: '2026-02-30T05:00:00Z' }), /\/when must match format "date-time"/)
+  assert.match(validate({ mail: 'not an email' }), /\/mail must match format "email"/)
+  assert.match(validate({ ip: '300.1.1.1' }), /\/ip must match format "ipv4"/)
+  assert.match(validate({ link: 'no scheme' }), /\/link must match format "uri"/)
+})
+
+test('format regexes run on RE2, or on bounded input when RE2 cannot run them', () => {
+  const test = (name: string, input: string): boolean => (SCHEMA_FORMATS[name] as (s: string) => boolean)(input)
+  // RE2-backed formats take input of any length.
+  assert.equal(test('byte', 'QUJD'.repeat(100_000)), true)
+  assert.equal(test('email', `${'a'.repeat(100_000)}@`), false)
+  // url (lookaheads) and uri: longer than the bound is invalid, so their backtracking regex never sees it.
+  assert.equal(test('url', 'http://example.com/a'), true)
+  assert.equal(test('url', `http://example.com/${'a'.repeat(MAX_BACKTRACKING_FORMAT_CHARS)}`), false)
+  assert.equal(test('uri', `https://example.com/${'a'.repeat(MAX_BACKTRACKING_FORMAT_CHARS)}`), false)
+  assert.equal(test('hostname', 'example.com'), true)
+  assert.equal(test('duration', 'P1DT2H'), true)
+  assert.equal(test('duration', 'P'), false)
+})
+
+test('a zod 4 z.toJSONSchema output (2020-12, $schema included) validates', async () => {
+  const Trip = z.object({
+    city: z.string().min(2),
+    days: z.number().int().positive(),
+    when: z.iso.datetime().optional(),
+    travellers: z.array(z.object({ name: z.string() })).max(3)
+  })
+  const schema = z.toJSONSchema(Trip) as Record<string, unknown>
+  assert.equal(schema.$schema, 'https://json-schema.org/draft/2020-12/schema')
+  const validate = await compile(schema)
+  assert.equal(validate({ city: 'Rome', days: 2, travellers: [{ name: 'Ann' }] }), '')
+  assert.match(validate({ city: 'R', days: 2, travellers: [] }), /\/city/)
+  assert.match(validate({ city: 'Rome', days: 0, travellers: [] }), /\/days/)
+  assert.match(validate({ city: 'Rome', days: 1, travellers: [], when: 'yesterday' }), /\/when/)
+})
+
+test('R7: an unknown $schema is a 422 TP_ERR_VALIDATION naming parameters', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const res = await inject(tp, 'POST', '/api/tools/register', tool('t', {
+    parameters: { $schema: 'http://json-schema.org/draft-04/schema#', type: 'object' }
+  }))
+  assert.equal(res.statusCode, 422)
+  assert.equal(res.body.code, 'TP_ERR_VALIDATION')
+  assert.deepEqual(res.body.details.map((d: { path: string, code: string }) => [d.path, d.code]), [['parameters', 'unsupported_dialect']])
+  assert.deepEqual(tp.list().tools_by_role.A, [])
+})
+
+test('R7: a schema that is not valid in its dialect, or does not compile, is a 422 and nothing is registered', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  for (const parameters of [
+    { type: 'object', properties: { a: { type: 'strnig' } } },
+    { type: 'object', properties: { a: { $ref: '#/$defs/missing' } } },
+    { type: 'object', properties: { a: { $ref: 'https://example.com/remote.json' } } },
+    { type: 'object', properties: { a: { type: 'string', pattern: '(' } } }
+  ]) {
+    const res = await inject(tp, 'POST', '/api/tools/register', tool('t', { parameters }))
+    assert.equal(res.statusCode, 422, JSON.stringify(parameters))
+    assert.equal(res.body.details[0].code, 'invalid_schema')
+  }
+  // Local tools follow the same rules.
+  await assert.rejects(tp.roles.get('A').registerLocalTool({
+    name: 'local', parameters: { $schema: 'https://example.com/x' }, handler: () => null
+  }), { statusCode: 422, code: 'TP_ERR_VALIDATION' })
+  assert.deepEqual(tp.list().tools_by_role.A, [])
+})
+
+test('plugin SDK: JSON Schema parameters follow the same dialect rules at construction', () => {
+  const base = { toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:t', logger: false as const }
+  assert.throws(() => resolvePluginOptions({
+    ...base, tools: { t: { parameters: { $schema: 'http://json-schema.org/draft-04/schema#', type: 'object' }, handler: () => null } }
+  }), { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  assert.throws(() => resolvePluginOptions({
+    ...base, tools: { t: { parameters: { type: 'object', properties: { q: { type: 'string', pattern: '(a)\\1' } } }, handler: () => null } }
+  }), { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  const resolved = resolvePluginOptions({
+    ...base,
+    tools: {
+      t: { parameters: { $schema: 'https://json-schema.org/draft/2019-09/schema', type: 'object', required: ['q'] }, handler: () => null },
+      z: { parameters: z.object({ q: z.string() }), handler: () => null }
+    }
+  })
+  const validate = resolved.tools.get('t')?.validate
+  assert.ok(validate != null)
+  assert.equal(validate({ q: 1 }), true)
+  assert.equal(validate({}), false)
+  // A zod tool is registered as 2020-12 without $schema: Toolport's default dialect.
+  assert.equal(resolved.tools.get('z')?.parameters.$schema, undefined)
+})
