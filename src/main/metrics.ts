@@ -13,6 +13,8 @@ export interface MetricsSource {
   queuedCalls: () => number
   poolUtilization: () => number
   poolThreads: () => number
+  bufferedReplyBytes: () => number
+  replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
 }
 
@@ -89,8 +91,14 @@ export class Metrics {
     })
     // Gauges are read when scraped, so the hot path pays nothing for them.
     scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered', source.pendingCalls)
-    scrapedGauge(registers, 'toolport_dispatch_queue_depth', 'Calls waiting to be handed to a worker', source.queuedCalls)
-    scrapedGauge(registers, 'toolport_pool_utilization', 'Worker pool utilisation (0-1, piscina); 0 in inline mode', source.poolUtilization)
+    scrapedGauge(registers, 'toolport_dispatch_queue_depth',
+      'Calls waiting to be handed to a worker: behind their origin\'s in-flight bound or in this turn\'s batch', source.queuedCalls)
+    scrapedGauge(registers, 'toolport_pool_utilization',
+      'Worker threads\' event-loop utilisation since the previous scrape (0-1, averaged); 0 in inline mode', source.poolUtilization)
+    scrapedGauge(registers, 'toolport_reply_buffer_bytes',
+      'Callback reply bytes being received and held right now, over all threads', source.bufferedReplyBytes)
+    scrapedGauge(registers, 'toolport_reply_buffer_limit_bytes',
+      'The budget on held reply bytes (dispatch.maxBufferedReplyBytes)', source.replyBudgetBytes)
     scrapedGauge(registers, 'toolport_pool_threads', 'Worker threads in the pool; 0 in inline mode', source.poolThreads)
     new Gauge({ // eslint-disable-line no-new
       name: 'toolport_registry_tools',
