@@ -54,7 +54,8 @@ function selectedPaths (ctx: BenchContext): string[] {
   return PATH_ORDER.filter((name) => {
     if (name.startsWith('baseline') && (ctx.baseline ?? null) === null) return false
     if (name === 'raw undici' || ctx.paths === null || ctx.paths === undefined) return true
-    return ctx.paths.includes(name)
+    // A baseline path runs whenever its counterpart in this tree runs.
+    return ctx.paths.includes(name.startsWith('baseline') ? name.replace('baseline', 'toolport') : name)
   })
 }
 const SIZE_LABEL: Partial<Record<Route, string>> = { small: '100 B replies', large: '64 KiB replies' }
