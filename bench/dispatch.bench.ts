@@ -35,7 +35,7 @@ function plan (ctx: BenchContext): Plan {
     : {
         concurrency: [1, 16, 128, 1024],
         sizes: ['small', 'large'],
-        steady: { minMs: 1_200, maxMs: 4_000, chunkMs: 300, tolerance: 0.08 },
+        steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 },
         durationMs: 1_000,
         maxCalls: 100_000
       }
