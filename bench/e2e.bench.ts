@@ -83,7 +83,7 @@ export const e2eScenario: Scenario = {
               body: CALL_BODY,
               headers: { 'content-type': 'application/json' }
             })], { timeoutMs: 60_000, onEvent: () => { meter.begin() } }) as LoadResult
-            result.cpu = meter.end(result.total)
+            result.cpu = meter.end(result.total, (result.cpuUsPerRequest ?? 0) * result.total)
             const key = `${c}|${target.name}`
             results.set(key, [...(results.get(key) ?? []), result])
           }

@@ -26,6 +26,7 @@ import { mapReply, readReply } from '../src/shared/reply.js'
 import { isValidJson } from '../src/shared/json-scan.js'
 import { jsonDepthExceeds } from '../src/main/http/json-body.js'
 import type { CallOutcome, CallTask } from '../src/workers/protocol.js'
+import { LANE_CALLS, pushOutcome, pushTask } from '../src/workers/protocol.js'
 import { LARGE_REPLY, SMALL_REPLY } from './fixtures/payloads.js'
 import { PARAMETERS, RAW_ARGUMENTS } from './lib/clients.js'
 import { fmtNs, fmtRatio, fmtStat, pairedRatio, stat } from './lib/stats.js'
@@ -103,6 +104,10 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
     return { id: 123456, kind: 'ok', status: 200, text: reply.text, textIsJson: reply.textIsJson, toolError: reply.toolError, contentType: 'application/json', message: '', bytes: body.length }
   }
   const smallOutcome = outcome(SMALL_REPLY)
+  const flatTask: unknown[] = [LANE_CALLS]
+  pushTask(flatTask, task.id, task)
+  const flatSmallOutcome: unknown[] = []
+  pushOutcome(flatSmallOutcome, smallOutcome)
   const largeOutcome = outcome(LARGE_REPLY)
   const context = { name: 'get_weather', timeoutMs: 30_000 }
   const parsedArgs = JSON.parse(RAW_ARGUMENTS) as unknown
@@ -154,7 +159,9 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
     // one pass over the characters (the request body's depth check is such a pass).
     { group: 'result mapping, 64 KiB', name: 'one character pass (jsonDepthExceeds)', isBaseline: false, ops: 1, fn: () => { sink = jsonDepthExceeds(LARGE_REPLY, 1024) } },
     { group: 'thread crossing (structured clone)', name: 'CallTask', isBaseline: true, ops: INNER, fn: repeat(() => structuredClone(task)) },
+    { group: 'thread crossing (structured clone)', name: 'CallTask as a flat lane array', isBaseline: false, ops: INNER, fn: repeat(() => structuredClone(flatTask)) },
     { group: 'thread crossing (structured clone)', name: 'CallOutcome, 100 B', isBaseline: false, ops: INNER, fn: repeat(() => structuredClone(smallOutcome)) },
+    { group: 'thread crossing (structured clone)', name: 'CallOutcome, 100 B, flat lane array', isBaseline: false, ops: INNER, fn: repeat(() => structuredClone(flatSmallOutcome)) },
     { group: 'thread crossing (structured clone)', name: 'CallOutcome, 64 KiB', isBaseline: false, ops: 1, fn: () => { sink = structuredClone(largeOutcome) } },
     { group: 'per-call bookkeeping', name: 'allocate a small object (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => ({ id: 1, done: false })) },
     {

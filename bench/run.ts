@@ -7,6 +7,9 @@
 //   --no-write       do not write bench/results/*
 //   --reps N         repetitions of each interleaved comparison (default 3, quick 2)
 //   --out NAME       results file name (default: latest; quick: quick; a --scope run: scoped)
+//   --baseline DIR   another checkout of Toolport (its node_modules may be a symlink): its pool and
+//                    inline paths run interleaved beside this tree's in `dispatch` (A/B in one run)
+//   --paths a,b      `dispatch` only runs these paths (raw undici always runs: it is the floor)
 //
 // Progress goes to stderr. Targets are reported as met / NOT met and never fail the run; the exit
 // code is 1 only when a scenario crashed.
@@ -22,7 +25,7 @@ import { peersScenario } from './peers.bench.js'
 import { memoryScenario } from './memory.bench.js'
 import { tuningScenario } from './tuning.bench.js'
 import { eventsScenario } from './events.bench.js'
-import { cpuSnapshot, foreignShare } from './lib/cpu.js'
+import { CONTENDED_SHARE, runForeignShare, runMeterStart, windowCounts } from './lib/cpu.js'
 import { Progress } from './lib/progress.js'
 import { startCallbackServer } from './lib/processes.js'
 import { renderChart } from './lib/svg.js'
@@ -43,9 +46,11 @@ interface Flags {
   shouldWrite: boolean
   reps: number
   out: string
+  baseline: string | null
+  paths: string[] | null
 }
 
-const USAGE = `usage: npm run bench -- [--quick] [--scope ${SCENARIOS.map((s) => s.name).join(',')}] [--json] [--no-write] [--reps N] [--out NAME]`
+const USAGE = `usage: npm run bench -- [--quick] [--scope ${SCENARIOS.map((s) => s.name).join(',')}] [--json] [--no-write] [--reps N] [--out NAME] [--baseline DIR] [--paths a,b]`
 
 function parseFlags (argv: readonly string[]): Flags {
   let isQuick = false
@@ -54,6 +59,8 @@ function parseFlags (argv: readonly string[]): Flags {
   let scopes: string[] = []
   let reps = 0
   let out = ''
+  let baseline: string | null = null
+  let paths: string[] | null = null
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string
     const [name, inline] = arg.includes('=') ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)] : [arg, undefined]
@@ -69,6 +76,8 @@ function parseFlags (argv: readonly string[]): Flags {
       case '--scope': scopes = value().split(',').map((s) => s.trim()).filter((s) => s !== ''); break
       case '--reps': reps = Number(value()); break
       case '--out': out = value(); break
+      case '--baseline': baseline = value(); break
+      case '--paths': paths = value().split(',').map((s) => s.trim()).filter((s) => s !== ''); break
       case '--help': case '-h':
         process.stdout.write(USAGE + '\n')
         process.exit(0)
@@ -87,7 +96,9 @@ function parseFlags (argv: readonly string[]): Flags {
     isJson,
     shouldWrite,
     reps: reps > 0 ? reps : isQuick ? 2 : 3,
-    out: out !== '' ? out : isQuick ? 'quick' : isAll ? 'latest' : 'scoped'
+    out: out !== '' ? out : isQuick ? 'quick' : isAll && baseline === null && paths === null ? 'latest' : 'scoped',
+    baseline,
+    paths
   }
 }
 
@@ -117,7 +128,8 @@ async function machineInfo (): Promise<MachineInfo> {
     versions,
     loadAverageBefore: loadavg(),
     loadAverageAfter: [],
-    foreignCpuShare: null
+    foreignCpuShare: null,
+    contendedWindows: { measured: 0, contended: 0 }
   }
 }
 
@@ -127,10 +139,13 @@ async function main (): Promise<void> {
   const machine = await machineInfo()
   const selected = SCENARIOS.filter((s) => flags.scopes.includes(s.name))
   const started = performance.now()
-  const cpuBefore = cpuSnapshot()
   progress.note(`bench: ${flags.isQuick ? 'quick' : 'full'} run of ${selected.map((s) => s.name).join(', ')}, ${flags.reps} repetitions; load average ${machine.loadAverageBefore.map((l) => l.toFixed(2)).join(' ')}`)
   const server = await startCallbackServer()
-  const ctx: BenchContext = { isQuick: flags.isQuick, reps: flags.reps, progress, server }
+  const runMeter = runMeterStart(server.pid)
+  let foreign: number | null = null
+  const ctx: BenchContext = {
+    isQuick: flags.isQuick, reps: flags.reps, progress, server, baseline: flags.baseline, paths: flags.paths
+  }
   for (const scenario of selected) progress.plan(scenario.steps(ctx))
   const reports: ScenarioReport[] = []
   let crashed = false
@@ -158,15 +173,20 @@ async function main (): Promise<void> {
       }
     }
   } finally {
+    foreign = runForeignShare(runMeter)
     await server.close()
   }
   machine.loadAverageAfter = loadavg()
-  const foreign = foreignShare(cpuBefore, cpuSnapshot())
   machine.foreignCpuShare = foreign
+  machine.contendedWindows = { ...windowCounts }
   const warnings: string[] = []
   if (foreign !== null && foreign > 0.1) {
-    warnings.push(`other processes used ${(foreign * 100).toFixed(0)} % of the machine's CPU while the bench ran: ` +
-      'absolute figures are low and noisy; the interleaved ratios are the figures to read')
+    warnings.push(`other processes took about ${(foreign * 100).toFixed(0)} % of the cores while the bench ran: ` +
+      'absolute figures are low and noisy; the interleaved ratios and CPU µs per call are the figures to read')
+  }
+  if (windowCounts.contended > 0) {
+    warnings.push(`${windowCounts.contended} of ${windowCounts.measured} measuring windows had more than ` +
+      `${(CONTENDED_SHARE * 100).toFixed(0)} % of the cores taken by other processes (marked * in the CPU columns)`)
   }
   const report: RunReport = {
     suite: 'toolport-bench',

@@ -1,7 +1,7 @@
 // Opt-in scenario `tuning` (`npm run bench -- --scope tuning`; not part of the default run):
 // the pool's settings varied one at a time from the defaults, at c = 1, 16, 128 and 1024 with
 // 100 B replies, interleaved with raw undici. The numbers behind the defaults in config.ts
-// (threads, concurrentTasksPerWorker, connections per origin, batch size).
+// (threads, per-origin in-flight bound, connections per origin, batch size).
 import { closedLoop } from './lib/loop.js'
 import type { LoopResult } from './lib/loop.js'
 import { rawUndiciPath, toolportPath } from './lib/clients.js'
@@ -19,7 +19,8 @@ const VARIANTS: readonly { name: string, dispatch: DispatchSettings }[] = [
   { name: 'maxBatch 256', dispatch: { maxBatch: 256 } },
   { name: 'connectionsPerOrigin 32', dispatch: { connectionsPerOrigin: 32 } },
   { name: 'connectionsPerOrigin 128', dispatch: { connectionsPerOrigin: 128 } },
-  { name: 'concurrentTasksPerWorker 16', dispatch: { concurrentTasksPerWorker: 16 } }
+  { name: 'maxInFlightPerOrigin 64', dispatch: { maxInFlightPerOrigin: 64 } },
+  { name: 'no origin bounds', dispatch: { maxInFlightPerOrigin: 1_000_000, maxQueuedPerOrigin: 0 } }
 ]
 
 function plan (ctx: BenchContext): { concurrency: number[], warmupMs: number, durationMs: number } {

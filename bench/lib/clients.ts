@@ -8,6 +8,8 @@
 // - fetch: Node's global fetch with its default dispatcher (what a naive implementation uses).
 // - node:http: `http.request` with a keep-alive Agent and default options (ditto).
 import { Agent as HttpAgent, request as httpRequest } from 'node:http'
+import { resolve as resolvePath } from 'node:path'
+import { pathToFileURL } from 'node:url'
 import { Pool } from 'undici'
 import { createToolport } from '../../src/main/index.js'
 import type { Toolport, ToolportOptions } from '../../src/main/index.js'
@@ -52,7 +54,8 @@ export interface DispatchPath {
 /** Toolport's default connection cap per origin; raw undici uses the same for a fair floor. */
 export const CONNECTIONS = 64
 
-export function rawUndiciPath (origin: string, connections = CONNECTIONS, name = 'raw undici'): DispatchPath {
+/** `parse`: also check that the reply is JSON (`JSON.parse`), as any correct client must. */
+export function rawUndiciPath (origin: string, connections = CONNECTIONS, name = 'raw undici', parse = false): DispatchPath {
   const pool = new Pool(origin, { connections, pipelining: 1 })
   return {
     name,
@@ -62,7 +65,8 @@ export function rawUndiciPath (origin: string, connections = CONNECTIONS, name =
       const headers = { 'content-type': 'application/json', 'x-toolport-call-id': 'call_raw' }
       return async function rawCall (): Promise<boolean> {
         const { statusCode, body: reply } = await pool.request({ method: 'POST', path, headers, body })
-        await reply.text()
+        const text = await reply.text()
+        if (parse) JSON.parse(text)
         return statusCode === 200
       }
     },
@@ -120,9 +124,22 @@ export function nodeHttpPath (port: number): DispatchPath {
   }
 }
 
+type CreateToolport = (options: ToolportOptions) => Promise<Toolport>
+
+/**
+ * `createToolport` of another checkout of Toolport (for A/B runs against a baseline tree): its
+ * `src/main/index.ts` loaded under tsx beside this one.
+ */
+export async function loadCreateToolport (dir: string): Promise<CreateToolport> {
+  const url = pathToFileURL(resolvePath(dir, 'src/main/index.ts')).href
+  const module = await import(url) as { createToolport: CreateToolport }
+  return module.createToolport
+}
+
 /** Creates a Toolport with role `bench` and one `echo_<route>` tool per callback route. */
-export async function createBenchToolport (origin: string, options: ToolportOptions = {}): Promise<Toolport> {
-  const tp = await createToolport({ roles: ['bench'], logger: false, ...options })
+export async function createBenchToolport (origin: string, options: ToolportOptions = {},
+  create: CreateToolport = createToolport): Promise<Toolport> {
+  const tp = await create({ roles: ['bench'], logger: false, ...options })
   for (const route of Object.keys(ROUTES) as Route[]) {
     const result = await tp.register({
       name: toolName(route),
@@ -138,11 +155,12 @@ export async function createBenchToolport (origin: string, options: ToolportOpti
   return tp
 }
 
-export async function toolportPath (origin: string, mode: 'pool' | 'inline', dispatch: ToolportOptions['dispatch'] = {}): Promise<DispatchPath & { tp: Toolport }> {
-  const tp = await createBenchToolport(origin, { dispatch: { ...dispatch, mode } })
+export async function toolportPath (origin: string, mode: 'pool' | 'inline', dispatch: ToolportOptions['dispatch'] = {},
+  create: CreateToolport = createToolport, name = `toolport ${mode}`): Promise<DispatchPath & { tp: Toolport }> {
+  const tp = await createBenchToolport(origin, { dispatch: { ...dispatch, mode } }, create)
   let seq = 0
   return {
-    name: `toolport ${mode}`,
+    name,
     tp,
     caller (route) {
       const name = toolName(route)

@@ -1,89 +1,199 @@
-// How much of the machine other processes used while the bench ran (Linux /proc; null
-// elsewhere). The load average cannot tell, since it counts the bench's own processes too:
-// here the bench's CPU time (this process, its threads and its reaped children: the callback
-// servers, load generators and probes) is subtracted from the machine's busy time.
-import { readFileSync } from 'node:fs'
+// CPU accounting per thread, from Linux's scheduler statistics.
+//
+// `/proc/<pid>/task/<tid>/schedstat` holds, per thread, the nanoseconds it ran on a CPU and the
+// nanoseconds it sat runnable on a run queue waiting for one. Both are exact (not the 10 ms ticks
+// of /proc/<pid>/stat) and both keep counting on VMs where /proc/stat's machine totals do not move.
+// The bench reads them to split CPU per call into the main thread, the pool's worker threads, the
+// process's other threads (GC helpers, the JIT compiler, libuv) and the callback server, and to
+// flag a window during which other processes took the cores: its threads then waited on the run
+// queue far more than they ran. Off Linux every figure is NaN and nothing is flagged.
+import { readdirSync, readFileSync } from 'node:fs'
+import { readFile } from 'node:fs/promises'
+import { availableParallelism } from 'node:os'
 
-export interface CpuSnapshot { machineBusy: number, machineTotal: number, own: number }
+/** Estimated share of the cores taken by other processes above which a window is flagged. */
+export const CONTENDED_SHARE = 0.25
 
-export function cpuSnapshot (): CpuSnapshot | null {
+const CORES = Math.max(1, availableParallelism())
+
+interface Sched { runNs: number, waitNs: number }
+
+function readSched (pid: number | 'self', tid: string): Sched | null {
   try {
-    const line = readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? ''
-    const [, user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0] = line.trim().split(/\s+/).map(Number)
-    const self = readFileSync('/proc/self/stat', 'utf8')
-    // Fields after "(comm)": state is field 3; utime, stime, cutime, cstime are fields 14–17.
-    const fields = self.slice(self.lastIndexOf(')') + 2).split(' ').map(Number)
-    const own = (fields[11] ?? 0) + (fields[12] ?? 0) + (fields[13] ?? 0) + (fields[14] ?? 0)
-    const busy = user + nice + system + irq + softirq + steal
-    return { machineBusy: busy, machineTotal: busy + idle + iowait, own }
+    const text = readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8')
+    const space = text.indexOf(' ')
+    const space2 = text.indexOf(' ', space + 1)
+    return { runNs: Number(text.slice(0, space)), waitNs: Number(text.slice(space + 1, space2)) }
   } catch {
     return null
   }
 }
 
-/** Share (0–1) of the machine's CPU capacity used by processes other than the bench. */
-export function foreignShare (before: CpuSnapshot | null, after: CpuSnapshot | null): number | null {
-  if (before === null || after === null) return null
-  const total = after.machineTotal - before.machineTotal
-  if (total <= 0) return null
-  const foreign = (after.machineBusy - before.machineBusy) - (after.own - before.own)
-  return Math.max(0, foreign / total)
+function taskIds (pid: number | 'self'): string[] {
+  try {
+    return readdirSync(`/proc/${pid}/task`)
+  } catch {
+    return []
+  }
 }
 
-// Per-call CPU accounting: CPU time is what a saturated 2-core machine runs out of, and unlike
-// wall-clock figures it barely moves when other processes compete for the cores.
-
-/** Clock ticks per second of /proc times (USER_HZ; 100 on every Linux this runs on). */
-const TICKS_PER_S = 100
-
-function procTicks (file: string): number | null {
-  try {
-    const stat = readFileSync(file, 'utf8')
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-    return Number(fields[11]) + Number(fields[12])
-  } catch {
-    return null
+/** Every thread of a process: tid → scheduler times. */
+function threads (pid: number | 'self'): Map<string, Sched> {
+  const out = new Map<string, Sched>()
+  for (const tid of taskIds(pid)) {
+    const s = readSched(pid, tid)
+    if (s !== null) out.set(tid, s)
   }
+  return out
+}
+
+/** Thread ids of this process that run dispatch worker threads (see `captureNewThreads`). */
+const workerTids = new Set<string>()
+
+/**
+ * Runs `create` (which starts worker threads, e.g. a Toolport in pool mode) and records the
+ * threads of this process that appeared during it as pool workers. libuv's thread pool is started
+ * first, so its threads are not mistaken for workers.
+ */
+export async function captureNewThreads<T> (create: () => Promise<T>): Promise<T> {
+  await readFile('/proc/self/stat').catch(() => null)
+  const before = new Set(taskIds('self'))
+  const value = await create()
+  for (const tid of taskIds('self')) if (!before.has(tid)) workerTids.add(tid)
+  return value
+}
+
+/** Forgets worker thread ids whose threads have exited (their tids may be reused). */
+function pruneWorkers (): void {
+  const alive = new Set(taskIds('self'))
+  for (const tid of workerTids) if (!alive.has(tid)) workerTids.delete(tid)
 }
 
 /** CPU figures of one measuring window, in µs of CPU per completed call. */
 export interface CpuPerCall {
-  /** This process, every thread (main, pool workers, GC helpers). */
+  /** This process, every thread (process.cpuUsage; includes threads that exited in the window). */
   processUs: number
-  /** This process's main thread only (Linux; NaN elsewhere). */
+  /** This process's main thread. */
   mainThreadUs: number
-  /** Another process, e.g. the callback server (Linux; NaN elsewhere). */
+  /** The dispatch pool's worker threads (0 inline). */
+  workerUs: number
+  /** The process's other threads: GC helpers, JIT compiler, libuv (process − main − workers). */
+  otherUs: number
+  /** The peer process, every thread (e.g. the callback server). */
   peerUs: number
+  /**
+   * Estimated share of the machine's cores that other processes took during the window (0–1):
+   * the time our threads (this process, the peer and `extraUs`) waited on a run queue, capped by
+   * the core time they left unused. Our threads waiting while they also kept every core busy is
+   * our own oversubscription (e.g. three busy threads on two cores), not foreign load.
+   */
+  foreignShare: number
+  /** True when `foreignShare` passed CONTENDED_SHARE: read this window's absolute figures with care. */
+  contended: boolean
 }
+
+interface Snapshot {
+  wallNs: number
+  process: number
+  self: Map<string, Sched>
+  peer: Map<string, Sched>
+}
+
+function sum (after: Map<string, Sched>, before: Map<string, Sched>, pick: (tid: string) => boolean): Sched {
+  let runNs = 0
+  let waitNs = 0
+  for (const [tid, a] of after) {
+    if (!pick(tid)) continue
+    const b = before.get(tid)
+    runNs += a.runNs - (b?.runNs ?? 0)
+    waitNs += a.waitNs - (b?.waitNs ?? 0)
+  }
+  return { runNs, waitNs }
+}
+
+/** Measuring windows ended so far, and how many of them were flagged as contended. */
+export const windowCounts = { measured: 0, contended: 0 }
 
 /** Measures CPU between `begin()` and `end(calls)`; `peerPid` is another process to account. */
 export class CpuMeter {
   readonly #peerPid: number | null
-  #process = 0
-  #main: number | null = null
-  #peer: number | null = null
+  readonly #counts: boolean
+  #start: Snapshot | null = null
 
-  constructor (peerPid: number | null = null) {
+  /** `counts`: false for a meter over a whole run rather than one measuring window. */
+  constructor (peerPid: number | null = null, counts = true) {
     this.#peerPid = peerPid
+    this.#counts = counts
+  }
+
+  #snapshot (): Snapshot {
+    const usage = process.cpuUsage()
+    return {
+      wallNs: Number(process.hrtime.bigint()),
+      process: usage.user + usage.system,
+      self: threads('self'),
+      peer: this.#peerPid === null ? new Map() : threads(this.#peerPid)
+    }
   }
 
   begin (): void {
-    const usage = process.cpuUsage()
-    this.#process = usage.user + usage.system
-    this.#main = procTicks(`/proc/self/task/${process.pid}/stat`)
-    this.#peer = this.#peerPid === null ? null : procTicks(`/proc/${this.#peerPid}/stat`)
+    pruneWorkers()
+    this.#start = this.#snapshot()
   }
 
-  end (calls: number): CpuPerCall {
-    const usage = process.cpuUsage()
-    const main = procTicks(`/proc/self/task/${process.pid}/stat`)
-    const peer = this.#peerPid === null ? null : procTicks(`/proc/${this.#peerPid}/stat`)
+  /** `extraUs`: CPU µs of other bench processes in the window (e.g. the load generator). */
+  end (calls: number, extraUs = 0): CpuPerCall {
+    const after = this.#snapshot()
+    const before = this.#start ?? after
     const n = Math.max(1, calls)
-    const ticksToUs = 1e6 / TICKS_PER_S
+    const processUs = (after.process - before.process) / n
+    if (after.self.size === 0) {
+      return { processUs, mainThreadUs: NaN, workerUs: NaN, otherUs: NaN, peerUs: NaN, foreignShare: NaN, contended: false }
+    }
+    const mainTid = String(process.pid)
+    const main = sum(after.self, before.self, (tid) => tid === mainTid)
+    const workers = sum(after.self, before.self, (tid) => workerTids.has(tid))
+    const all = sum(after.self, before.self, () => true)
+    const peer = sum(after.peer, before.peer, () => true)
+    const mainThreadUs = main.runNs / 1000 / n
+    const workerUs = workers.runNs / 1000 / n
+    const capacity = CORES * Math.max(1, after.wallNs - before.wallNs)
+    const ran = all.runNs + peer.runNs + extraUs * 1000
+    const waited = all.waitNs + peer.waitNs
+    const foreignShare = Math.max(0, Math.min(waited, capacity - ran)) / capacity
+    if (this.#counts) {
+      windowCounts.measured++
+      if (foreignShare > CONTENDED_SHARE) windowCounts.contended++
+    }
     return {
-      processUs: (usage.user + usage.system - this.#process) / n,
-      mainThreadUs: main === null || this.#main === null ? Number.NaN : ((main - this.#main) * ticksToUs) / n,
-      peerUs: peer === null || this.#peer === null ? Number.NaN : ((peer - this.#peer) * ticksToUs) / n
+      processUs,
+      mainThreadUs,
+      workerUs,
+      otherUs: Math.max(0, processUs - mainThreadUs - workerUs),
+      peerUs: this.#peerPid === null || after.peer.size === 0 ? NaN : peer.runNs / 1000 / n,
+      foreignShare,
+      contended: foreignShare > CONTENDED_SHARE
     }
   }
+}
+
+/** Process CPU time in µs (all threads), for steady-state detection during warm-ups. */
+export function processCpuUs (): number {
+  const usage = process.cpuUsage()
+  return usage.user + usage.system
+}
+
+/** Scheduler times of the whole bench process and its callback server over a whole run. */
+export interface RunMeter { meter: CpuMeter }
+
+export function runMeterStart (peerPid: number | null): RunMeter {
+  const meter = new CpuMeter(peerPid, false)
+  meter.begin()
+  return { meter }
+}
+
+/** The run's estimated foreign share of the cores (see CpuPerCall.foreignShare); null off Linux. */
+export function runForeignShare (run: RunMeter): number | null {
+  const share = run.meter.end(1).foreignShare
+  return Number.isFinite(share) ? share : null
 }

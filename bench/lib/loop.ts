@@ -7,7 +7,21 @@
 // end (in-flight calls finishing after the window) do not count.
 import { build } from 'hdr-histogram-js'
 import type { Histogram } from 'hdr-histogram-js'
+import { processCpuUs } from './cpu.js'
 import type { CpuMeter, CpuPerCall } from './cpu.js'
+
+/**
+ * Warm up until CPU per call is steady: the warm-up is cut into chunks, and the window opens once
+ * two consecutive chunks' process CPU per call agree within `tolerance` and `minMs` have passed
+ * (at most `maxMs`). Short fixed warm-ups left TurboFan compiling inside the measured window.
+ */
+export interface SteadyWarmup {
+  minMs: number
+  maxMs: number
+  chunkMs: number
+  /** Relative difference between consecutive chunks' CPU per call, e.g. 0.1. */
+  tolerance: number
+}
 
 export interface LoopOptions {
   concurrency: number
@@ -20,6 +34,8 @@ export interface LoopOptions {
   maxCalls: number
   /** Measures CPU per call over the window (process, main thread, callback server). */
   cpu?: CpuMeter
+  /** Replaces `warmupMs`/`warmupMaxCalls` with a warm-up that ends when CPU per call is steady. */
+  steady?: SteadyWarmup
 }
 
 export interface LoopResult {
@@ -38,6 +54,8 @@ export interface LoopResult {
   meanUs: number
   /** CPU per call over the window, when a meter was given. */
   cpu: CpuPerCall | null
+  /** The warm-up's real length in ms. */
+  warmupMs: number
 }
 
 /** A histogram of µs values, 1 µs to 10 min, 3 significant digits. */
@@ -54,8 +72,15 @@ export async function closedLoop (call: () => Promise<boolean>, options: LoopOpt
   // 0 warm-up, 1 measuring, 2 stopping
   let phase = 0
   let warmupCalls = 0
-  const warmupMax = options.warmupMaxCalls ?? Number.POSITIVE_INFINITY
-  const warmupEnd = performance.now() + options.warmupMs
+  const steady = options.steady
+  const warmupMax = steady !== undefined ? Number.POSITIVE_INFINITY : (options.warmupMaxCalls ?? Number.POSITIVE_INFINITY)
+  const warmupStart = performance.now()
+  const warmupEnd = warmupStart + (steady !== undefined ? steady.maxMs : options.warmupMs)
+  const steadyMinEnd = warmupStart + (steady?.minMs ?? 0)
+  let chunkEnd = warmupStart + (steady?.chunkMs ?? 0)
+  let chunkCpu = processCpuUs()
+  let chunkCalls = 0
+  let lastPerCall = Number.NaN
   let windowStart = 0
   let windowEnd = 0
   let lastCompletion = 0
@@ -82,7 +107,17 @@ export async function closedLoop (call: () => Promise<boolean>, options: LoopOpt
       const t1 = performance.now()
       if (phase === 0) {
         warmupCalls++
-        if (t1 >= warmupEnd || warmupCalls >= warmupMax) {
+        let isSteady = false
+        if (steady !== undefined && t1 >= chunkEnd) {
+          const cpuNow = processCpuUs()
+          const perCall = (cpuNow - chunkCpu) / Math.max(1, warmupCalls - chunkCalls)
+          isSteady = t1 >= steadyMinEnd && Math.abs(perCall - lastPerCall) <= steady.tolerance * lastPerCall
+          lastPerCall = perCall
+          chunkCpu = cpuNow
+          chunkCalls = warmupCalls
+          chunkEnd = t1 + steady.chunkMs
+        }
+        if (isSteady || t1 >= warmupEnd || warmupCalls >= warmupMax) {
           phase = 1
           meter?.begin()
           windowStart = t1
@@ -122,7 +157,8 @@ export async function closedLoop (call: () => Promise<boolean>, options: LoopOpt
     p99Us: histogram.getValueAtPercentile(99),
     maxUs: histogram.maxValue,
     meanUs: histogram.mean,
-    cpu
+    cpu,
+    warmupMs: Math.max(0, windowStart - warmupStart)
   }
   histogram.destroy()
   return result

@@ -58,6 +58,10 @@ export interface BenchContext {
   progress: Progress
   /** The shared callback server (its own process). */
   server: CallbackServerHandle
+  /** Another Toolport checkout whose pool and inline paths run beside this tree's (A/B), or null. */
+  baseline?: string | null
+  /** Dispatch paths to run (raw undici always runs), or null for all. */
+  paths?: string[] | null
 }
 
 export interface Scenario {
@@ -77,8 +81,10 @@ export interface MachineInfo {
   versions: Record<string, string>
   loadAverageBefore: number[]
   loadAverageAfter: number[]
-  /** Share of the machine's CPU used by other processes during the run (Linux), or null. */
+  /** Estimated share of the cores other processes took during the run (Linux schedstat), or null. */
   foreignCpuShare: number | null
+  /** Measuring windows, and those flagged because other processes took the cores. */
+  contendedWindows?: { measured: number, contended: number }
 }
 
 export interface RunReport {
@@ -173,7 +179,8 @@ export function machineLine (m: MachineInfo): string {
   const load = m.loadAverageBefore.map((l) => l.toFixed(2)).join(' ')
   return `${m.cpu}, ${m.cores} cores, ${m.memoryGB} GB, ${m.os}, Node ${m.node}, ` +
     Object.entries(m.versions).map(([k, v]) => `${k} ${v}`).join(', ') + `, load average at start ${load}` +
-    (m.foreignCpuShare === null ? '' : `, other processes' CPU during the run ${(m.foreignCpuShare * 100).toFixed(0)} %`)
+    (m.foreignCpuShare === null ? '' : `, cores taken by other processes during the run ≈ ${(m.foreignCpuShare * 100).toFixed(0)} %`) +
+    (m.contendedWindows === undefined ? '' : `, ${m.contendedWindows.contended} of ${m.contendedWindows.measured} windows flagged as contended`)
 }
 
 function width (s: string): number {

@@ -13,12 +13,16 @@ const dispatchSchema = z.strictObject({
   mode: z.enum(['pool', 'inline']).default('pool'),
   /** Worker threads; 1 measured best on 2 cores for this I/O-bound work. */
   threads: z.number().int().min(1).max(64).default(1),
-  /** Concurrent batch tasks per worker thread (piscina `concurrentTasksPerWorker`). */
-  concurrentTasksPerWorker: z.number().int().min(1).max(4096).default(256),
-  /** The calls of one event-loop turn travel as one task, at most this many. */
+  /** The calls of one event-loop turn travel to a worker as one message, at most this many. */
   maxBatch: z.number().int().min(1).max(1024).default(64),
   /** Calls admitted at once (queued or running); beyond it a call is answered `busy` at once. */
   maxPending: z.number().int().min(1).max(1_000_000).default(4096),
+  /** Calls to one callback origin with the workers at once; more wait in that origin's queue. */
+  maxInFlightPerOrigin: z.number().int().min(1).max(1_000_000).default(256),
+  /** Calls to one callback origin waiting behind its in-flight bound; beyond it they are `busy`. */
+  maxQueuedPerOrigin: z.number().int().min(0).max(1_000_000).default(1024),
+  /** Reply bytes buffered at once over all calls; a reply that does not fit fails its call. */
+  maxBufferedReplyBytes: z.number().int().min(1024).max(1024 ** 3).default(256 * 1024 * 1024),
   /** undici connections per callback origin per thread. */
   connectionsPerOrigin: z.number().int().min(1).max(1024).default(64),
   /** Cap on a callback reply body. */

@@ -5,6 +5,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import type { EventEmitter } from 'node:events'
 import type { ToolportEvents } from './events.js'
 import type { OutcomeKind } from '../workers/protocol.js'
+import { LocalCounter, LocalHistogram } from './local-metrics.js'
 
 /** What the metrics read when scraped. */
 export interface MetricsSource {
@@ -13,6 +14,8 @@ export interface MetricsSource {
   queuedCalls: () => number
   poolUtilization: () => number
   poolThreads: () => number
+  bufferedReplyBytes: () => number
+  replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
 }
 
@@ -30,39 +33,21 @@ function scrapedGauge (registers: Registry[], name: string, help: string, read: 
 
 export class Metrics {
   readonly registry = new Registry()
-  readonly #queueSeconds: Histogram<'outcome'>
-  readonly #callbackSeconds: Histogram<'outcome'>
+  // Per call: counted locally, read by the registry when scraped (src/main/local-metrics.ts).
+  readonly #queueSeconds: LocalHistogram
+  readonly #callbackSeconds: LocalHistogram
 
   constructor (source: MetricsSource) {
     const registers = [this.registry]
     collectDefaultMetrics({ register: this.registry })
-    const calls = new Counter({
-      name: 'toolport_calls_total',
-      help: 'Tool calls answered, by role, tool and outcome',
-      labelNames: ['role', 'tool', 'outcome'] as const,
-      registers
-    })
-    const callSeconds = new Histogram({
-      name: 'toolport_call_duration_seconds',
-      help: 'Whole tool call, from callTool to the result',
-      labelNames: ['outcome'] as const,
-      buckets: LATENCY_BUCKETS,
-      registers
-    })
-    this.#queueSeconds = new Histogram({
-      name: 'toolport_dispatch_queue_seconds',
-      help: 'Time a callback call waited on the main thread before it was handed to the worker pool',
-      labelNames: ['outcome'] as const,
-      buckets: LATENCY_BUCKETS,
-      registers
-    })
-    this.#callbackSeconds = new Histogram({
-      name: 'toolport_dispatch_callback_seconds',
-      help: 'Time from handing a call to the pool (or inline client) to its outcome: worker and callback',
-      labelNames: ['outcome'] as const,
-      buckets: LATENCY_BUCKETS,
-      registers
-    })
+    const calls = new LocalCounter(this.registry, 'toolport_calls_total',
+      'Tool calls answered, by role, tool and outcome', ['role', 'tool', 'outcome'] as const)
+    const callSeconds = new LocalHistogram(this.registry, 'toolport_call_duration_seconds',
+      'Whole tool call, from callTool to the result', 'outcome', LATENCY_BUCKETS)
+    this.#queueSeconds = new LocalHistogram(this.registry, 'toolport_dispatch_queue_seconds',
+      'Time a callback call waited on the main thread before it was handed to a worker', 'outcome', LATENCY_BUCKETS)
+    this.#callbackSeconds = new LocalHistogram(this.registry, 'toolport_dispatch_callback_seconds',
+      'Time from handing a call to a worker (or the inline client) to its outcome: worker and callback', 'outcome', LATENCY_BUCKETS)
     // No origin label: plugins restarting on fresh ports would grow it without bound.
     const evictions = new Counter({
       name: 'toolport_evictions_total',
@@ -89,8 +74,14 @@ export class Metrics {
     })
     // Gauges are read when scraped, so the hot path pays nothing for them.
     scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered', source.pendingCalls)
-    scrapedGauge(registers, 'toolport_dispatch_queue_depth', 'Calls waiting to be handed to a worker', source.queuedCalls)
-    scrapedGauge(registers, 'toolport_pool_utilization', 'Worker pool utilisation (0-1, piscina); 0 in inline mode', source.poolUtilization)
+    scrapedGauge(registers, 'toolport_dispatch_queue_depth',
+      'Calls waiting to be handed to a worker: behind their origin\'s in-flight bound or in this turn\'s batch', source.queuedCalls)
+    scrapedGauge(registers, 'toolport_pool_utilization',
+      'Worker threads\' event-loop utilisation since the previous scrape (0-1, averaged); 0 in inline mode', source.poolUtilization)
+    scrapedGauge(registers, 'toolport_reply_buffer_bytes',
+      'Callback reply bytes being received and held right now, over all threads', source.bufferedReplyBytes)
+    scrapedGauge(registers, 'toolport_reply_buffer_limit_bytes',
+      'The budget on held reply bytes (dispatch.maxBufferedReplyBytes)', source.replyBudgetBytes)
     scrapedGauge(registers, 'toolport_pool_threads', 'Worker threads in the pool; 0 in inline mode', source.poolThreads)
     new Gauge({ // eslint-disable-line no-new
       name: 'toolport_registry_tools',
@@ -106,8 +97,8 @@ export class Metrics {
     source.events.on('call-finished', (event) => {
       const outcome = event.outcome
       // A name that matches no tool is the model's free text: unbounded, so not a label.
-      calls.inc({ role: event.role, tool: outcome === 'unknown_tool' ? '(unknown)' : event.name, outcome })
-      callSeconds.observe({ outcome }, event.durationMs / 1000)
+      calls.inc(event.role, outcome === 'unknown_tool' ? '(unknown)' : event.name, outcome)
+      callSeconds.observe(outcome, event.durationMs / 1000)
     })
     source.events.on('origin-evicted', (event) => {
       evictions.inc()
@@ -121,8 +112,8 @@ export class Metrics {
 
   /** The dispatcher's observer: queue and callback time of each answered callback call. */
   readonly observeDispatch = (queueMs: number, callbackMs: number, kind: OutcomeKind): void => {
-    this.#queueSeconds.observe({ outcome: kind }, queueMs / 1000)
-    this.#callbackSeconds.observe({ outcome: kind }, callbackMs / 1000)
+    this.#queueSeconds.observe(kind, queueMs / 1000)
+    this.#callbackSeconds.observe(kind, callbackMs / 1000)
   }
 
   /** The Prometheus text exposition. */

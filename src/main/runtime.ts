@@ -144,6 +144,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         queuedCalls: () => this.#dispatcher.queued,
         poolUtilization: () => this.#dispatcher.utilization,
         poolThreads: () => this.#dispatcher.threads.length,
+        bufferedReplyBytes: () => this.#dispatcher.bufferedReplyBytes,
+        replyBudgetBytes: () => this.options.dispatch.maxBufferedReplyBytes,
         registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size])
       })
       : null

@@ -1,19 +1,22 @@
-// The piscina task: runs a batch of callback calls on this worker thread.
+// The worker thread's side of its lane: runs the callback calls the main thread posts on it.
 //
-// Outcomes do not travel back as the task's return value: a batch's fast call must not wait for
-// its slow one, so each outcome is posted on this thread's parentPort as soon as it exists,
-// coalesced per event-loop turn (one postMessage carries every outcome that finished in the same
-// turn, which matters at ~80 µs per message). The task itself resolves, with the number of calls,
-// only after all of its outcomes have been posted.
+// piscina owns this thread's lifecycle (start, restart after a crash, destroy), but calls never
+// travel as piscina tasks: a task holds one of the worker's task slots until it resolves, so calls
+// waiting on a plugin that never answers would fill the slots and stall every other plugin's
+// calls. Instead this module, loaded when the thread starts, opens a lane (a MessageChannel of its
+// own) and announces it once on its parentPort (piscina re-emits that as the pool's 'message'
+// event). The main thread then posts each event-loop turn's calls on the lane as one flat array
+// and cancels calls there; outcomes go back on the lane as each call finishes, coalesced per turn
+// (one postMessage carries every outcome that finished in the same turn), so a fast call never
+// waits for a slow one and nothing bounds how many calls wait on the network here: the
+// dispatcher's per-origin bounds do that on the main thread.
 //
-// Cancellation is a message on the cancel channel, never piscina's task `signal`: aborting a
-// running piscina task terminates the whole thread and every keep-alive socket in it.
-//
-// Module-level state is per thread (STYLE §2): one CallbackClient, the in-flight controllers and
-// the outcomes waiting for the next flush.
-import { BroadcastChannel, parentPort, workerData, type MessagePort } from 'node:worker_threads'
-import { CallbackClient } from './callback-client.js'
-import type { BatchTask, CallOutcome, CallTask, WorkerOptions } from './protocol.js'
+// Module-level state is per thread (STYLE §2): one CallbackClient and the outcomes waiting for
+// the next flush.
+import { MessageChannel, parentPort, workerData } from 'node:worker_threads'
+import { CallbackClient } from '../shared/callback-client.js'
+import { LANE_CALLS, LANE_CANCEL, pushOutcome, readTask, TASK_STRIDE } from './protocol.js'
+import type { CallOutcome, LaneHello, WorkerOptions } from './protocol.js'
 
 const options = workerData as WorkerOptions
 
@@ -22,70 +25,51 @@ const client = new CallbackClient({
   keepAliveTimeoutMs: options.keepAliveTimeoutMs,
   connectTimeoutMs: options.connectTimeoutMs,
   maxImages: options.maxImages,
-  maxImageBytes: options.maxImageBytes
+  maxImageBytes: options.maxImageBytes,
+  slotSpace: options.slotSpace,
+  replyBudget: options.replyBudget
 })
 
-// Point to point to the main thread (piscina re-emits it as the pool's 'message' event).
-const results = parentPort as MessagePort
-const cancels = new BroadcastChannel(options.cancelChannel)
-// The cancel channel must not keep the thread alive; piscina's own port does while the pool wants it.
-cancels.unref()
+const lane = new MessageChannel()
+const port = lane.port1
+// piscina's own port keeps the thread alive while the pool wants it; the lane must not.
+port.unref()
 
-cancels.onmessage = function onCancel (event: unknown): void {
-  // The main thread broadcasts to every thread; ids that run elsewhere are simply absent here.
-  const ids = (event as MessageEvent).data as unknown
-  if (!Array.isArray(ids)) return
-  for (const id of ids) {
-    client.cancel(id as number)
-  }
-}
-
-let pending: CallOutcome[] = []
-let flushed: Promise<void> | null = null
-let resolveFlushed: (() => void) | null = null
+let pending: unknown[] = []
+let isFlushScheduled = false
 
 function flush (): void {
-  const batch = pending
-  const resolve = resolveFlushed
+  const message = pending
   pending = []
-  flushed = null
-  resolveFlushed = null
-  results.postMessage(batch)
-  resolve?.()
+  isFlushScheduled = false
+  port.postMessage(message)
 }
 
-function captureFlushResolver (resolve: () => void): void {
-  resolveFlushed = resolve
-}
-
-/** Queues an outcome for this turn's message; resolves once that message was posted. */
-function post (outcome: CallOutcome): Promise<void> {
-  pending.push(outcome)
-  if (flushed === null) {
-    flushed = new Promise<void>(captureFlushResolver)
+function post (outcome: CallOutcome): void {
+  pushOutcome(pending, outcome)
+  if (!isFlushScheduled) {
+    isFlushScheduled = true
     setImmediate(flush)
   }
-  return flushed
 }
 
-async function runCall (task: CallTask): Promise<void> {
-  // Cancellation goes through client.cancel(id), so no AbortController per call.
-  await post(await client.call(task))
-}
+port.on('message', function onLaneMessage (message: unknown): void {
+  if (!Array.isArray(message) || message.length === 0) return
+  if (message[0] === LANE_CALLS) {
+    for (let i = 1; i + TASK_STRIDE <= message.length; i += TASK_STRIDE) client.start(readTask(message, i), post)
+  } else if (message[0] === LANE_CANCEL) {
+    // Ids that already finished here are simply absent.
+    for (let i = 1; i < message.length; i++) client.cancel(message[i] as number)
+  }
+})
+
+const hello: LaneHello = { toolportLane: lane.port2 }
+parentPort?.postMessage(hello, [lane.port2])
 
 /**
- * Runs every call of the batch concurrently and resolves with the number of calls once all of
- * their outcomes were posted to the main thread.
- *
- * @example
- * await pool.run({ calls: [task] }) // 1; the outcome arrives as the pool's 'message' event
+ * piscina needs a task function; the dispatcher never runs tasks (calls travel on the lane).
+ * Resolves with this thread's count of calls in flight, for diagnostics.
  */
-export default async function runBatch (batch: BatchTask): Promise<number> {
-  const calls = batch.calls
-  const running: Promise<void>[] = new Array(calls.length)
-  for (let i = 0; i < calls.length; i++) {
-    running[i] = runCall(calls[i] as CallTask)
-  }
-  await Promise.all(running)
-  return calls.length
+export default function laneStatus (): number {
+  return client.running
 }

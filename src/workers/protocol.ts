@@ -1,9 +1,13 @@
 // The thread contract between the main thread and the callback workers.
 //
-// Types and constants only: src/main imports this file, and nothing here may import from
-// src/main. Everything that crosses a thread boundary is a flat object of strings and numbers:
-// structured clone of flat records is cheap, and a deeply nested value returned from a piscina
-// task can stall the pool (measured), so bodies always travel as strings.
+// Types, constants and the lane encoding only (no imports at all): src/main imports this file, and nothing here may
+// import from src/main. Each worker has a lane, a MessageChannel of its own (piscina still owns
+// the worker's lifecycle): the main thread posts the calls of one event-loop turn on it as one
+// flat array, and the worker posts the outcomes of one turn back the same way. A flat positional
+// array of strings and numbers is cheaper to structured-clone and to read than one object per
+// call (measured), and bodies always travel as strings (a deeply nested value would stall the
+// clone).
+import type { MessagePort } from 'node:worker_threads'
 
 /** How one callback call ended. The main thread maps each kind to a model-visible result. */
 export const OutcomeKind = {
@@ -25,6 +29,11 @@ export const OutcomeKind = {
   busy: 'busy',
   /** A bug or a dead worker; the callback may or may not have run. */
   internal: 'internal',
+  /**
+   * The reply was dropped: buffering it would pass Toolport's budget of reply bytes held at once
+   * (`dispatch.maxBufferedReplyBytes`) while other calls' replies fill it.
+   */
+  memory: 'memory',
   /** The callback URL failed the loopback re-check at call time; nothing was sent. */
   refused: 'refused'
 } as const
@@ -52,7 +61,11 @@ export interface CallTask {
   maxResponseBytes: number
 }
 
-/** The result of one call, sent back to the main thread. Flat: strings and numbers only. */
+/**
+ * The result of one call, sent back to the main thread. Flat: strings, numbers and booleans. To add
+ * a field (e.g. a reply's images as a JSON string), append it here, in `createOutcome`
+ * (src/shared/call-attempt.ts), in `pushOutcome`/`readOutcome` below, and raise OUTCOME_STRIDE.
+ */
 export interface CallOutcome {
   id: number
   kind: OutcomeKind
@@ -81,18 +94,15 @@ export interface CallOutcome {
   images?: string[]
 }
 
-/**
- * A batch of calls for one piscina task. Outcomes stream back as `CallOutcome[]` messages on the
- * worker's parentPort (piscina emits them as the pool's 'message' event), not as the task result.
- */
-export interface BatchTask {
-  calls: CallTask[]
-}
-
 /** Options every worker thread receives through piscina's `workerData`. */
 export interface WorkerOptions {
-  /** BroadcastChannel name on which the main thread posts ids of calls to cancel. */
-  cancelChannel: string
+  /**
+   * Call ids are `generation × slotSpace + slot` (the dispatcher's slot table), so a worker can
+   * keep its running calls in a slot array of this size too.
+   */
+  slotSpace: number
+  /** The reply-byte budget shared by every thread (src/shared/reply-budget.ts). */
+  replyBudget: SharedArrayBuffer
   /** Per-origin connection cap of each thread's undici pools. */
   connectionsPerOrigin: number
   /** Keep-alive idle timeout in ms for callback sockets. */
@@ -107,3 +117,66 @@ export interface WorkerOptions {
 
 /** Characters of an HTTP error body kept for the model-visible message. */
 export const HTTP_ERROR_SNIPPET_CHARS = 200
+
+// ---- Lanes -----------------------------------------------------------------------------------
+//
+// The worker announces its lane once, at start, on its parentPort (piscina re-emits it as the
+// pool's 'message' event): `{ toolportLane: port }` with the port transferred. After that only
+// flat arrays travel on the lane:
+//   main → worker: [LANE_CALLS, ...TASK_STRIDE fields per call]  or  [LANE_CANCEL, id, id, …]
+//   worker → main: [...OUTCOME_STRIDE fields per outcome]
+
+/** The worker's first message: its end of the lane's other port. */
+export interface LaneHello {
+  toolportLane: MessagePort
+}
+
+export const LANE_CALLS = 0
+export const LANE_CANCEL = 1
+
+/** Fields per call in a LANE_CALLS message. */
+export const TASK_STRIDE = 9
+
+/** Appends a call's fields to a lane message (the order `readTask` reads them in). */
+export function pushTask (out: unknown[], id: number, task: Omit<CallTask, 'id'>): void {
+  out.push(id, task.url, task.origin, task.path, task.body, task.callId, task.deadline, task.timeoutMs, task.maxResponseBytes)
+}
+
+/** The call at field offset `i` of a LANE_CALLS message. */
+export function readTask (m: readonly unknown[], i: number): CallTask {
+  return {
+    id: m[i] as number,
+    url: m[i + 1] as string,
+    origin: m[i + 2] as string,
+    path: m[i + 3] as string,
+    body: m[i + 4] as string,
+    callId: m[i + 5] as string,
+    deadline: m[i + 6] as number,
+    timeoutMs: m[i + 7] as number,
+    maxResponseBytes: m[i + 8] as number
+  }
+}
+
+/** Fields per outcome in a worker → main message. */
+export const OUTCOME_STRIDE = 10
+
+export function pushOutcome (out: unknown[], o: CallOutcome): void {
+  out.push(o.id, o.kind, o.status, o.text, o.textIsJson, o.toolError, o.contentType, o.message, o.bytes, o.images ?? null)
+}
+
+export function readOutcome (m: readonly unknown[], i: number): CallOutcome {
+  const outcome: CallOutcome = {
+    id: m[i] as number,
+    kind: m[i + 1] as OutcomeKind,
+    status: m[i + 2] as number,
+    text: m[i + 3] as string,
+    textIsJson: m[i + 4] as boolean,
+    toolError: m[i + 5] as string,
+    contentType: m[i + 6] as string,
+    message: m[i + 7] as string,
+    bytes: m[i + 8] as number
+  }
+  const images = m[i + 9] as string[] | null
+  if (images !== null) outcome.images = images
+  return outcome
+}

@@ -5,7 +5,7 @@ import { once } from 'node:events'
 import net from 'node:net'
 import { test } from 'node:test'
 import type { TestContext } from 'node:test'
-import { CallbackClient } from '../../src/workers/callback-client.js'
+import { CallbackClient } from '../../src/shared/callback-client.js'
 import { HTTP_ERROR_SNIPPET_CHARS } from '../../src/workers/protocol.js'
 import type { CallOutcome } from '../../src/workers/protocol.js'
 import {

@@ -1,66 +1,80 @@
-// The Dispatcher: runs callback calls in a piscina worker pool (default) or inline.
+// The Dispatcher: runs callback calls on the pool's worker threads (default) or inline.
 //
-// Pool mode, per call (STYLE §4, issue "Dispatch"):
-// 1. `dispatch()` admits the call (or answers `busy` at once when `maxPending` calls are in
-//    flight) and queues its fixed-shape CallTask.
-// 2. The calls of one event-loop turn are flushed together on `setImmediate`, in batches of at
-//    most `maxBatch`, one piscina task per batch: one postMessage round trip (~80 µs measured)
-//    is shared by the whole turn instead of paid per call.
-// 3. The worker streams outcomes back per call on its parentPort (piscina re-emits them as the
-//    pool's 'message' event) as each finishes, coalesced per turn, so a fast call never waits
-//    for a slow one in the same batch. Point to point: a BroadcastChannel would copy every
-//    outcome into every other worker too.
-// 4. Cancellation is a message on a BroadcastChannel (the main thread does not know which
-//    thread runs a call), never piscina's abort signal: aborting a running task kills its thread
-//    and every keep-alive socket in it.
-// 5. Each batch also has a deadline on the main thread (its latest call's deadline plus a
-//    grace), so a stuck or dead worker can never leave a caller waiting forever.
-import { BroadcastChannel, type Worker } from 'node:worker_threads'
-import { randomUUID } from 'node:crypto'
+// Per call (STYLE §4; docs/architecture.md "Dispatch"):
+// 1. `dispatch()` admits the call into a slot of a fixed table (or answers `busy` at once when
+//    `maxPending` calls are admitted). The id is `generation × slotSpace + slot`, so an outcome
+//    that arrives after its slot was reused never matches the newer call, and no Map gains and
+//    loses an entry per call (those entries survived scavenges and made most of the GC work).
+// 2. Each callback origin has bounds of its own: at most `maxInFlightPerOrigin` of its calls are
+//    with a worker at once, at most `maxQueuedPerOrigin` more wait here in order, and beyond that
+//    its callers are answered `busy`. A plugin that never answers thus fills only its own bounds:
+//    another plugin's calls never wait behind it.
+// 3. Pool mode: each worker has a lane (a MessageChannel of its own; piscina still owns the
+//    worker's lifecycle). The calls of one event-loop turn are posted on the least busy lane as
+//    one flat array on `setImmediate`, and outcomes come back on the lane, coalesced per turn.
+//    No piscina task is involved, so no task slot is held while calls wait on the network.
+// 4. Cancellation is a message on the call's lane, never piscina's abort signal: aborting a
+//    running task kills its thread and every keep-alive socket in it.
+// 5. One sweep a second (only while calls are admitted) answers calls that outlived their
+//    deadline by a grace, so a stuck or dead worker can never leave a caller waiting forever; a
+//    lane whose worker exits answers its calls at once.
+import type { MessagePort, Worker } from 'node:worker_threads'
 import { Piscina } from 'piscina'
-import type { BatchTask, CallOutcome, CallTask, OutcomeKind, WorkerOptions } from '../../workers/protocol.js'
-import { CallbackClient } from '../../workers/callback-client.js'
+import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '../../workers/protocol.js'
+import type { CallOutcome, CallTask, LaneHello, OutcomeKind, WorkerOptions } from '../../workers/protocol.js'
+import { CallbackClient } from '../../shared/callback-client.js'
+import { ReplyBudget } from '../../shared/reply-budget.js'
 import type { DispatchOptions } from '../config.js'
 
-/** How long past a batch's latest deadline the main thread waits before declaring its calls lost. */
-const BATCH_GRACE_MS = 1_000
+/** How long past a call's deadline the main thread waits for its outcome before declaring it lost. */
+const DEADLINE_GRACE_MS = 1_000
+const SWEEP_MS = 1_000
+/** Idle origin entries are forgotten once more than this many exist. */
+const ORIGINS_KEPT = 1_024
 
-/** The calls of one piscina task; the timer is cleared when the last of them is answered. */
-interface Batch {
-  calls: CallTask[]
-  remaining: number
-  timer: NodeJS.Timeout | undefined
+// Slot states.
+const FREE = 0
+/** Waiting behind its origin's in-flight bound. */
+const QUEUED = 1
+/** In this turn's outbox (pool mode), not yet posted on a lane. */
+const OUTBOX = 2
+/** With a worker (or the inline client). */
+const SENT = 3
+
+/** The bounds of one callback origin. */
+class OriginBound {
+  inFlight = 0
+  queued = 0
+  /** Ids waiting, oldest first, from `head`; entries whose call ended meanwhile are skipped. */
+  queue: number[] = []
+  head = 0
 }
 
-/** A call admitted and not yet answered. It is its own abort listener (no closure per call). */
-class PendingCall {
-  readonly task: CallTask
-  readonly resolve: (outcome: CallOutcome) => void
-  readonly signal: AbortSignal | undefined
-  readonly owner: Dispatcher
-  /** Set once the call has left the main-thread queue for a worker. */
-  batch: Batch | null = null
-  /** performance.now() when admitted, and when handed to the pool (inline: the same). */
-  readonly dispatchedAt: number
-  sentAt: number
+/** A worker's lane: the main thread's end of its MessageChannel. */
+interface Lane {
+  port: MessagePort
+  index: number
+  inFlight: number
+  isOpen: boolean
+}
 
-  constructor (owner: Dispatcher, task: CallTask, resolve: (outcome: CallOutcome) => void, signal: AbortSignal | undefined) {
-    this.owner = owner
-    this.task = task
-    this.resolve = resolve
-    this.signal = signal
-    this.dispatchedAt = performance.now()
-    this.sentAt = this.dispatchedAt
+/** The abort listener of one slot, created once per slot and reused by every call in it. */
+class SlotListener {
+  readonly dispatcher: Dispatcher
+  readonly slot: number
+  constructor (dispatcher: Dispatcher, slot: number) {
+    this.dispatcher = dispatcher
+    this.slot = slot
   }
 
   handleEvent (): void {
-    this.owner.abort(this.task.id)
+    this.dispatcher.abortSlot(this.slot)
   }
 }
 
 /**
- * Told how long each answered call waited on the main thread before it was handed to the pool
- * (batching turn; 0 inline) and how long it took from there (postMessage, worker, callback).
+ * Told how long each answered call waited on the main thread before it was handed to a worker
+ * (batching turn and origin queue; ~0 inline) and how long it took from there.
  */
 export type DispatchObserver = (queueMs: number, callbackMs: number, kind: OutcomeKind) => void
 
@@ -70,41 +84,81 @@ export type CallRequest = Omit<CallTask, 'id'>
 export class Dispatcher {
   readonly #options: DispatchOptions
   readonly #observer: DispatchObserver | null
-  readonly #pending = new Map<number, PendingCall>()
-  #queue: CallTask[] = []
-  #flushScheduled = false
-  #nextId = 1
+  readonly #budget: SharedArrayBuffer
+  readonly #replyBudget: ReplyBudget
+  // The slot table: parallel arrays indexed by slot.
+  readonly #space: number
+  readonly #ids: Float64Array
+  readonly #state: Uint8Array
+  readonly #requests: (CallRequest | null)[]
+  readonly #resolves: (((outcome: CallOutcome) => void) | null)[]
+  readonly #signals: (AbortSignal | undefined)[]
+  readonly #listeners: (SlotListener | undefined)[]
+  readonly #bounds: (OriginBound | null)[]
+  readonly #lanesOf: Int32Array
+  readonly #admittedAt: Float64Array
+  readonly #sentAt: Float64Array
+  readonly #free: Int32Array
+  #freeTop: number
+  #generation = 1
+  #pending = 0
+  readonly #origins = new Map<string, OriginBound>()
+  #sweep: NodeJS.Timeout | null = null
   #closing = false
   #drained: (() => void) | null = null
   // Pool mode
   readonly #pool: Piscina | null = null
-  readonly #cancel: BroadcastChannel | null = null
+  readonly #lanes: Lane[] = []
+  #outbox: number[] = []
+  #outboxCalls = 0
+  #isFlushScheduled = false
+  readonly #elu = new Map<Worker, EventLoopUtilization>()
   // Inline mode
   readonly #client: CallbackClient | null = null
 
   constructor (options: DispatchOptions, observer: DispatchObserver | null = null) {
     this.#options = options
     this.#observer = observer
+    let space = 1
+    while (space < options.maxPending) space *= 2
+    this.#space = space
+    this.#ids = new Float64Array(space)
+    this.#state = new Uint8Array(space)
+    this.#requests = new Array<CallRequest | null>(space).fill(null)
+    this.#resolves = new Array<((outcome: CallOutcome) => void) | null>(space).fill(null)
+    this.#signals = new Array<AbortSignal | undefined>(space).fill(undefined)
+    this.#listeners = new Array<SlotListener | undefined>(space).fill(undefined)
+    this.#bounds = new Array<OriginBound | null>(space).fill(null)
+    this.#lanesOf = new Int32Array(space).fill(-1)
+    this.#admittedAt = new Float64Array(space)
+    this.#sentAt = new Float64Array(space)
+    this.#free = new Int32Array(space)
+    // Lowest slots first, so a light load keeps touching the same few entries.
+    for (let i = 0; i < space; i++) this.#free[i] = space - 1 - i
+    this.#freeTop = space
+    this.#budget = ReplyBudget.create(options.maxBufferedReplyBytes)
+    this.#replyBudget = new ReplyBudget(this.#budget)
     if (options.mode === 'inline') {
       this.#client = new CallbackClient({
         connectionsPerOrigin: options.connectionsPerOrigin,
         keepAliveTimeoutMs: options.keepAliveTimeoutMs,
         connectTimeoutMs: options.connectTimeoutMs,
         maxImages: options.maxImages,
-        maxImageBytes: options.maxImageBytes
+        maxImageBytes: options.maxImageBytes,
+        slotSpace: space,
+        replyBudget: this.#budget
       })
       return
     }
     const workerData: WorkerOptions = {
-      cancelChannel: `toolport:cancel:${randomUUID()}`,
+      slotSpace: space,
+      replyBudget: this.#budget,
       connectionsPerOrigin: options.connectionsPerOrigin,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       connectTimeoutMs: options.connectTimeoutMs,
       maxImages: options.maxImages,
       maxImageBytes: options.maxImageBytes
     }
-    this.#cancel = new BroadcastChannel(workerData.cancelChannel)
-    this.#cancel.unref()
     this.#pool = new Piscina({
       filename: workerFile(),
       workerData,
@@ -113,13 +167,13 @@ export class Dispatcher {
       // 'sync' (the default) parks idle workers in Atomics.wait, so their event loop cannot see a
       // plugin closing an idle keep-alive socket and the next call fails with "other side closed".
       atomics: 'disabled',
-      concurrentTasksPerWorker: options.concurrentTasksPerWorker,
       // Threads hold keep-alive sockets: never let them idle out.
-      idleTimeout: 2 ** 31 - 1,
-      // Admission is bounded by maxPending above; piscina's own queue never needs to refuse.
-      maxQueue: Infinity
+      idleTimeout: 2 ** 31 - 1
     })
-    this.#pool.on('message', (outcomes: CallOutcome[]) => { this.#onResults(outcomes) })
+    this.#pool.on('message', (message: unknown) => { this.#onWorkerMessage(message) })
+    // A worker that dies is replaced by piscina; its lane's 'close' answers its calls. Without a
+    // listener, piscina's 'error' event would crash the process.
+    this.#pool.on('error', noop)
   }
 
   get mode (): 'pool' | 'inline' { return this.#options.mode }
@@ -130,16 +184,36 @@ export class Dispatcher {
   }
 
   /** Calls admitted and not yet answered. */
-  get pending (): number { return this.#pending.size }
+  get pending (): number { return this.#pending }
 
-  /** Calls waiting to be handed to a worker (this turn's batch plus piscina's queue). */
+  /** Calls admitted but not yet with a worker: behind their origin's bound, or in this turn's batch. */
   get queued (): number {
-    return this.#queue.length + (this.#pool?.queueSize ?? 0)
+    let queued = this.#outboxCalls
+    for (const bound of this.#origins.values()) queued += bound.queued
+    return queued
   }
 
-  /** The pool's utilisation (0–1, piscina's measure); 0 inline. */
+  /**
+   * The workers' event-loop utilisation (0–1) since the previous reading, averaged over the
+   * threads; 0 inline.
+   */
   get utilization (): number {
-    return this.#pool?.utilization ?? 0
+    const threads = this.threads
+    if (threads.length === 0) return 0
+    let sum = 0
+    for (const worker of threads) {
+      const previous = this.#elu.get(worker)
+      const now = worker.performance.eventLoopUtilization()
+      sum += previous === undefined ? now.utilization : worker.performance.eventLoopUtilization(now, previous).utilization
+      this.#elu.set(worker, now)
+    }
+    for (const worker of this.#elu.keys()) if (!threads.includes(worker)) this.#elu.delete(worker)
+    return sum / threads.length
+  }
+
+  /** Reply bytes being received right now, over every thread (see `dispatch.maxBufferedReplyBytes`). */
+  get bufferedReplyBytes (): number {
+    return this.#replyBudget.used
   }
 
   /**
@@ -147,39 +221,42 @@ export class Dispatcher {
    * answers `cancelled` at once and tells the worker to stop the request.
    */
   dispatch (request: CallRequest, signal?: AbortSignal): Promise<CallOutcome> {
-    const id = this.#nextId++
-    if (this.#closing) return Promise.resolve(failure(id, 'busy', 'Toolport is closing'))
-    if (this.#pending.size >= this.#options.maxPending) {
-      return Promise.resolve(failure(id, 'busy', `${this.#options.maxPending} calls in flight`))
+    if (this.#closing) return Promise.resolve(failure(0, 'busy', 'Toolport is closing'))
+    if (this.#freeTop === 0 || this.#pending >= this.#options.maxPending) {
+      return Promise.resolve(failure(0, 'busy', `${this.#options.maxPending} calls in flight`))
     }
-    if (signal?.aborted === true) return Promise.resolve(failure(id, 'cancelled', 'aborted before dispatch'))
-    const task: CallTask = {
-      id,
-      url: request.url,
-      origin: request.origin,
-      path: request.path,
-      body: request.body,
-      callId: request.callId,
-      deadline: request.deadline,
-      timeoutMs: request.timeoutMs,
-      maxResponseBytes: request.maxResponseBytes
+    if (signal?.aborted === true) return Promise.resolve(failure(0, 'cancelled', 'aborted before dispatch'))
+    const bound = this.#bound(request.origin)
+    const limits = this.#options
+    if (bound.inFlight >= limits.maxInFlightPerOrigin && bound.queued >= limits.maxQueuedPerOrigin) {
+      return Promise.resolve(failure(0, 'busy',
+        `its callback already has ${bound.inFlight} calls in flight and ${bound.queued} waiting`))
     }
     return new Promise<CallOutcome>((resolve) => {
-      const call = new PendingCall(this, task, resolve, signal)
-      this.#pending.set(id, call)
-      signal?.addEventListener('abort', call, { once: true })
-      if (this.#client !== null) {
-        // The client stops the request on the caller's signal itself; `abort()` answers at once.
-        this.#client.call(task, signal).then(this.#onOutcome, (err: unknown) => {
-          // Unreachable (the client never rejects), but a bug must still answer the caller.
-          this.settle(failure(id, 'internal', (err as Error)?.message ?? 'unknown error'))
-        })
-        return
+      const slot = this.#free[--this.#freeTop] as number
+      const id = this.#generation++ * this.#space + slot
+      this.#ids[slot] = id
+      this.#requests[slot] = request
+      this.#resolves[slot] = resolve
+      this.#bounds[slot] = bound
+      this.#admittedAt[slot] = performance.now()
+      if (this.#pending++ === 0) this.#armSweep()
+      if (signal !== undefined) {
+        this.#signals[slot] = signal
+        let listener = this.#listeners[slot]
+        if (listener === undefined) {
+          listener = new SlotListener(this, slot)
+          this.#listeners[slot] = listener
+        }
+        signal.addEventListener('abort', listener, { once: true })
       }
-      this.#queue.push(task)
-      if (!this.#flushScheduled) {
-        this.#flushScheduled = true
-        setImmediate(flushDispatcher, this)
+      if (bound.inFlight < limits.maxInFlightPerOrigin) {
+        bound.inFlight++
+        this.#send(slot, id)
+      } else {
+        this.#state[slot] = QUEUED
+        bound.queued++
+        bound.queue.push(id)
       }
     })
   }
@@ -191,111 +268,262 @@ export class Dispatcher {
   async close (graceMs = this.#options.closeGraceMs): Promise<void> {
     if (this.#closing) return
     this.#closing = true
-    if (this.#pending.size > 0) {
+    if (this.#pending > 0) {
       let timer: NodeJS.Timeout | undefined
       await Promise.race([
         new Promise<void>((resolve) => { this.#drained = resolve }),
         new Promise<void>((resolve) => { timer = setTimeout(resolve, graceMs) })
       ])
       clearTimeout(timer)
-      for (const id of [...this.#pending.keys()]) this.abort(id)
+      for (let slot = 0; slot < this.#space; slot++) {
+        if (this.#state[slot] !== FREE) this.abortSlot(slot)
+      }
+    }
+    if (this.#sweep !== null) clearInterval(this.#sweep)
+    this.#sweep = null
+    for (const lane of this.#lanes) {
+      lane.isOpen = false
+      lane.port.close()
     }
     if (this.#pool !== null) await this.#pool.destroy()
-    this.#cancel?.close()
     if (this.#client !== null) await this.#client.close()
   }
 
-  /** Sends the queued calls of this turn to the pool, in batches of at most `maxBatch`. */
-  flush (): void {
-    this.#flushScheduled = false
-    const queue = this.#queue
-    if (queue.length === 0) return
-    this.#queue = []
-    const max = this.#options.maxBatch
-    for (let start = 0; start < queue.length; start += max) {
-      this.#runBatch(queue.length <= max ? queue : queue.slice(start, start + max))
-    }
-  }
-
-  #runBatch (calls: CallTask[]): void {
-    const pool = this.#pool
-    if (pool === null) return
-    const batch: Batch = { calls, remaining: calls.length, timer: undefined }
-    let latest = 0
-    const now = performance.now()
-    for (const task of calls) {
-      const call = this.#pending.get(task.id) as PendingCall
-      call.batch = batch
-      call.sentAt = now
-      if (task.deadline > latest) latest = task.deadline
-    }
-    // The main thread's own deadline for the batch (see 5. above).
-    // Left ref'd on purpose: it lives only while the batch has unanswered calls (settle() clears
-    // it), and it keeps a script that awaits a call alive even while the worker (which piscina
-    // unrefs once its task resolves) still has the outcome in flight.
-    batch.timer = setTimeout(settleBatch, Math.max(0, latest - Date.now()) + BATCH_GRACE_MS,
-      this, calls, 'timeout', 'no answer from the worker by the deadline')
-    const task: BatchTask = { calls }
-    // The task's settlement and the outcomes travel on different ports with no order between
-    // them (measured: 65% of single-call batches resolve before their outcome arrives), so a
-    // resolved task settles nothing; the outcomes (or the timer) do.
-    pool.run(task).then(noop, (err: unknown) => {
-      // The worker died or threw (a bug): its calls may or may not have reached the plugin. Give
-      // outcomes it posted before dying one turn to arrive before answering the rest.
-      setImmediate(settleBatch, this, calls, 'internal', `worker failed: ${(err as Error)?.message ?? 'unknown error'}`)
-    })
-  }
-
-  #onResults (outcomes: CallOutcome[]): void {
-    if (!Array.isArray(outcomes)) return
-    for (let i = 0; i < outcomes.length; i++) this.settle(outcomes[i] as CallOutcome)
-  }
-
-  /** Answers a call as cancelled at once and tells whoever runs it to stop. */
-  abort (id: number): void {
-    const call = this.#pending.get(id)
-    if (call === undefined) return
-    if (call.batch === null && this.#client === null) {
-      const index = this.#queue.indexOf(call.task)
-      if (index !== -1) this.#queue.splice(index, 1)
-    } else if (this.#cancel !== null) {
-      this.#cancel.postMessage([id])
+  /** Answers the call in `slot` as cancelled at once and tells whoever runs it to stop. */
+  abortSlot (slot: number): void {
+    const state = this.#state[slot]
+    if (state === FREE) return
+    const id = this.#ids[slot] as number
+    if (state === SENT && this.#client === null) {
+      const lane = this.#lanes[this.#lanesOf[slot] as number]
+      if (lane !== undefined && lane.isOpen) lane.port.postMessage([LANE_CANCEL, id])
     }
     // Inline: the client listens to the caller's signal; on close() the client's pools are destroyed.
     this.settle(failure(id, 'cancelled', 'the caller aborted the call'))
   }
 
+  /** Answers a pending call once; outcomes for a call already answered (or a reused slot) are ignored. */
+  settle (outcome: CallOutcome): void {
+    const slot = outcome.id % this.#space
+    const state = this.#state[slot]
+    if (state === FREE || this.#ids[slot] !== outcome.id) return
+    const resolve = this.#resolves[slot] as (outcome: CallOutcome) => void
+    const signal = this.#signals[slot]
+    if (signal !== undefined) {
+      signal.removeEventListener('abort', this.#listeners[slot] as SlotListener)
+      this.#signals[slot] = undefined
+    }
+    const bound = this.#bounds[slot] as OriginBound
+    if (state === QUEUED) {
+      bound.queued--
+    } else {
+      bound.inFlight--
+      if (state === SENT) {
+        const lane = this.#lanesOf[slot] as number
+        if (lane >= 0) (this.#lanes[lane] as Lane).inFlight--
+      } else {
+        this.#outboxCalls--
+      }
+    }
+    if (this.#observer !== null) {
+      const sentAt = state === SENT ? this.#sentAt[slot] as number : performance.now()
+      this.#observer(sentAt - (this.#admittedAt[slot] as number), performance.now() - sentAt, outcome.kind)
+    }
+    this.#state[slot] = FREE
+    this.#requests[slot] = null
+    this.#resolves[slot] = null
+    this.#bounds[slot] = null
+    this.#lanesOf[slot] = -1
+    this.#free[this.#freeTop++] = slot
+    this.#pending--
+    if (bound.queued > 0 && bound.inFlight < this.#options.maxInFlightPerOrigin) this.#pump(bound)
+    if (this.#pending === 0) {
+      this.#sweep?.unref()
+      this.#drained?.()
+    }
+    resolve(outcome)
+  }
+
+  /** Sends queued calls of an origin while it has room under its in-flight bound. */
+  #pump (bound: OriginBound): void {
+    const max = this.#options.maxInFlightPerOrigin
+    const queue = bound.queue
+    while (bound.inFlight < max && bound.head < queue.length) {
+      const id = queue[bound.head++] as number
+      const slot = id % this.#space
+      if (this.#state[slot] !== QUEUED || this.#ids[slot] !== id) continue
+      bound.queued--
+      bound.inFlight++
+      this.#send(slot, id)
+    }
+    if (bound.head === queue.length) {
+      bound.queue = []
+      bound.head = 0
+    } else if (bound.head > 1024 && bound.head * 2 > queue.length) {
+      bound.queue = queue.slice(bound.head)
+      bound.head = 0
+    }
+  }
+
+  #send (slot: number, id: number): void {
+    const request = this.#requests[slot] as CallRequest
+    if (this.#client !== null) {
+      this.#state[slot] = SENT
+      this.#sentAt[slot] = this.#admittedAt[slot] as number
+      const task: CallTask = {
+        id,
+        url: request.url,
+        origin: request.origin,
+        path: request.path,
+        body: request.body,
+        callId: request.callId,
+        deadline: request.deadline,
+        timeoutMs: request.timeoutMs,
+        maxResponseBytes: request.maxResponseBytes
+      }
+      // The client stops the request on the caller's signal itself; `abortSlot()` answers at once.
+      this.#client.start(task, this.#onOutcome, this.#signals[slot])
+      return
+    }
+    this.#state[slot] = OUTBOX
+    this.#outbox.push(id)
+    this.#outboxCalls++
+    if (!this.#isFlushScheduled) {
+      this.#isFlushScheduled = true
+      setImmediate(flushDispatcher, this)
+    }
+  }
+
   readonly #onOutcome = (outcome: CallOutcome): void => { this.settle(outcome) }
 
-  /** Answers a pending call once; later outcomes for the same id are ignored. */
-  settle (outcome: CallOutcome): void {
-    const call = this.#pending.get(outcome.id)
-    if (call === undefined) return
-    this.#pending.delete(outcome.id)
-    call.signal?.removeEventListener('abort', call)
-    const batch = call.batch
-    if (batch !== null && --batch.remaining === 0) clearTimeout(batch.timer)
-    if (this.#observer !== null) {
-      this.#observer(call.sentAt - call.dispatchedAt, performance.now() - call.sentAt, outcome.kind)
+  /** Posts this turn's calls on the lanes, in batches of at most `maxBatch`, each on the least busy lane. */
+  flush (): void {
+    this.#isFlushScheduled = false
+    const outbox = this.#outbox
+    if (outbox.length === 0) return
+    const lanes = this.#lanes
+    if (!lanes.some(isOpen)) return // no worker is ready yet: the next lane to open flushes
+    this.#outbox = []
+    const max = this.#options.maxBatch
+    const now = performance.now()
+    let message: unknown[] | null = null
+    let lane: Lane | null = null
+    let count = 0
+    for (const id of outbox) {
+      const slot = id % this.#space
+      if (this.#state[slot] !== OUTBOX || this.#ids[slot] !== id) continue
+      if (message === null || lane === null) {
+        lane = leastBusy(lanes)
+        message = [LANE_CALLS]
+        count = 0
+      }
+      pushTask(message, id, this.#requests[slot] as CallRequest)
+      this.#state[slot] = SENT
+      this.#lanesOf[slot] = lane.index
+      this.#sentAt[slot] = now
+      this.#outboxCalls--
+      lane.inFlight++
+      if (++count === max) {
+        lane.port.postMessage(message)
+        message = null
+      }
     }
-    call.resolve(outcome)
-    if (this.#drained !== null && this.#pending.size === 0) this.#drained()
+    if (message !== null && lane !== null) lane.port.postMessage(message)
   }
 
-  /** True when the call is still waiting for its outcome. */
-  isPending (id: number): boolean {
-    return this.#pending.has(id)
+  #onWorkerMessage (message: unknown): void {
+    const port = (message as Partial<LaneHello> | null)?.toolportLane
+    if (port === undefined || this.#closing) {
+      port?.close()
+      return
+    }
+    const lane: Lane = { port, index: this.#lanes.length, inFlight: 0, isOpen: true }
+    this.#lanes.push(lane)
+    port.on('message', (outcomes: unknown) => { this.#onOutcomes(outcomes) })
+    port.on('close', () => { this.#onLaneClosed(lane) })
+    // The sweep timer keeps the process alive while calls are pending; the lane itself must not.
+    port.unref()
+    if (this.#outbox.length > 0) this.flush()
   }
+
+  #onOutcomes (message: unknown): void {
+    if (!Array.isArray(message)) return
+    for (let i = 0; i + OUTCOME_STRIDE <= message.length; i += OUTCOME_STRIDE) this.settle(readOutcome(message, i))
+  }
+
+  /** A worker exited (crash or destroy): its calls may or may not have reached their plugins. */
+  #onLaneClosed (lane: Lane): void {
+    lane.isOpen = false
+    if (this.#closing) return
+    // Give outcomes it posted before exiting one turn to arrive before answering the rest.
+    setImmediate(() => {
+      for (let slot = 0; slot < this.#space; slot++) {
+        if (this.#state[slot] === SENT && this.#lanesOf[slot] === lane.index) {
+          this.settle(failure(this.#ids[slot] as number, 'internal', 'worker failed: its thread exited'))
+        }
+      }
+    })
+  }
+
+  #armSweep (): void {
+    if (this.#sweep === null) this.#sweep = setInterval(sweepDispatcher, SWEEP_MS, this)
+    // Ref'd while calls are pending: a script awaiting a call stays alive even though piscina
+    // unrefs its idle workers and the lanes are unref'd.
+    this.#sweep.ref()
+  }
+
+  /** Answers calls whose deadline passed by more than the grace without an outcome. */
+  sweep (): void {
+    if (this.#pending === 0) return
+    const now = Date.now()
+    for (let slot = 0; slot < this.#space; slot++) {
+      const state = this.#state[slot]
+      if (state === FREE) continue
+      const request = this.#requests[slot] as CallRequest
+      const id = this.#ids[slot] as number
+      if (state === QUEUED && now >= request.deadline) {
+        this.settle(failure(id, 'timeout', 'the deadline passed while the call waited behind its callback\'s other calls'))
+      } else if (now >= request.deadline + DEADLINE_GRACE_MS) {
+        this.settle(failure(id, 'timeout', 'no answer from the worker by the deadline'))
+      }
+    }
+  }
+
+  #bound (origin: string): OriginBound {
+    let bound = this.#origins.get(origin)
+    if (bound === undefined) {
+      if (this.#origins.size >= ORIGINS_KEPT) {
+        for (const [key, value] of this.#origins) {
+          if (value.inFlight === 0 && value.queued === 0) this.#origins.delete(key)
+        }
+      }
+      bound = new OriginBound()
+      this.#origins.set(origin, bound)
+    }
+    return bound
+  }
+}
+
+type EventLoopUtilization = ReturnType<Worker['performance']['eventLoopUtilization']>
+
+function isOpen (lane: Lane): boolean {
+  return lane.isOpen
+}
+
+function leastBusy (lanes: readonly Lane[]): Lane {
+  let best: Lane | null = null
+  for (const lane of lanes) {
+    if (lane.isOpen && (best === null || lane.inFlight < best.inFlight)) best = lane
+  }
+  return best as Lane
 }
 
 function flushDispatcher (dispatcher: Dispatcher): void {
   dispatcher.flush()
 }
 
-function settleBatch (dispatcher: Dispatcher, calls: CallTask[], kind: OutcomeKind, message: string): void {
-  for (const task of calls) {
-    if (dispatcher.isPending(task.id)) dispatcher.settle(failure(task.id, kind, message))
-  }
+function sweepDispatcher (dispatcher: Dispatcher): void {
+  dispatcher.sweep()
 }
 
 /** A flat outcome for a failure decided on the main thread. */
@@ -305,7 +533,7 @@ export function failure (id: number, kind: OutcomeKind, message: string): CallOu
 
 function noop (): void {}
 
-/** The worker task file next to this module, with this module's extension (`.ts` under tsx). */
+/** The worker file next to this module, with this module's extension (`.ts` under tsx). */
 function workerFile (): string {
   const extension = import.meta.url.endsWith('.ts') ? '.ts' : '.js'
   return new URL(`../../workers/call-task${extension}`, import.meta.url).href

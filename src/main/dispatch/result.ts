@@ -67,7 +67,10 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext, maxR
     case 'cancelled':
       return errorResult(`tool '${tool.name}' call was cancelled`)
     case 'busy':
-      return errorResult(`tool '${tool.name}' was not called: Toolport is busy, try again shortly`)
+      return errorResult(`tool '${tool.name}' was not called: Toolport is busy` +
+        (outcome.message === '' ? '' : ` (${outcome.message})`) + ', try again shortly')
+    case 'memory':
+      return errorResult(`tool '${tool.name}' failed: ${outcome.message}`)
     case 'refused':
       return errorResult(`tool '${tool.name}' was not called: its callback URL is not a loopback address`)
     case 'internal':

@@ -1,0 +1,246 @@
+// One callback call in flight: the undici dispatch handler, the AbortSignal listener, the
+// deadline and the settle-once state (used by src/shared/callback-client.ts on either thread).
+//
+// Why `Pool.dispatch` with a handler object instead of `Pool.request`: an aborted `request()` that
+// is still queued settles only when a connection picks it up, and then undici aborts it by
+// destroying that (healthy, keep-alive) socket. Here the deadline settles the call at once, and a
+// request that expired in the queue is dropped without writing and without losing the socket (see
+// `onRequestStart`). It also skips request()'s per-reply AsyncResource and Readable. The handler
+// is the call's only per-call object besides the headers: it counts bytes as they arrive, takes
+// them from the shared reply-byte budget, settles exactly once, and is also the AbortSignal
+// listener (`handleEvent`).
+import type { Dispatcher } from 'undici'
+import { readReply } from './reply.js'
+import type { ImageLimits } from './images.js'
+import type { ReplyBudget } from './reply-budget.js'
+import { classifyError, describeError } from './call-errors.js'
+import { HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from '../workers/protocol.js'
+import type { CallOutcome, CallTask } from '../workers/protocol.js'
+
+// BOM-stripping, non-fatal UTF-8 decoding, as the WHATWG `decode` does; invalid bytes become
+// U+FFFD. Stateless between calls because each decode() is given a whole body.
+const utf8 = new TextDecoder('utf-8')
+const EMPTY_BODY = new Uint8Array(0)
+
+// An error status keeps only a snippet; 4 bytes per character covers any UTF-8 text.
+const SNIPPET_BYTES = HTTP_ERROR_SNIPPET_CHARS * 4
+
+/** What a call needs from the client that runs it. */
+export interface CallOwner {
+  readonly budget: ReplyBudget
+  /** The checks a reply's `images` pass (src/shared/images.ts). */
+  readonly imageLimits: ImageLimits
+  /** The call has settled: forget it (its slot may be reused). */
+  release: (attempt: CallAttempt) => void
+}
+
+/** Why a call was stopped from our side; passed to undici as the abort reason. */
+export class CallStoppedError extends Error {
+  readonly code: string
+  constructor (code: string, message: string) {
+    super(message)
+    this.name = 'CallStoppedError'
+    this.code = code
+  }
+}
+
+/** Every outcome is built here, so all of them share one shape (field set and order). */
+export function createOutcome (id: number, kind: OutcomeKind, status: number, text: string,
+  contentType: string, message: string, bytes: number, textIsJson = false, toolError = ''): CallOutcome {
+  return { id, kind, status, text, textIsJson, toolError, contentType, message, bytes }
+}
+
+function firstHeader (value: string | string[] | undefined): string {
+  if (value === undefined) return ''
+  return typeof value === 'string' ? value : (value[0] ?? '')
+}
+
+function onDeadline (attempt: CallAttempt): void {
+  attempt.stop(OutcomeKind.timeout, 'TP_DEADLINE', `no complete reply within ${attempt.task.timeoutMs} ms`)
+}
+
+/**
+ * One call in flight: the undici dispatch handler, the AbortSignal listener and the settle-once
+ * state. Settling is idempotent because undici may report an error after we already settled
+ * (e.g. the abort we caused) and the deadline can race the last body chunk.
+ */
+export class CallAttempt implements Dispatcher.DispatchHandler {
+  readonly task: CallTask
+  readonly #onOutcome: (outcome: CallOutcome) => void
+  readonly #signal: AbortSignal | undefined
+  readonly #owner: CallOwner
+  #timer: NodeJS.Timeout | undefined = undefined
+  #controller: Dispatcher.DispatchController | null = null
+  #settledBy: CallStoppedError | null = null
+  #isSettled = false
+  #status = 0
+  #contentType = ''
+  #bytes = 0
+  #chunks: Buffer[] = []
+  #keptBytes = 0
+
+  constructor (task: CallTask, signal: AbortSignal | undefined, onOutcome: (outcome: CallOutcome) => void,
+    owner: CallOwner) {
+    this.task = task
+    this.#signal = signal
+    this.#onOutcome = onOutcome
+    this.#owner = owner
+  }
+
+  /** Arms the deadline and the caller's signal; false when the call already ended. */
+  arm (remainingMs: number): boolean {
+    if (this.#signal !== undefined) {
+      if (this.#signal.aborted) {
+        this.stop(OutcomeKind.cancelled, 'TP_CANCELLED', 'the call was cancelled before it was sent')
+        return false
+      }
+      this.#signal.addEventListener('abort', this, { once: true })
+    }
+    this.#timer = setTimeout(onDeadline, remainingMs, this)
+    return true
+  }
+
+  /** AbortSignal listener (EventListener object form: no closure per call). */
+  handleEvent (): void {
+    this.stop(OutcomeKind.cancelled, 'TP_CANCELLED', 'the call was cancelled')
+  }
+
+  /** Ends the call from our side (deadline, cancel, cap) and tears down its request. */
+  stop (kind: OutcomeKind, code: string, message: string): void {
+    if (this.#isSettled) return
+    const reason = new CallStoppedError(code, message)
+    this.#settledBy = reason
+    this.#settle(createOutcome(this.task.id, kind, this.#status, '', this.#contentType,
+      `${code}: ${message}`, this.#bytes))
+    // Re-enters onResponseError synchronously, which is ignored: we are settled.
+    // Without a controller the request is still queued; onRequestStart will drop it.
+    this.#controller?.abort(reason)
+  }
+
+  onRequestStart (controller: Dispatcher.DispatchController): void {
+    if (this.#settledBy !== null) {
+      // The deadline passed (or the caller cancelled) while the request waited for a
+      // connection. Throwing here makes undici fail the request before writing it and keep the
+      // socket; `controller.abort()` would destroy a healthy keep-alive socket instead.
+      throw this.#settledBy
+    }
+    this.#controller = controller
+  }
+
+  onResponseStart (controller: Dispatcher.DispatchController, statusCode: number,
+    headers: Record<string, string | string[] | undefined>): void {
+    if (statusCode < 200) return // 1xx informational: the real reply follows
+    this.#status = statusCode
+    this.#contentType = firstHeader(headers['content-type']).toLowerCase()
+    if (statusCode < 300) {
+      // We never send Accept-Encoding and never inflate (a gzip bomb must stay small), so an
+      // encoded body would reach the model as binary noise: refuse it with a clear reason.
+      const encoding = firstHeader(headers['content-encoding']).trim().toLowerCase()
+      if (encoding !== '' && encoding !== 'identity') {
+        this.stop(OutcomeKind.protocol, 'TP_ENCODED_REPLY',
+          `the reply is compressed (content-encoding: ${encoding.slice(0, 40)}); reply uncompressed`)
+        return
+      }
+      // A declared length over the cap needs no reading at all.
+      const declared = Number(firstHeader(headers['content-length']))
+      if (declared > this.task.maxResponseBytes) this.#tooLarge()
+    }
+  }
+
+  onResponseData (controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.#isSettled) return
+    this.#bytes += chunk.length
+    if (this.#status >= 300) {
+      // An error reply is drained (to keep the socket) up to the cap, but only its snippet is kept.
+      if (this.#keptBytes < SNIPPET_BYTES && !this.#keep(chunk)) return
+      if (this.#bytes > this.task.maxResponseBytes) this.#finishHttpError('TP_TOO_LARGE_ERROR_BODY')
+      return
+    }
+    if (this.#bytes > this.task.maxResponseBytes) {
+      this.#tooLarge()
+      return
+    }
+    this.#keep(chunk)
+  }
+
+  /** Keeps a chunk if the shared reply budget has room for it; else ends the call (`memory`). */
+  #keep (chunk: Buffer): boolean {
+    const budget = this.#owner.budget
+    if (!budget.take(chunk.length)) {
+      this.stop(OutcomeKind.memory, 'TP_REPLY_BUDGET',
+        `the reply was dropped after ${this.#keptBytes} bytes: replies being received already hold ` +
+        `Toolport's budget of ${budget.limit} bytes (dispatch.maxBufferedReplyBytes); try again shortly`)
+      return false
+    }
+    this.#chunks.push(chunk)
+    this.#keptBytes += chunk.length
+    return true
+  }
+
+  onResponseEnd (): void {
+    if (this.#isSettled) return
+    if (this.#status >= 300) {
+      this.#finishHttpError('')
+      return
+    }
+    // Read the reply here, on the thread that received it (the worker in pool mode), so the
+    // main thread gets finished strings (docs/protocol.md R10–R12; src/shared/reply.ts). The
+    // bytes are scanned, not parsed, and decoded once: only the slice the model reads.
+    const reply = readReply(this.#body(), this.#contentType, this.#owner.imageLimits)
+    const outcome = createOutcome(this.task.id, OutcomeKind.ok, this.#status, reply.text,
+      this.#contentType, '', this.#bytes, reply.textIsJson, reply.toolError)
+    if (reply.images !== undefined) outcome.images = reply.images
+    this.#settle(outcome)
+  }
+
+  onResponseError (controller: Dispatcher.DispatchController | undefined, err: Error): void {
+    if (this.#isSettled) return
+    this.#settle(createOutcome(this.task.id, classifyError(err), this.#status, '',
+      this.#contentType, describeError(err), this.#bytes))
+  }
+
+  #tooLarge (): void {
+    this.stop(OutcomeKind.tooLarge, 'TP_TOO_LARGE', `reply exceeds ${this.task.maxResponseBytes} bytes`)
+  }
+
+  /** Settles with status and snippet; `stopCode` set means the body was cut (over the cap). */
+  #finishHttpError (stopCode: string): void {
+    let text = this.#decode()
+    if (text.length > HTTP_ERROR_SNIPPET_CHARS) {
+      // Do not cut a surrogate pair in half.
+      const end = HTTP_ERROR_SNIPPET_CHARS - (isHighSurrogate(text.charCodeAt(HTTP_ERROR_SNIPPET_CHARS - 1)) ? 1 : 0)
+      text = text.slice(0, end)
+    }
+    const message = `HTTP_STATUS: ${this.#status}`
+    this.#settle(createOutcome(this.task.id, OutcomeKind.http, this.#status, text, this.#contentType,
+      message, this.#bytes))
+    if (stopCode !== '') this.#controller?.abort(new CallStoppedError(stopCode, 'error body over the cap'))
+  }
+
+  #decode (): string {
+    return utf8.decode(this.#body())
+  }
+
+  /** The kept body as one buffer (the chunks as they arrived, joined once). */
+  #body (): Uint8Array {
+    const chunks = this.#chunks
+    if (chunks.length === 0) return EMPTY_BODY
+    return chunks.length === 1 ? chunks[0] as Buffer : Buffer.concat(chunks, this.#keptBytes)
+  }
+
+  #settle (outcome: CallOutcome): void {
+    if (this.#isSettled) return
+    this.#isSettled = true
+    if (this.#timer !== undefined) clearTimeout(this.#timer)
+    this.#signal?.removeEventListener('abort', this)
+    this.#owner.release(this)
+    this.#chunks = []
+    this.#owner.budget.give(this.#keptBytes)
+    this.#keptBytes = 0
+    this.#onOutcome(outcome)
+  }
+}
+
+function isHighSurrogate (code: number): boolean {
+  return code >= 0xd800 && code <= 0xdbff
+}

@@ -1,0 +1,162 @@
+// Hostile and broken plugins against the dispatcher's capacity, with real worker threads and real
+// sockets on 127.0.0.1: a plugin that never answers must not delay another plugin's calls, its
+// own extra callers get "busy", and replies held at once stay within the reply-byte budget.
+import assert from 'node:assert/strict'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { test, type TestContext } from 'node:test'
+import type { Toolport } from '../../src/main/index.js'
+import type { ToolResult } from '../../src/main/dispatch/result.js'
+import { startCallbackServer } from '../fixtures/callback-server.js'
+import { createTestToolport, inject } from '../helpers.js'
+
+async function metricsText (tp: Toolport): Promise<string> {
+  const res = await tp.app.inject({ method: 'GET', url: '/metrics' })
+  assert.equal(res.statusCode, 200)
+  return res.body
+}
+
+interface HeldServer {
+  origin: string
+  /** Requests received so far. */
+  readonly received: number
+  /** Ends every held reply: `finish(response)` for each, then close() works at once. */
+  release: () => void
+}
+
+/**
+ * A loopback server that holds every request. `start(response)` runs when a request arrives
+ * (e.g. sends headers and part of a body); `finish(response)` runs on release().
+ */
+async function startHeldServer (t: TestContext, start: (response: ServerResponse) => void,
+  finish: (response: ServerResponse) => void): Promise<HeldServer> {
+  const held: ServerResponse[] = []
+  let received = 0
+  let isReleased = false
+  const server: Server = createServer((request: IncomingMessage, response: ServerResponse) => {
+    received++
+    request.resume()
+    start(response)
+    if (isReleased) finish(response)
+    else held.push(response)
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const release = (): void => {
+    isReleased = true
+    for (const response of held.splice(0)) if (!response.destroyed) finish(response)
+  }
+  t.after(() => new Promise<void>((resolve) => {
+    release()
+    server.close(() => resolve())
+    server.closeAllConnections()
+  }))
+  return {
+    origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    get received () { return received },
+    release
+  }
+}
+
+async function register (tp: Toolport, name: string, url: string, timeoutSeconds = 60): Promise<void> {
+  const result = await tp.register({ name, callback_url: url, timeout_seconds: timeoutSeconds, parameters: { type: 'object' } })
+  assert.equal(result.ok, true, result.error)
+}
+
+function call (tp: Toolport, name: string): Promise<ToolResult> {
+  return tp.callTool('r', { name, arguments: {} })
+}
+
+async function waitFor (what: string, predicate: () => boolean, timeoutMs = 10_000): Promise<void> {
+  const until = Date.now() + timeoutMs
+  while (!predicate()) {
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+}
+
+test('a plugin that never answers, with more calls than the old task slots, never delays another plugin', { timeout: 30_000 }, async (t) => {
+  const stuck = await startHeldServer(t, () => {}, (response) => { response.destroy() })
+  const healthy = await startCallbackServer()
+  t.after(() => healthy.close())
+  const tp = await createTestToolport(t, { roles: ['r'], dispatch: { mode: 'pool' } })
+  await register(tp, 'stuck', `${stuck.origin}/never`)
+  await register(tp, 'fast', `${healthy.url}/echo`)
+  // 300 calls: more than the 256 piscina task slots that the stuck plugin used to fill.
+  const stuckCalls = Array.from({ length: 300 }, () => call(tp, 'stuck'))
+  // The worker has sent as many as the connection cap allows; the rest wait in its queue.
+  await waitFor('the stuck plugin to hold 64 requests', () => stuck.received >= 64)
+  for (let i = 0; i < 20; i++) {
+    const result = await call(tp, 'fast')
+    assert.equal(result.is_error, false, result.error)
+  }
+  assert.equal(tp.pendingCalls >= 300, true)
+  stuck.release()
+  for (const result of await Promise.all(stuckCalls)) assert.equal(result.is_error, true)
+})
+
+test('at its per-origin bounds a stuck plugin\'s extra callers get "busy" at once while another plugin keeps answering', async (t) => {
+  const stuck = await startHeldServer(t, () => {}, (response) => { response.destroy() })
+  const healthy = await startCallbackServer()
+  t.after(() => healthy.close())
+  const tp = await createTestToolport(t, { roles: ['r'], dispatch: { mode: 'pool', maxInFlightPerOrigin: 4, maxQueuedPerOrigin: 3 } })
+  await register(tp, 'stuck', `${stuck.origin}/never`)
+  await register(tp, 'fast', `${healthy.url}/echo`)
+  const held = Array.from({ length: 7 }, () => call(tp, 'stuck'))
+  await waitFor('4 calls in flight at the stuck plugin', () => stuck.received === 4)
+  const extra = await Promise.all(Array.from({ length: 5 }, () => call(tp, 'stuck')))
+  for (const result of extra) {
+    assert.equal(result.is_error, true)
+    assert.match(result.error ?? '', /busy/)
+    assert.match(result.error ?? '', /4 calls in flight and 3 waiting/)
+  }
+  // The queued calls were not sent: the plugin got exactly its in-flight bound.
+  assert.equal(stuck.received, 4)
+  // The healthy plugin has the same bounds of its own: 10 rounds of 5 concurrent calls fit them.
+  for (let round = 0; round < 10; round++) {
+    const fast = await Promise.all(Array.from({ length: 5 }, () => call(tp, 'fast')))
+    for (const result of fast) assert.equal(result.is_error, false, result.error)
+  }
+  const health = await inject(tp, 'GET', '/api/health')
+  assert.equal(health.body.dispatch.queued, 3)
+  stuck.release()
+  const ended = await Promise.all(held)
+  for (const result of ended) assert.equal(result.is_error, true)
+  // Released in order: the queued calls reached the plugin once the first four ended.
+  assert.equal(stuck.received, 7)
+})
+
+test('replies held at once stay within maxBufferedReplyBytes: calls beyond it fail with a clear tool error', async (t) => {
+  const CHUNK = 200 * 1024
+  const budget = 1024 * 1024
+  const part = 'a'.repeat(CHUNK)
+  const start = (response: ServerResponse): void => {
+    response.writeHead(200, { 'content-type': 'application/json' })
+    response.write(`{"output":"${part}`)
+  }
+  const finish = (response: ServerResponse): void => { response.end('","is_error":false}') }
+  // Several ports, as an attacker would use to get past the per-origin connection cap.
+  const servers = await Promise.all([0, 1, 2].map(() => startHeldServer(t, start, finish)))
+  const tp = await createTestToolport(t, { roles: ['r'], dispatch: { mode: 'pool', maxBufferedReplyBytes: budget } })
+  for (const [i, server] of servers.entries()) await register(tp, `big_${i}`, `${server.origin}/big`)
+  const calls = Array.from({ length: 24 }, (_, i) => call(tp, `big_${i % 3}`))
+  await waitFor('every request to arrive', () => servers.reduce((n, s) => n + s.received, 0) === 24)
+  // Let the first chunks arrive and be counted (or refused) on the worker.
+  await new Promise((resolve) => setTimeout(resolve, 300))
+  const metrics = await metricsText(tp)
+  const held = Number(/^toolport_reply_buffer_bytes (\d+)$/m.exec(metrics)?.[1])
+  assert.ok(held > 0, 'the gauge counts the bytes being held')
+  assert.ok(held <= budget, `${held} bytes held, over the ${budget} budget`)
+  assert.match(metrics, new RegExp(`^toolport_reply_buffer_limit_bytes ${budget}$`, 'm'))
+  for (const server of servers) server.release()
+  const results = await Promise.all(calls)
+  const ok = results.filter((r) => !r.is_error)
+  const refused = results.filter((r) => r.is_error)
+  assert.ok(ok.length >= 1 && ok.length <= Math.floor(budget / CHUNK), `${ok.length} replies read in full`)
+  for (const result of ok) assert.equal(result.text.length, CHUNK)
+  assert.ok(refused.length >= 24 - Math.floor(budget / CHUNK))
+  for (const result of refused) assert.match(result.error ?? '', /budget of 1048576 bytes \(dispatch\.maxBufferedReplyBytes\)/)
+  const after = await metricsText(tp)
+  assert.match(after, /^toolport_reply_buffer_bytes 0$/m)
+  const counted = [...after.matchAll(/^toolport_calls_total\{[^}]*outcome="memory"\} (\d+)$/gm)]
+  assert.equal(counted.reduce((n, m) => n + Number(m[1]), 0), refused.length)
+})
