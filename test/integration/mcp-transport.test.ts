@@ -405,7 +405,7 @@ test('the mcp.* options of createToolport set the endpoint\'s bounds', async (t)
   assert.equal(gone.statusCode, 404, 'the first session was evicted for the second (maxSessions 1)')
 })
 
-test('GET /api/tools/definitions streams a huge list tool by tool; the JSON is the same as toolDefinitions gives', async (t) => {
+test('GET /api/tools/definitions answers a huge list in full; the JSON is the same as toolDefinitions gives', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
   const filler = 'y'.repeat(60 * 1024)
   for (let i = 0; i < 150; i++) {
@@ -415,9 +415,12 @@ test('GET /api/tools/definitions streams a huge list tool by tool; the JSON is t
   for (const format of ['openai-chat', 'gemini'] as const) {
     const res = await httpRequest(`${url}/api/tools/definitions?role=Lanlan&format=${format}`)
     assert.equal(res.statusCode, 200)
-    assert.equal(res.headers['content-length'], undefined, 'about 9 MB: streamed, not one encoded string')
     assert.match(String(res.headers['content-type']), /application\/json/)
-    const body = await res.body.json() as { ok: boolean, role: string, format: string, tools: unknown }
+    const bytes = Buffer.from(await res.body.arrayBuffer())
+    // Streamed tool by tool (test/integration/definitions-size.test.ts), with its exact length.
+    assert.equal(Number(res.headers['content-length']), bytes.length)
+    assert.ok(bytes.length > 9_000_000)
+    const body = JSON.parse(bytes.toString('utf8')) as { ok: boolean, role: string, format: string, tools: unknown }
     assert.deepEqual(body, { ok: true, role: 'Lanlan', format, tools: JSON.parse(JSON.stringify(toolDefinitions(tp.roles.get('Lanlan'), format))) })
   }
   // A small list is answered as before, in one piece.

@@ -42,6 +42,7 @@ export class ConnectionPressure {
   readonly #sockets = new Map<Socket, SocketState>()
   readonly #threshold: number
   readonly #idleTimeoutMs: number
+  #pressureUntil = 0
   #sweeper: NodeJS.Timeout | null = null
   /** Sockets closed because of pressure (for tests and logs). */
   shed = 0
@@ -113,13 +114,20 @@ export class ConnectionPressure {
     this.#sweeper = null
   }
 
-  /** Under pressure: closes every socket idle for longer than the short timeout. */
+  /**
+   * Under pressure: closes every socket idle for longer than the short timeout. Pressure lingers
+   * for two idle timeouts after the count falls below the threshold, so sockets that arrived in
+   * the same burst are timed out too instead of keeping the server at the edge of the cap.
+   */
   #sweep (): void {
-    if (!this.isUnderPressure) {
+    const now = performance.now()
+    if (this.isUnderPressure) {
+      this.#pressureUntil = now + 2 * this.#idleTimeoutMs
+    } else if (now > this.#pressureUntil) {
       this.#stopSweeper()
       return
     }
-    const oldest = performance.now() - this.#idleTimeoutMs
+    const oldest = now - this.#idleTimeoutMs
     for (const [socket, state] of this.#sockets) {
       if (state.busy === 0 && state.idleSince < oldest) {
         this.shed++

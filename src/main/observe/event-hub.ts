@@ -59,6 +59,8 @@ interface CallPrefix { source: string, outcome: string, json: string }
 interface Subscriber {
   readonly sink: EventSink
   readonly filter: EventFilter
+  /** The newest event when it subscribed: older ones reach it only through the replay. */
+  readonly afterSeq: number
 }
 
 /** A tool change of one origin and source, collected over one synchronous run of the runtime. */
@@ -158,7 +160,7 @@ export class EventHub {
    * ring still has it), then live events. Returns the function that removes it.
    */
   subscribe (sink: EventSink, filter: EventFilter, lastEventId?: string): () => void {
-    const subscriber: Subscriber = { sink, filter }
+    const subscriber: Subscriber = { sink, filter, afterSeq: this.#seq }
     const after = this.#parseId(lastEventId)
     const replay: StreamRecord[] = []
     let kind: ReplayKind = 'none'
@@ -223,7 +225,8 @@ export class EventHub {
     for (const subscriber of this.#subscribers) {
       let text = ''
       for (const record of records) {
-        if (passes(record, subscriber.filter)) text += this.#frame(record)
+        // A record queued before this subscriber came was in its hello/replay already (or not wanted).
+        if (record.seq > subscriber.afterSeq && passes(record, subscriber.filter)) text += this.#frame(record)
       }
       if (text !== '') this.#send(subscriber, text)
     }
