@@ -39,7 +39,12 @@ async function buildRuntime (roles: number, tools: number, sessions: number): Pr
   // Inline mode: the control plane never dispatches, so no worker thread is started.
   const tp = await createToolport({ roles: names, logger: false, dispatch: { mode: 'inline' } })
   for (let i = 0; i < tools; i++) {
-    await tp.register({ name: `tool_${i}`, description: `prefilled tool ${i}`, callback_url: `${CALLBACK}${i}`, source: 'plugin:prefill' })
+    await tp.register({
+      name: `tool_${i}`,
+      description: `prefilled tool ${i}`,
+      callback_url: `${CALLBACK}${i}`,
+      source: 'plugin:prefill'
+    })
   }
   // Attached after the prefill, which then costs no syncs.
   for (const name of names) {
@@ -52,7 +57,8 @@ async function buildRuntime (roles: number, tools: number, sessions: number): Pr
 /** Op latencies: mean and p50 in µs (recorded in ns for sub-µs resolution). */
 interface OpStats { opsPerS: number, p50Us: number, count: number }
 
-async function measureOps (count: number, capMs: number, op: (i: number) => Promise<unknown>, before?: (i: number) => Promise<unknown>): Promise<OpStats> {
+async function measureOps (count: number, capMs: number, op: (i: number) => Promise<unknown>,
+  before?: (i: number) => Promise<unknown>): Promise<OpStats> {
   const histogram = createHistogram()
   let total = 0
   let n = 0
@@ -106,7 +112,13 @@ export const controlScenario: Scenario = {
               const clear = await measureOps(Math.ceil(p.maxOps / 10), p.capMs,
                 () => tp.clear({ source: 'plugin:clear' }),
                 async () => {
-                  for (let i = 0; i < 10; i++) await tp.register({ name: `clear_${i}`, callback_url: `${CALLBACK}c${i}`, source: 'plugin:clear' })
+                  for (let i = 0; i < 10; i++) {
+                    await tp.register({
+                      name: `clear_${i}`,
+                      callback_url: `${CALLBACK}c${i}`,
+                      source: 'plugin:clear'
+                    })
+                  }
                 })
               runs.register.push(register)
               runs.unregister.push(unregister)
@@ -120,7 +132,8 @@ export const controlScenario: Scenario = {
           const runs = combos.get(`${roles}|${tools}|${sessions}`) as ComboRuns
           const cell = (list: OpStats[]): string =>
             `${fmtStat(stat(list.map((o) => o.opsPerS)), fmtRate)} · p50 ${fmtUs(stat(list.map((o) => o.p50Us)).median)}`
-          comboRows.push([String(roles), String(tools), String(sessions), cell(runs.register), cell(runs.unregister), cell(runs.clear)])
+          comboRows.push([String(roles), String(tools), String(sessions), cell(runs.register), cell(runs.unregister),
+            cell(runs.clear)])
         }
       }
     }
@@ -133,16 +146,33 @@ export const controlScenario: Scenario = {
     // Fan-out: one registration to 100 roles, with and without a session each, interleaved.
     ctx.progress.step('fan-out: 100 roles, building')
     const fan = [await buildRuntime(100, 10, 0), await buildRuntime(100, 10, 1)]
-    const fanRuns: Record<string, number[]> = { 'runtime.register, 0 sessions': [], 'runtime.register, 1 session/role': [], 'POST /api/tools/register (inject), 1 session/role': [] }
+    const fanRuns: Record<string, number[]> = {
+      'runtime.register, 0 sessions': [],
+      'runtime.register, 1 session/role': [],
+      'POST /api/tools/register (inject), 1 session/role': []
+    }
     try {
       const body = JSON.stringify({ name: 'fan_tool', callback_url: `${CALLBACK}fan`, source: 'plugin:fan' })
       const injected = fan[1] as Toolport
       for (let rep = 0; rep < ctx.reps; rep++) {
         ctx.progress.step(`fan-out to 100 roles (rep ${rep + 1}/${ctx.reps})`)
-        const zero = await measureOps(p.fanoutOps, p.capMs * 3, () => (fan[0] as Toolport).register({ name: 'fan_tool', callback_url: `${CALLBACK}fan`, source: 'plugin:fan' }))
-        const one = await measureOps(p.fanoutOps, p.capMs * 3, () => injected.register({ name: 'fan_tool', callback_url: `${CALLBACK}fan`, source: 'plugin:fan' }))
+        const zero = await measureOps(p.fanoutOps, p.capMs * 3, () => (fan[0] as Toolport).register({
+          name: 'fan_tool',
+          callback_url: `${CALLBACK}fan`,
+          source: 'plugin:fan'
+        }))
+        const one = await measureOps(p.fanoutOps, p.capMs * 3, () => injected.register({
+          name: 'fan_tool',
+          callback_url: `${CALLBACK}fan`,
+          source: 'plugin:fan'
+        }))
         const http = await measureOps(p.fanoutOps, p.capMs * 3, async () => {
-          const res = await injected.app.inject({ method: 'POST', url: '/api/tools/register', headers: { 'content-type': 'application/json' }, payload: body })
+          const res = await injected.app.inject({
+            method: 'POST',
+            url: '/api/tools/register',
+            headers: { 'content-type': 'application/json' },
+            payload: body
+          })
           if (res.statusCode !== 200) throw new Error(`register answered ${res.statusCode}: ${res.body}`)
         })
         fanRuns['runtime.register, 0 sessions']?.push(zero.p50Us)
@@ -161,7 +191,11 @@ export const controlScenario: Scenario = {
     // GET /api/tools with 10 000 listed tools (10 roles × 1000).
     ctx.progress.step('GET /api/tools: 10 roles × 1000 tools, building')
     const listed = await buildRuntime(10, 1000, 0)
-    const listRuns: Record<string, number[]> = { 'JSON.stringify(tp.list()) (floor)': [], 'GET via app.inject': [], 'GET via real HTTP (undici)': [] }
+    const listRuns: Record<string, number[]> = {
+      'JSON.stringify(tp.list()) (floor)': [],
+      'GET via app.inject': [],
+      'GET via real HTTP (undici)': []
+    }
     let bodyBytes = 0
     try {
       const { url } = await listed.listen({ port: 0 })

@@ -42,7 +42,8 @@ function plan (ctx: BenchContext): Plan {
 }
 
 const PATH_ORDER = [
-  'raw undici', 'raw undici + JSON.parse', 'toolport pool', 'baseline pool', 'toolport inline', 'baseline inline', 'fetch', 'node:http'
+  'raw undici', 'raw undici + JSON.parse', 'toolport pool', 'baseline pool', 'toolport inline', 'baseline inline',
+  'fetch', 'node:http'
 ] as const
 
 function pathCount (ctx: BenchContext): number {
@@ -157,7 +158,13 @@ function find (cells: readonly Cell[], size: Route, concurrency: number, path: s
   return cells.find((c) => c.size === size && c.concurrency === concurrency && c.path === path)
 }
 
-function summarize (cells: readonly Cell[], p: Plan): { tables: Table[], checks: Check[], notes: string[], chart: ChartSeries[], data: unknown } {
+function summarize (cells: readonly Cell[], p: Plan): {
+  tables: Table[],
+  checks: Check[],
+  notes: string[],
+  chart: ChartSeries[],
+  data: unknown
+} {
   const tables: Table[] = []
   const chart: ChartSeries[] = []
   const data: unknown[] = []
@@ -195,7 +202,8 @@ function summarize (cells: readonly Cell[], p: Plan): { tables: Table[], checks:
     }
     tables.push({
       title: `Dispatch, ${SIZE_LABEL[size] ?? size}: req/s and latency, median (min–max) of the repetitions`,
-      head: ['c', 'path', 'req/s', 'p50', 'p99', 'req/s vs raw', 'CPU µs/call: process · main · workers · other · server', 'failed'],
+      head: ['c', 'path', 'req/s', 'p50', 'p99', 'req/s vs raw',
+        'CPU µs/call: process · main · workers · other · server', 'failed'],
       rows
     })
     for (const path of PATH_ORDER) {

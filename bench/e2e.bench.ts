@@ -106,8 +106,14 @@ export const e2eScenario: Scenario = {
           fmtStat(stat(runs.map((r) => r.rps)), fmtRate),
           fmtStat(stat(runs.map((r) => r.p50Us)), fmtUs),
           fmtStat(stat(runs.map((r) => r.p99Us)), fmtUs),
-          name.startsWith('ceiling') ? '1' : fmtStat(pairedRatio(runs.map((r) => r.rps), ceiling.map((r) => r.rps)), fmtRatio),
-          name === 'toolport pool' ? fmtStat(pairedRatio(runs.map((r) => r.rps), inlineRuns.map((r) => r.rps)), fmtRatio) : '',
+          name.startsWith('ceiling')
+            ? '1'
+            : fmtStat(pairedRatio(runs.map((r) => r.rps), ceiling.map((r) => r.rps)),
+              fmtRatio),
+          name === 'toolport pool'
+            ? fmtStat(pairedRatio(runs.map((r) => r.rps), inlineRuns.map((r) => r.rps)),
+              fmtRatio)
+            : '',
           cpuCell(runs, name.startsWith('ceiling')),
           failed === 0 ? '' : String(failed)
         ])
@@ -115,7 +121,8 @@ export const e2eScenario: Scenario = {
     }
     const table: Table = {
       title: 'End to end over HTTP (100 B replies), median (min–max) of the repetitions',
-      head: ['c', 'target', 'req/s', 'p50', 'p99', 'vs ceiling', 'pool vs inline', 'CPU µs/req: load gen · Toolport (main) · callback', 'failed'],
+      head: ['c', 'target', 'req/s', 'p50', 'p99', 'vs ceiling', 'pool vs inline',
+        'CPU µs/req: load gen · Toolport (main) · callback', 'failed'],
       rows
     }
     const checks: Check[] = []
@@ -126,8 +133,22 @@ export const e2eScenario: Scenario = {
       const vsInline = pairedRatio(c128Pool.map((r) => r.rps), c128Inline.map((r) => r.rps))
       const vsCeiling = pairedRatio(c128Pool.map((r) => r.rps), c128Ceiling.map((r) => r.rps))
       const measured = fmtStat(stat(c128Pool.map((r) => r.rps)), fmtRate)
-      checks.push({ scenario: 'e2e c=128', what: 'pool req/s vs inline', measured, ratio: `${fmtRatio3(vsInline.median)} inline`, target: '≥ 1.10× inline', met: vsInline.median >= 1.1 })
-      checks.push({ scenario: 'e2e c=128', what: 'pool req/s vs callback ceiling', measured, ratio: `${fmtRatio3(vsCeiling.median)} ceiling`, target: '≥ 0.45× ceiling', met: vsCeiling.median >= 0.45 })
+      checks.push({
+        scenario: 'e2e c=128',
+        what: 'pool req/s vs inline',
+        measured,
+        ratio: `${fmtRatio3(vsInline.median)} inline`,
+        target: '≥ 1.10× inline',
+        met: vsInline.median >= 1.1
+      })
+      checks.push({
+        scenario: 'e2e c=128',
+        what: 'pool req/s vs callback ceiling',
+        measured,
+        ratio: `${fmtRatio3(vsCeiling.median)} ceiling`,
+        target: '≥ 0.45× ceiling',
+        met: vsCeiling.median >= 0.45
+      })
     }
     return {
       tables: [table],

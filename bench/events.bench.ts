@@ -29,7 +29,10 @@ process.on('SIGTERM', () => { process.stdout.write(bytes + '\\n'); process.exit(
 `
 
 async function startSubscriber (url: string): Promise<{ child: ChildProcess, stop: () => Promise<number> }> {
-  const child = spawn(process.execPath, ['-e', SUBSCRIBER, `${url}/api/events`], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const child = spawn(process.execPath, ['-e', SUBSCRIBER, `${url}/api/events`], {
+    stdio: ['ignore', 'pipe',
+      'inherit']
+  })
   let out = ''
   child.stdout?.setEncoding('utf8')
   child.stdout?.on('data', (chunk: string) => { out += chunk })
@@ -88,7 +91,8 @@ export const eventsScenario: Scenario = {
       rows: [
         ['none', fmtStat(stat(without.map((r) => r.rps)), fmtRate), fmtStat(stat(without.map((r) => r.p50Us)), fmtUs),
           fmtStat(stat(without.map((r) => r.p99Us)), fmtUs), '1.00×'],
-        ['one (/api/events)', fmtStat(stat(withOne.map((r) => r.rps)), fmtRate), fmtStat(stat(withOne.map((r) => r.p50Us)), fmtUs),
+        ['one (/api/events)', fmtStat(stat(withOne.map((r) => r.rps)), fmtRate),
+          fmtStat(stat(withOne.map((r) => r.p50Us)), fmtUs),
           fmtStat(stat(withOne.map((r) => r.p99Us)), fmtUs), `${ratio.median.toFixed(3)}×`]
       ]
     }

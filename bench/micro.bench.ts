@@ -101,7 +101,17 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
   // An ok outcome as the worker sends it: the reply already mapped (src/shared/reply.ts).
   const outcome = (body: string): CallOutcome => {
     const reply = mapReply(body, 'application/json')
-    return { id: 123456, kind: 'ok', status: 200, text: reply.text, textIsJson: reply.textIsJson, toolError: reply.toolError, contentType: 'application/json', message: '', bytes: body.length }
+    return {
+      id: 123456,
+      kind: 'ok',
+      status: 200,
+      text: reply.text,
+      textIsJson: reply.textIsJson,
+      toolError: reply.toolError,
+      contentType: 'application/json',
+      message: '',
+      bytes: body.length
+    }
   }
   const smallOutcome = outcome(SMALL_REPLY)
   const flatTask: unknown[] = [LANE_CALLS]
@@ -116,11 +126,41 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
     for (let i = 0; i < INNER; i++) sink = fn()
   }
   return [
-    { group: 'callback-URL validation', name: 'new URL() (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => new URL(url)) },
-    { group: 'callback-URL validation', name: 'checkCallbackUrl', isBaseline: false, ops: INNER, fn: repeat(() => checkCallbackUrl(url)) },
-    { group: 'registry lookup (1000 tools)', name: 'Map.get (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => map.get('tool_500')) },
-    { group: 'registry lookup (1000 tools)', name: 'ToolRegistry.get', isBaseline: false, ops: INNER, fn: repeat(() => registry.get('tool_500')) },
-    { group: 'arguments', name: 'JSON.parse (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => JSON.parse(RAW_ARGUMENTS)) },
+    {
+      group: 'callback-URL validation',
+      name: 'new URL() (baseline)',
+      isBaseline: true,
+      ops: INNER,
+      fn: repeat(() => new URL(url))
+    },
+    {
+      group: 'callback-URL validation',
+      name: 'checkCallbackUrl',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => checkCallbackUrl(url))
+    },
+    {
+      group: 'registry lookup (1000 tools)',
+      name: 'Map.get (baseline)',
+      isBaseline: true,
+      ops: INNER,
+      fn: repeat(() => map.get('tool_500'))
+    },
+    {
+      group: 'registry lookup (1000 tools)',
+      name: 'ToolRegistry.get',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => registry.get('tool_500'))
+    },
+    {
+      group: 'arguments',
+      name: 'JSON.parse (baseline)',
+      isBaseline: true,
+      ops: INNER,
+      fn: repeat(() => JSON.parse(RAW_ARGUMENTS))
+    },
     {
       group: 'arguments',
       name: 'readArguments + checkArguments (ajv, RE2)',
@@ -136,7 +176,12 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
       name: 'JSON.stringify(call object) (baseline)',
       isBaseline: true,
       ops: INNER,
-      fn: repeat(() => JSON.stringify({ name: entry.name, arguments: parsedArgs, call_id: callId, raw_arguments: RAW_ARGUMENTS }))
+      fn: repeat(() => JSON.stringify({
+        name: entry.name,
+        arguments: parsedArgs,
+        call_id: callId,
+        raw_arguments: RAW_ARGUMENTS
+      }))
     },
     {
       group: 'body building',
@@ -146,24 +191,114 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
       // Mirrors the body built in src/main/runtime.ts (callTool); keep the two in step.
       fn: repeat(() => `{"name":${JSON.stringify(entry.name)},"arguments":${RAW_ARGUMENTS},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(RAW_ARGUMENTS)}}`)
     },
-    { group: 'result mapping, 100 B', name: 'JSON.parse (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => JSON.parse(SMALL_REPLY)) },
+    {
+      group: 'result mapping, 100 B',
+      name: 'JSON.parse (baseline)',
+      isBaseline: true,
+      ops: INNER,
+      fn: repeat(() => JSON.parse(SMALL_REPLY))
+    },
     // Replies arrive as bytes (the worker reads them as such), so the mapping is timed on bytes.
-    { group: 'result mapping, 100 B', name: 'replyToResult', isBaseline: false, ops: INNER, fn: repeat(() => replyToResult(SMALL_BYTES, 'application/json')) },
-    { group: 'result mapping, 100 B', name: 'outcomeToResult', isBaseline: false, ops: INNER, fn: repeat(() => outcomeToResult(smallOutcome, context, 4 * 1024 * 1024)) },
-    { group: 'result mapping, 64 KiB', name: 'JSON.parse (baseline)', isBaseline: true, ops: 1, fn: () => { sink = JSON.parse(LARGE_REPLY) } },
-    { group: 'result mapping, 64 KiB', name: 'replyToResult', isBaseline: false, ops: 1, fn: () => { sink = replyToResult(LARGE_BYTES, 'application/json') } },
-    { group: 'result mapping, 64 KiB', name: 'readReply (worker side)', isBaseline: false, ops: 1, fn: () => { sink = readReply(LARGE_BYTES, 'application/json') } },
-    { group: 'result mapping, 64 KiB', name: 'isValidJson (the scan alone)', isBaseline: false, ops: 1, fn: () => { sink = isValidJson(LARGE_BYTES) } },
-    { group: 'result mapping, 64 KiB', name: 'outcomeToResult', isBaseline: false, ops: 1, fn: () => { sink = outcomeToResult(largeOutcome, context, 4 * 1024 * 1024) } },
+    {
+      group: 'result mapping, 100 B',
+      name: 'replyToResult',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => replyToResult(SMALL_BYTES, 'application/json'))
+    },
+    {
+      group: 'result mapping, 100 B',
+      name: 'outcomeToResult',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => outcomeToResult(smallOutcome, context, 4 * 1024 * 1024))
+    },
+    {
+      group: 'result mapping, 64 KiB',
+      name: 'JSON.parse (baseline)',
+      isBaseline: true,
+      ops: 1,
+      fn: () => { sink = JSON.parse(LARGE_REPLY) }
+    },
+    {
+      group: 'result mapping, 64 KiB',
+      name: 'replyToResult',
+      isBaseline: false,
+      ops: 1,
+      fn: () => { sink = replyToResult(LARGE_BYTES, 'application/json') }
+    },
+    {
+      group: 'result mapping, 64 KiB',
+      name: 'readReply (worker side)',
+      isBaseline: false,
+      ops: 1,
+      fn: () => { sink = readReply(LARGE_BYTES, 'application/json') }
+    },
+    {
+      group: 'result mapping, 64 KiB',
+      name: 'isValidJson (the scan alone)',
+      isBaseline: false,
+      ops: 1,
+      fn: () => { sink = isValidJson(LARGE_BYTES) }
+    },
+    {
+      group: 'result mapping, 64 KiB',
+      name: 'outcomeToResult',
+      isBaseline: false,
+      ops: 1,
+      fn: () => { sink = outcomeToResult(largeOutcome, context, 4 * 1024 * 1024) }
+    },
     // What an envelope reader that slices `output` out of the body without parsing would cost:
     // one pass over the characters (the request body's depth check is such a pass).
-    { group: 'result mapping, 64 KiB', name: 'one character pass (jsonDepthExceeds)', isBaseline: false, ops: 1, fn: () => { sink = jsonDepthExceeds(LARGE_REPLY, 1024) } },
-    { group: 'thread crossing (structured clone)', name: 'CallTask', isBaseline: true, ops: INNER, fn: repeat(() => structuredClone(task)) },
-    { group: 'thread crossing (structured clone)', name: 'CallTask as a flat lane array', isBaseline: false, ops: INNER, fn: repeat(() => structuredClone(flatTask)) },
-    { group: 'thread crossing (structured clone)', name: 'CallOutcome, 100 B', isBaseline: false, ops: INNER, fn: repeat(() => structuredClone(smallOutcome)) },
-    { group: 'thread crossing (structured clone)', name: 'CallOutcome, 100 B, flat lane array', isBaseline: false, ops: INNER, fn: repeat(() => structuredClone(flatSmallOutcome)) },
-    { group: 'thread crossing (structured clone)', name: 'CallOutcome, 64 KiB', isBaseline: false, ops: 1, fn: () => { sink = structuredClone(largeOutcome) } },
-    { group: 'per-call bookkeeping', name: 'allocate a small object (baseline)', isBaseline: true, ops: INNER, fn: repeat(() => ({ id: 1, done: false })) },
+    {
+      group: 'result mapping, 64 KiB',
+      name: 'one character pass (jsonDepthExceeds)',
+      isBaseline: false,
+      ops: 1,
+      fn: () => { sink = jsonDepthExceeds(LARGE_REPLY, 1024) }
+    },
+    {
+      group: 'thread crossing (structured clone)',
+      name: 'CallTask',
+      isBaseline: true,
+      ops: INNER,
+      fn: repeat(() => structuredClone(task))
+    },
+    {
+      group: 'thread crossing (structured clone)',
+      name: 'CallTask as a flat lane array',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => structuredClone(flatTask))
+    },
+    {
+      group: 'thread crossing (structured clone)',
+      name: 'CallOutcome, 100 B',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => structuredClone(smallOutcome))
+    },
+    {
+      group: 'thread crossing (structured clone)',
+      name: 'CallOutcome, 100 B, flat lane array',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => structuredClone(flatSmallOutcome))
+    },
+    {
+      group: 'thread crossing (structured clone)',
+      name: 'CallOutcome, 64 KiB',
+      isBaseline: false,
+      ops: 1,
+      fn: () => { sink = structuredClone(largeOutcome) }
+    },
+    {
+      group: 'per-call bookkeeping',
+      name: 'allocate a small object (baseline)',
+      isBaseline: true,
+      ops: INNER,
+      fn: repeat(() => ({ id: 1, done: false }))
+    },
     {
       group: 'per-call bookkeeping',
       name: 'AbortController + add/removeEventListener',
@@ -176,12 +311,48 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
         return controller
       })
     },
-    { group: 'per-call bookkeeping', name: 'setTimeout + clearTimeout', isBaseline: false, ops: INNER, fn: repeat(() => { clearTimeout(setTimeout(noop, 30_000)) }) },
-    { group: 'thread round trip (awaited, c=1)', name: 'await setImmediate (baseline)', isBaseline: true, ops: 1, fn: () => new Promise((resolve) => { setImmediate(resolve) }) },
-    { group: 'thread round trip (awaited, c=1)', name: 'piscina run, empty batch', isBaseline: false, ops: 1, fn: () => pool.run({ calls: [] }) },
-    { group: 'thread round trip (awaited, c=1)', name: 'piscina run, batch of 1 CallTask', isBaseline: false, ops: 1, fn: () => pool.run({ calls: [task] }) },
-    { group: 'thread round trip (awaited, c=1)', name: 'piscina run, batch of 64 CallTasks', isBaseline: false, ops: 1, fn: () => pool.run({ calls: batch64 }) },
-    { group: 'thread round trip (awaited, c=1)', name: 'piscina run, empty batch, atomics async', isBaseline: false, ops: 1, fn: () => asyncPool.run({ calls: [] }) }
+    {
+      group: 'per-call bookkeeping',
+      name: 'setTimeout + clearTimeout',
+      isBaseline: false,
+      ops: INNER,
+      fn: repeat(() => { clearTimeout(setTimeout(noop, 30_000)) })
+    },
+    {
+      group: 'thread round trip (awaited, c=1)',
+      name: 'await setImmediate (baseline)',
+      isBaseline: true,
+      ops: 1,
+      fn: () => new Promise((resolve) => { setImmediate(resolve) })
+    },
+    {
+      group: 'thread round trip (awaited, c=1)',
+      name: 'piscina run, empty batch',
+      isBaseline: false,
+      ops: 1,
+      fn: () => pool.run({ calls: [] })
+    },
+    {
+      group: 'thread round trip (awaited, c=1)',
+      name: 'piscina run, batch of 1 CallTask',
+      isBaseline: false,
+      ops: 1,
+      fn: () => pool.run({ calls: [task] })
+    },
+    {
+      group: 'thread round trip (awaited, c=1)',
+      name: 'piscina run, batch of 64 CallTasks',
+      isBaseline: false,
+      ops: 1,
+      fn: () => pool.run({ calls: batch64 })
+    },
+    {
+      group: 'thread round trip (awaited, c=1)',
+      name: 'piscina run, empty batch, atomics async',
+      isBaseline: false,
+      ops: 1,
+      fn: () => asyncPool.run({ calls: [] })
+    }
   ]
 }
 
@@ -229,7 +400,8 @@ export const microScenario: Scenario = {
       const base = baseline === undefined ? [] : perRep.get(`${baseline.group} :: ${baseline.name}`) ?? []
       const s = stat(values)
       const ratio = t.isBaseline ? null : pairedRatio(values, base)
-      rows.push([t.group, t.name, fmtStat(s, fmtNs), fmtRate(1e9 / s.median), ratio === null ? '1' : fmtStat(ratio, fmtRatio)])
+      rows.push([t.group, t.name, fmtStat(s, fmtNs), fmtRate(1e9 / s.median),
+        ratio === null ? '1' : fmtStat(ratio, fmtRatio)])
       data[key] = { nsPerOp: s, ratio }
     }
     const table: Table = {

@@ -18,7 +18,13 @@ import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 const CALLERS = 16
 
 function plan (ctx: BenchContext): { warmupMs: number, durationMs: number, probes: number } {
-  return ctx.isQuick ? { warmupMs: 100, durationMs: 300, probes: 20 } : { warmupMs: 250, durationMs: 1_500, probes: 100 }
+  return ctx.isQuick
+    ? { warmupMs: 100, durationMs: 300, probes: 20 }
+    : {
+        warmupMs: 250,
+        durationMs: 1_500,
+        probes: 100
+      }
 }
 
 interface Runs {
@@ -65,10 +71,14 @@ export const mixedScenario: Scenario = {
     const rows: string[][] = []
     for (const path of paths) {
       const r = runs.get(path.name) as Runs
-      rows.push([path.name, 'fast alone (16 callers)', fmtStat(stat(r.alone.map((x) => x.p50Us)), fmtUs), fmtStat(stat(r.alone.map((x) => x.p99Us)), fmtUs)])
-      rows.push([path.name, 'fast beside 16 slow callers', fmtStat(stat(r.mixed.map((x) => x.p50Us)), fmtUs), fmtStat(stat(r.mixed.map((x) => x.p99Us)), fmtUs)])
-      rows.push([path.name, 'slow (200 ms) in that mix', fmtStat(stat(r.slow.map((x) => x.p50Us)), fmtUs), fmtStat(stat(r.slow.map((x) => x.p99Us)), fmtUs)])
-      rows.push([path.name, 'fast, same batch as a slow call', fmtStat(stat(r.probeP50), fmtUs), fmtStat(stat(r.probeP99), fmtUs)])
+      rows.push([path.name, 'fast alone (16 callers)', fmtStat(stat(r.alone.map((x) => x.p50Us)), fmtUs),
+        fmtStat(stat(r.alone.map((x) => x.p99Us)), fmtUs)])
+      rows.push([path.name, 'fast beside 16 slow callers', fmtStat(stat(r.mixed.map((x) => x.p50Us)), fmtUs),
+        fmtStat(stat(r.mixed.map((x) => x.p99Us)), fmtUs)])
+      rows.push([path.name, 'slow (200 ms) in that mix', fmtStat(stat(r.slow.map((x) => x.p50Us)), fmtUs),
+        fmtStat(stat(r.slow.map((x) => x.p99Us)), fmtUs)])
+      rows.push([path.name, 'fast, same batch as a slow call', fmtStat(stat(r.probeP50), fmtUs),
+        fmtStat(stat(r.probeP99), fmtUs)])
     }
     const table: Table = {
       title: 'Fast-call latency (1 ms tool) with and without 200 ms calls in the same batches',
@@ -97,7 +107,12 @@ export const mixedScenario: Scenario = {
   }
 }
 
-function loopOptions (p: { warmupMs: number, durationMs: number }): { concurrency: number, warmupMs: number, durationMs: number, maxCalls: number } {
+function loopOptions (p: { warmupMs: number, durationMs: number }): {
+  concurrency: number,
+  warmupMs: number,
+  durationMs: number,
+  maxCalls: number
+} {
   return { concurrency: CALLERS, warmupMs: p.warmupMs, durationMs: p.durationMs, maxCalls: 200_000 }
 }
 

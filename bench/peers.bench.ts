@@ -20,12 +20,19 @@ interface PeerClient { name: string, client: string, python: string }
 interface PeerResult { rps: number, p50Us: number, p99Us: number, calls: number, errors: number }
 
 function plan (ctx: BenchContext): { warmupS: number, durationS: number, maxCalls: number } {
-  return ctx.isQuick ? { warmupS: 0.2, durationS: 0.4, maxCalls: 20_000 } : { warmupS: 0.5, durationS: 1.5, maxCalls: 100_000 }
+  return ctx.isQuick
+    ? { warmupS: 0.2, durationS: 0.4, maxCalls: 20_000 }
+    : {
+        warmupS: 0.5,
+        durationS: 1.5,
+        maxCalls: 100_000
+      }
 }
 
 /** Finds, once, an interpreter for each client; a missing one is a skip reason. */
 function findPeers (): { peers: PeerClient[], skipped: string[] } {
-  const candidates = [...new Set([process.env.PYTHON, 'python3', '/usr/bin/python3'].filter((p): p is string => p !== undefined && p !== ''))]
+  const candidates = [...new Set([process.env.PYTHON, 'python3',
+    '/usr/bin/python3'].filter((p): p is string => p !== undefined && p !== ''))]
   const find = (code: string): string | null => candidates.find((p) => pythonHas(p, code)) ?? null
   const peers: PeerClient[] = []
   const skipped: string[] = []
@@ -35,8 +42,13 @@ function findPeers (): { peers: PeerClient[], skipped: string[] } {
   const aiohttp = find('import aiohttp')
   if (aiohttp !== null) {
     peers.push({ name: 'python aiohttp', client: 'aiohttp', python: aiohttp })
-    if (pythonHas(aiohttp, 'import uvloop')) peers.push({ name: 'python aiohttp + uvloop', client: 'aiohttp-uvloop', python: aiohttp })
-    else skipped.push('skipped: python3 uvloop not installed')
+    if (pythonHas(aiohttp, 'import uvloop')) {
+      peers.push({
+        name: 'python aiohttp + uvloop',
+        client: 'aiohttp-uvloop',
+        python: aiohttp
+      })
+    } else skipped.push('skipped: python3 uvloop not installed')
   } else {
     skipped.push('skipped: python3 aiohttp not installed')
   }
@@ -111,7 +123,14 @@ export const peersScenario: Scenario = {
     const peerCheck = (name: string, label: string, target: number): void => {
       const rps = results.get(name)?.[0]
       if (rps === undefined) {
-        checks.push({ scenario: 'peers c=128', what: `toolport pool vs ${label}`, measured: 'not installed', ratio: '–', target: `≥ ${target}×`, met: null })
+        checks.push({
+          scenario: 'peers c=128',
+          what: `toolport pool vs ${label}`,
+          measured: 'not installed',
+          ratio: '–',
+          target: `≥ ${target}×`,
+          met: null
+        })
         return
       }
       const ratio = pairedRatio(pool, rps)

@@ -33,7 +33,8 @@ import { renderMarkdown, renderText } from './lib/report.js'
 import type { BenchContext, MachineInfo, RunReport, Scenario, ScenarioReport } from './lib/report.js'
 
 const SCENARIOS: readonly Scenario[] = [
-  dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario, tuningScenario,
+  dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario,
+  tuningScenario,
   eventsScenario
 ]
 /** Run only when named in --scope. */
@@ -63,7 +64,10 @@ function parseFlags (argv: readonly string[]): Flags {
   let paths: string[] | null = null
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string
-    const [name, inline] = arg.includes('=') ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)] : [arg, undefined]
+    const [name, inline] = arg.includes('=')
+      ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)]
+      : [arg,
+          undefined]
     const value = (): string => {
       const v = inline ?? argv[++i]
       if (v === undefined || v === '') fail(`${name} needs a value`)

@@ -51,7 +51,11 @@ export const tuningScenario: Scenario = {
             const path = paths[(k + rep) % paths.length] as DispatchPath
             ctx.progress.step(`c=${concurrency} ${path.name} (rep ${rep + 1}/${ctx.reps})`)
             const result = await closedLoop(path.caller('small'), {
-              concurrency, warmupMs: p.warmupMs, warmupMaxCalls: Math.max(200, concurrency * 20), durationMs: p.durationMs, maxCalls: 100_000
+              concurrency,
+              warmupMs: p.warmupMs,
+              warmupMaxCalls: Math.max(200, concurrency * 20),
+              durationMs: p.durationMs,
+              maxCalls: 100_000
             })
             const key = `${concurrency}|${path.name}`
             runs.set(key, [...(runs.get(key) ?? []), result])

@@ -11,7 +11,8 @@ const THEME_KEY = 'toolport.theme'
 const MAX_CALL_ROWS = 60
 const STATS_EVERY_MS = 2000
 /** Events after which the registry view is fetched again. */
-const REGISTRY_EVENTS = new Set(['registered', 'unregistered', 'cleared', 'evicted', 'sync', 'role-added', 'role-removed'])
+const REGISTRY_EVENTS = new Set(['registered', 'unregistered', 'cleared', 'evicted', 'sync', 'role-added',
+  'role-removed'])
 
 const $ = (id) => document.getElementById(id)
 
@@ -135,7 +136,10 @@ function renderRoles () {
     const syncText = sync === null
       ? h('span', {}, 'no sync yet')
       : h('span', { title: sync.error ?? '' },
-        sync.ok ? h('span', { className: 'badge ok' }, 'synced') : h('span', { className: 'badge bad' }, `${sync.failures} failed`),
+        sync.ok
+          ? h('span', { className: 'badge ok' }, 'synced')
+          : h('span', { className: 'badge bad' },
+          `${sync.failures} failed`),
         ` ${ms(sync.duration_ms)} ms · ${ago(sync.at)}`)
     const head = h('div', { className: 'role-head' },
       h('span', { className: 'role-name' }, role.name),
@@ -146,15 +150,22 @@ function renderRoles () {
     const body = role.tools.length === 0
       ? h('div', { className: 'empty' }, 'no tools')
       : h('div', { className: 'table-wrap' }, h('table', { className: 'table' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'tool'), h('th', {}, 'source'), h('th', {}, 'callback'), h('th', { className: 'num' }, 'timeout'))),
+        h('thead', {}, h('tr', {}, h('th', {}, 'tool'), h('th', {}, 'source'), h('th', {}, 'callback'), h('th',
+          { className: 'num' }, 'timeout'))),
         h('tbody', {}, role.tools.map((tool) => h('tr', { dataset: { tool: tool.name } },
-          h('td', {}, h('div', { className: 'mono' }, tool.name), h('div', { className: 'desc', title: tool.description }, tool.description)),
+          h('td', {}, h('div', { className: 'mono' }, tool.name), h('div', {
+            className: 'desc',
+            title: tool.description
+          }, tool.description)),
           h('td', {}, h('span', { className: `badge ${tool.is_remote ? '' : 'info'}` }, tool.source)),
           h('td', { className: 'mono small', title: tool.callback_url ?? '' }, tool.origin === null ? 'in-process' : tool.origin.replace(/^https?:\/\//, '')),
           h('td', { className: 'num' }, `${tool.timeout_seconds} s`))))))
     return h('div', { className: 'role', dataset: { role: role.name } }, head, body)
   })
-  $('roles').replaceChildren(roles.length === 0 ? h('div', { className: 'empty' }, 'no roles') : h('div', { className: 'roles' }, roles))
+  $('roles').replaceChildren(roles.length === 0
+    ? h('div', { className: 'empty' }, 'no roles')
+    : h('div',
+      { className: 'roles' }, roles))
 }
 
 function renderOrigins () {
@@ -166,7 +177,10 @@ function renderOrigins () {
     h('td', {}, o.failures === 0
       ? h('span', { className: 'badge ok' }, 'healthy')
       : h('span', { className: 'badge warn' }, `${o.failures} consecutive failure${o.failures === 1 ? '' : 's'}`))))
-  $('origins').replaceChildren(...(rows.length === 0 ? [h('tr', {}, h('td', { className: 'empty', colSpan: 5 }, 'no plugin callbacks registered'))] : rows))
+  $('origins').replaceChildren(...(rows.length === 0
+    ? [h('tr', {}, h('td', { className: 'empty', colSpan: 5 },
+        'no plugin callbacks registered'))]
+    : rows))
 }
 
 function renderEvictions () {
@@ -174,7 +188,8 @@ function renderEvictions () {
     h('div', { className: 'row between' },
       h('span', {}, h('span', { className: 'badge bad' }, 'evicted'), ' ', h('span', { className: 'mono' }, e.origin)),
       h('span', { className: 'when', title: e.at }, `${clock(e.at)} · ${ago(e.at)}`)),
-    h('div', { className: 'small' }, `${e.tools.join(', ')} from ${e.roles.join(', ')} after ${e.failures} connection failures`)))
+    h('div', { className: 'small' },
+      `${e.tools.join(', ')} from ${e.roles.join(', ')} after ${e.failures} connection failures`)))
   $('evictions').replaceChildren(...(items.length === 0 ? [h('div', { className: 'empty' }, 'no evictions')] : items))
 }
 
@@ -215,7 +230,11 @@ function cssVar (name) {
 }
 
 function chartOptions (kind, width) {
-  const axis = { stroke: cssVar('--muted'), grid: { stroke: cssVar('--grid'), width: 1 }, ticks: { stroke: cssVar('--grid') } }
+  const axis = {
+    stroke: cssVar('--muted'),
+    grid: { stroke: cssVar('--grid'), width: 1 },
+    ticks: { stroke: cssVar('--grid') }
+  }
   const series = kind === 'rate'
     ? [{}, { label: 'calls/s', stroke: cssVar('--accent'), fill: cssVar('--accent-soft'), width: 1.5 },
         { label: 'errors/s', stroke: cssVar('--bad'), width: 1.2 }]
@@ -283,7 +302,8 @@ function renderSeriesSelect (stats) {
   const keys = ['all', ...stats.tools.map((s) => `${s.role}/${s.tool}`)]
   const current = [...select.options].map((o) => o.value)
   if (current.join('\n') === keys.join('\n')) return
-  select.replaceChildren(...keys.map((key) => h('option', { value: key, selected: key === selectedSeries }, key === 'all' ? 'all calls' : key)))
+  select.replaceChildren(...keys.map((key) => h('option', { value: key, selected: key === selectedSeries },
+    key === 'all' ? 'all calls' : key)))
   if (!keys.includes(selectedSeries)) selectedSeries = 'all'
 }
 

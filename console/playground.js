@@ -69,16 +69,23 @@ export function setupPlayground ({ api, h }) {
 
   function buildField (name, prop, isRequired) {
     const type = Array.isArray(prop.type) ? prop.type.find((t) => t !== 'null') : prop.type
-    const title = h('span', {}, h('span', { className: 'field-name' }, name), isRequired ? h('span', { className: 'field-required' }, ' *') : null,
-      type === undefined ? null : h('span', { className: 'muted' }, ` ${type}`))
+    const title = h('span', {}, h('span', { className: 'field-name' }, name), isRequired
+      ? h('span',
+        { className: 'field-required' }, ' *')
+      : null,
+    type === undefined ? null : h('span', { className: 'muted' }, ` ${type}`))
     const help = prop.description ? h('span', { className: 'field-help' }, prop.description) : null
     let input
     let read
     let write
     if (Array.isArray(prop.enum)) {
-      input = h('select', { name }, h('option', { value: '' }, '—'), prop.enum.map((v, i) => h('option', { value: String(i) }, JSON.stringify(v))))
+      input = h('select', { name }, h('option', { value: '' }, '—'), prop.enum.map((v, i) => h('option',
+        { value: String(i) }, JSON.stringify(v))))
       read = () => input.value === '' ? undefined : prop.enum[Number(input.value)]
-      write = (v) => { const i = prop.enum.findIndex((e) => JSON.stringify(e) === JSON.stringify(v)); input.value = i === -1 ? '' : String(i) }
+      write = (v) => {
+        const i = prop.enum.findIndex((e) => JSON.stringify(e) === JSON.stringify(v))
+        input.value = i === -1 ? '' : String(i)
+      }
     } else if (type === 'boolean') {
       input = h('input', { type: 'checkbox', name })
       read = () => input.indeterminate ? undefined : input.checked
@@ -89,11 +96,23 @@ export function setupPlayground ({ api, h }) {
       input.addEventListener('change', syncRawFromForm)
       return { element, read, write }
     } else if (type === 'number' || type === 'integer') {
-      input = h('input', { type: 'number', name, step: type === 'integer' ? '1' : 'any', placeholder: prop.default === undefined ? '' : String(prop.default) })
+      input = h('input', {
+        type: 'number',
+        name,
+        step: type === 'integer' ? '1' : 'any',
+        placeholder: prop.default === undefined ? '' : String(prop.default)
+      })
       read = () => input.value === '' ? undefined : Number(input.value)
       write = (v) => { input.value = typeof v === 'number' ? String(v) : '' }
     } else if (type === 'string' || type === undefined) {
-      input = h('input', { type: 'text', name, placeholder: prop.default === undefined ? (prop.format ?? '') : String(prop.default) })
+      input = h('input', {
+        type: 'text',
+        name,
+        placeholder: prop.default === undefined
+          ? (prop.format ??
+        '')
+          : String(prop.default)
+      })
       read = () => input.value === '' ? undefined : input.value
       write = (v) => { input.value = typeof v === 'string' ? v : '' }
     } else {
@@ -128,7 +147,10 @@ export function setupPlayground ({ api, h }) {
       $('pg-raw-error').textContent = `not JSON yet: ${err.message}`
       return
     }
-    $('pg-raw-error').textContent = args === null || typeof args !== 'object' || Array.isArray(args) ? 'arguments must be a JSON object' : ''
+    $('pg-raw-error').textContent = args === null || typeof args !== 'object' ||
+      Array.isArray(args)
+      ? 'arguments must be a JSON object'
+      : ''
     if ($('pg-raw-error').textContent !== '') return
     for (const [name, field] of fields) field.write(args[name])
   }
@@ -169,7 +191,10 @@ export function setupPlayground ({ api, h }) {
     show('pg-text', text === undefined || text === null ? null : String(text))
     show('pg-output', body?.output === undefined || body?.output === null ? null : JSON.stringify(body.output, null, 2))
     show('pg-error', typeof body?.error === 'string' && status === 200 ? body.error : null)
-    const images = Array.isArray(body?.images) ? body.images.filter((img) => IMAGE_TYPES.has(img?.mime_type) && typeof img.data_base64 === 'string') : []
+    const images = Array.isArray(body?.images)
+      ? body.images.filter((img) => IMAGE_TYPES.has(img?.mime_type) &&
+      typeof img.data_base64 === 'string')
+      : []
     $('pg-images-block').hidden = images.length === 0
     $('pg-images').replaceChildren(...images.map((img) => h('figure', {},
       h('img', { src: `data:${img.mime_type};base64,${img.data_base64}`, alt: img.prompt ?? 'tool image' }),

@@ -6,7 +6,8 @@ import puppeteer from 'puppeteer-core'
 import { createToolport } from '../src/main/index.js'
 import { createPlugin } from '../src/plugin/index.js'
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? ['/usr/bin/chromium', '/usr/bin/chromium-browser', '/usr/bin/google-chrome'].find((p) => existsSync(p))
+const CHROMIUM = process.env.CHROMIUM_PATH ?? ['/usr/bin/chromium', '/usr/bin/chromium-browser',
+  '/usr/bin/google-chrome'].find((p) => existsSync(p))
 if (CHROMIUM === undefined) {
   throw new Error('no chromium found: apt-get install -y chromium (or set CHROMIUM_PATH)')
 }
@@ -21,12 +22,28 @@ const weather = createPlugin({
   tools: {
     get_weather: {
       description: 'Current weather for a city.',
-      parameters: { type: 'object', properties: { city: { type: 'string', description: 'City name' }, unit: { type: 'string', enum: ['c', 'f'] } }, required: ['city'] },
-      handler: async (args: Record<string, unknown>) => { await sleep(2 + Math.random() * 8); return { city: args.city, temperature_c: 28 } }
+      parameters: {
+        type: 'object',
+        properties: {
+          city: { type: 'string', description: 'City name' },
+          unit: { type: 'string', enum: ['c', 'f'] }
+        },
+        required: ['city']
+      },
+      handler: async (args: Record<string, unknown>) => {
+        await sleep(2 + Math.random() * 8); return {
+          city: args.city,
+          temperature_c: 28
+        }
+      }
     },
     get_forecast: {
       description: 'Three-day forecast.',
-      parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+      parameters: {
+        type: 'object',
+        properties: { city: { type: 'string' }, days: { type: 'integer' } },
+        required: ['city']
+      },
       handler: async () => { await sleep(5 + Math.random() * 30); return { days: [] } }
     }
   }
@@ -36,16 +53,32 @@ const notes = createPlugin({
   source: 'plugin:notes',
   role: 'Mochi',
   tools: {
-    save_note: { description: 'Save a note for later.', parameters: { type: 'object', properties: { text: { type: 'string' } } }, handler: () => ({ saved: true }) }
+    save_note: {
+      description: 'Save a note for later.',
+      parameters: {
+        type: 'object',
+        properties: { text: { type: 'string' } }
+      },
+      handler: () => ({ saved: true })
+    }
   }
 })
 await weather.start()
 await notes.start()
-await tp.roles.get('Nova').registerLocalTool({ name: 'roll_dice', description: 'Roll an n-sided die.', handler: () => Math.ceil(Math.random() * 6) })
+await tp.roles.get('Nova').registerLocalTool({
+  name: 'roll_dice',
+  description: 'Roll an n-sided die.',
+  handler: () => Math.ceil(Math.random() * 6)
+})
 const detach = tp.roles.get('Lanlan').attachSession({ id: 'rt-1', syncTools: async () => { await sleep(3) } })
 await tp.roles.get('Lanlan').sync()
 
-const browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--disable-gpu'] })
+const browser = await puppeteer.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: ['--no-sandbox',
+    '--disable-gpu']
+})
 const page = await browser.newPage()
 await page.emulateMediaFeatures([{ name: 'prefers-color-scheme', value: theme }])
 await page.setViewport({ width: 1400, height: 1150, deviceScaleFactor: 1 })

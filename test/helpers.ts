@@ -231,7 +231,8 @@ export function assertError (reply: JsonReply, statusCode: number, code: string)
   assert.equal(body.code, code)
   assert.equal(typeof body.error, 'string')
   assert.equal(typeof body.message, 'string')
-  const extra = Object.keys(body).filter((k) => !['ok', 'statusCode', 'code', 'error', 'message', 'details'].includes(k))
+  const extra = Object.keys(body).filter((k) => !['ok', 'statusCode', 'code', 'error', 'message',
+    'details'].includes(k))
   assert.deepEqual(extra, [], 'no keys beyond the error shape')
   assert.match(String(reply.headers['content-type']), /^application\/json/)
 }

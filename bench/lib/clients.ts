@@ -55,7 +55,8 @@ export interface DispatchPath {
 export const CONNECTIONS = 64
 
 /** `parse`: also check that the reply is JSON (`JSON.parse`), as any correct client must. */
-export function rawUndiciPath (origin: string, connections = CONNECTIONS, name = 'raw undici', parse = false): DispatchPath {
+export function rawUndiciPath (origin: string, connections = CONNECTIONS, name = 'raw undici',
+  parse = false): DispatchPath {
   const pool = new Pool(origin, { connections, pipelining: 1 })
   return {
     name,
@@ -104,7 +105,11 @@ export function nodeHttpPath (port: number): DispatchPath {
         port,
         path,
         method: 'POST',
-        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-toolport-call-id': 'call_http' }
+        headers: {
+          'content-type': 'application/json',
+          'content-length': Buffer.byteLength(body),
+          'x-toolport-call-id': 'call_http'
+        }
       }
       return function httpCall (): Promise<boolean> {
         return new Promise((resolve) => {

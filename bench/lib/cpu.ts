@@ -148,7 +148,15 @@ export class CpuMeter {
     const n = Math.max(1, calls)
     const processUs = (after.process - before.process) / n
     if (after.self.size === 0) {
-      return { processUs, mainThreadUs: NaN, workerUs: NaN, otherUs: NaN, peerUs: NaN, foreignShare: NaN, contended: false }
+      return {
+        processUs,
+        mainThreadUs: NaN,
+        workerUs: NaN,
+        otherUs: NaN,
+        peerUs: NaN,
+        foreignShare: NaN,
+        contended: false
+      }
     }
     const mainTid = String(process.pid)
     const main = sum(after.self, before.self, (tid) => tid === mainTid)

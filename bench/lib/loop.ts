@@ -73,7 +73,10 @@ export async function closedLoop (call: () => Promise<boolean>, options: LoopOpt
   let phase = 0
   let warmupCalls = 0
   const steady = options.steady
-  const warmupMax = steady !== undefined ? Number.POSITIVE_INFINITY : (options.warmupMaxCalls ?? Number.POSITIVE_INFINITY)
+  const warmupMax = steady !== undefined
+    ? Number.POSITIVE_INFINITY
+    : (options.warmupMaxCalls ??
+    Number.POSITIVE_INFINITY)
   const warmupStart = performance.now()
   const warmupEnd = warmupStart + (steady !== undefined ? steady.maxMs : options.warmupMs)
   const steadyMinEnd = warmupStart + (steady?.minMs ?? 0)

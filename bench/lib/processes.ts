@@ -39,7 +39,12 @@ export async function startCallbackServer (options: CallbackServerOptions = {}):
   if (options.keepAliveMs !== undefined) args.push('--keep-alive-ms', String(options.keepAliveMs))
   if (options.sendHint === false) args.push('--no-hint')
   const child = spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'inherit'] })
-  const info = await firstJsonLine(child, 20_000) as { port: number, pid: number, largeBytes: number, smallBytes: number }
+  const info = await firstJsonLine(child, 20_000) as {
+    port: number,
+    pid: number,
+    largeBytes: number,
+    smallBytes: number
+  }
   const origin = `http://127.0.0.1:${info.port}`
   return {
     port: info.port,
@@ -84,16 +89,19 @@ export function pythonHas (python: string, code: string): boolean {
   return run.status === 0
 }
 
-async function firstJsonLine (child: ChildProcess, timeoutMs: number, onEvent?: (name: string) => void): Promise<unknown> {
+async function firstJsonLine (child: ChildProcess, timeoutMs: number,
+  onEvent?: (name: string) => void): Promise<unknown> {
   const stdout = child.stdout
   if (stdout === null) throw new Error('child has no stdout')
   const lines = createInterface({ input: stdout })
   let timer: NodeJS.Timeout | undefined
   try {
     return await new Promise((resolve, reject) => {
-      timer = setTimeout(() => { reject(new Error(`child ${child.pid ?? ''} printed nothing within ${timeoutMs} ms`)) }, timeoutMs)
+      timer = setTimeout(() => { reject(new Error(`child ${child.pid ?? ''} printed nothing within ${timeoutMs} ms`)) },
+        timeoutMs)
       child.once('error', reject)
-      child.once('close', (code) => { reject(new Error(`child exited (code ${code ?? 'signal'}) before printing its result`)) })
+      child.once('close',
+        (code) => { reject(new Error(`child exited (code ${code ?? 'signal'}) before printing its result`)) })
       lines.on('line', (line) => {
         const text = line.trim()
         if (!text.startsWith('{')) return

@@ -40,13 +40,15 @@ export function renderChart (series: readonly ChartSeries[], title: string): str
     const top = 40 + legendH + p * (PANEL_H + MARGIN.top + MARGIN.bottom)
     const inPanel = series.filter((s) => s.panel === panel)
     out.push(...throughputPanel(inPanel, paths, MARGIN.left, top + MARGIN.top, `${panel}: throughput (req/s)`))
-    out.push(...latencyPanel(inPanel, paths, PANEL_W + MARGIN.left * 2 + MARGIN.right, top + MARGIN.top, `${panel}: latency p50 / p99`))
+    out.push(...latencyPanel(inPanel, paths, PANEL_W + MARGIN.left * 2 + MARGIN.right, top + MARGIN.top,
+      `${panel}: latency p50 / p99`))
   }
   out.push('</svg>')
   return out.join('\n') + '\n'
 }
 
-function throughputPanel (series: readonly ChartSeries[], paths: readonly string[], x0: number, y0: number, title: string): string[] {
+function throughputPanel (series: readonly ChartSeries[], paths: readonly string[], x0: number, y0: number,
+  title: string): string[] {
   const cs = concurrencies(series)
   const maxRps = niceCeil(Math.max(1, ...series.flatMap((s) => s.points.map((p) => p.rps))))
   const xOf = logScale(cs[0] ?? 1, cs[cs.length - 1] ?? 2, x0, x0 + PANEL_W)
@@ -65,7 +67,8 @@ function throughputPanel (series: readonly ChartSeries[], paths: readonly string
   return out
 }
 
-function latencyPanel (series: readonly ChartSeries[], paths: readonly string[], x0: number, y0: number, title: string): string[] {
+function latencyPanel (series: readonly ChartSeries[], paths: readonly string[], x0: number, y0: number,
+  title: string): string[] {
   const cs = concurrencies(series)
   const values = series.flatMap((s) => s.points.flatMap((p) => [p.p50Us, p.p99Us])).filter((v) => v > 0)
   const lo = Math.pow(10, Math.floor(Math.log10(Math.max(1, Math.min(...values)))))
@@ -103,7 +106,8 @@ function frame (x0: number, y0: number, title: string, cs: readonly number[], xO
 function polyline (points: readonly (readonly [number, number])[], color: string, dashed: boolean): string {
   const d = points.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(' ')
   const dash = dashed ? ' stroke-dasharray="5 3"' : ''
-  const dots = points.map(([x, y]) => `<circle cx="${x.toFixed(1)}" cy="${y.toFixed(1)}" r="2.5" fill="${color}"/>`).join('')
+  const dots = points.map(([x,
+    y]) => `<circle cx="${x.toFixed(1)}" cy="${y.toFixed(1)}" r="2.5" fill="${color}"/>`).join('')
   return `<polyline points="${d}" fill="none" stroke="${color}" stroke-width="${dashed ? 1.5 : 2.2}"${dash}/>${dots}`
 }
 

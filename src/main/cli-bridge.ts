@@ -60,7 +60,8 @@ const RECONNECT_MAX_MS = 30_000
  * Toolport it reached; an unreachable Toolport is not an error (the bridge keeps trying).
  *
  * @example
- * const bridge = await startBridge({ role: 'Lanlan', url: 'http://127.0.0.1:3917', log: (l) => process.stderr.write(l + '\n') })
+ * const bridge = await startBridge({ role: 'Lanlan', url: 'http://127.0.0.1:3917', log: (l) => process.stderr.write(l +
+ * '\n') })
  * await bridge.closed
  */
 export async function startBridge (options: BridgeOptions): Promise<Bridge> {
@@ -72,7 +73,8 @@ export async function startBridge (options: BridgeOptions): Promise<Bridge> {
 /** `<base>/mcp/<role>`, keeping a path prefix the base URL may have. */
 export function bridgeEndpoint (url: string, role: string): URL {
   const base = new URL(url)
-  if (base.protocol !== 'http:' && base.protocol !== 'https:') throw new TypeError(`--url must be http or https (got ${url})`)
+  if (base.protocol !== 'http:' &&
+    base.protocol !== 'https:') throw new TypeError(`--url must be http or https (got ${url})`)
   if (!base.pathname.endsWith('/')) base.pathname += '/'
   return new URL(`mcp/${encodeURIComponent(role)}`, base)
 }
@@ -149,7 +151,8 @@ class StdioBridge implements Bridge {
     }
   }
 
-  async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest, ServerNotification>): Promise<CallToolResult> {
+  async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest,
+    ServerNotification>): Promise<CallToolResult> {
     const options = { signal: extra.signal, timeout: this.#options.callTimeoutMs ?? 330_000 }
     const attempt = async (): Promise<CallToolResult> => {
       const upstream = await this.#ready()

@@ -174,13 +174,19 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   if (flags['log-level'] !== undefined) options.logger = flags['log-level']
   if (flags['allow-non-loopback-bind'] === true) mergeOptions(options, { security: { allowNonLoopbackBind: true } })
   const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
-  if (tokenFile !== undefined && tokenFile !== '') mergeOptions(options, { security: { token: readTokenFile(tokenFile) } })
+  if (tokenFile !== undefined && tokenFile !== '') {
+    mergeOptions(options,
+      { security: { token: readTokenFile(tokenFile) } })
+  }
   if (!Array.isArray(options.roles) || options.roles.length === 0) options.roles = ['default']
   options.logger ??= 'info'
 
   // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
   const settings = parseOptions(options)
-  const tp = new Toolport(settings, createLogger(settings.logger, { pretty: io.stdout.isTTY === true, destination: io.stdout }))
+  const tp = new Toolport(settings, createLogger(settings.logger, {
+    pretty: io.stdout.isTTY === true,
+    destination: io.stdout
+  }))
   try {
     const { url } = await tp.listen()
     io.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp.dispatchMode})\n`)
@@ -192,7 +198,13 @@ async function serve (args: string[], io: CliIo): Promise<number> {
 }
 
 /** Strict flag parsing; a bad flag is a usage error (printed with the usage text, exit 2). */
-function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (args: string[], options: T): ReturnType<typeof parseArgs<{ args: string[], strict: true, allowPositionals: false, options: T }>>['values'] {
+function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (args: string[],
+  options: T): ReturnType<typeof parseArgs<{
+    args: string[],
+    strict: true,
+    allowPositionals: false,
+    options: T
+  }>>['values'] {
   try {
     return parseArgs({ args, strict: true, allowPositionals: false, options }).values
   } catch (err) {
@@ -266,7 +278,13 @@ function runAsProgram (): void {
   }
   process.on('SIGINT', onSignal)
   process.on('SIGTERM', onSignal)
-  const io: CliIo = { stdin: process.stdin, stdout: process.stdout, stderr: process.stderr, env: process.env, stop: controller.signal }
+  const io: CliIo = {
+    stdin: process.stdin,
+    stdout: process.stdout,
+    stderr: process.stderr,
+    env: process.env,
+    stop: controller.signal
+  }
   main(process.argv.slice(2), io).then((code) => {
     process.off('SIGINT', onSignal)
     process.off('SIGTERM', onSignal)

@@ -29,7 +29,10 @@ const dispatchSchema = z.strictObject({
   maxResponseBytes: z.number().int().min(1).max(1024 ** 3).default(4 * 1024 * 1024),
   /** Most images passed on from one reply's `images`; the rest are dropped with a warning. */
   maxImages: z.number().int().min(0).max(64).default(2),
-  /** Largest image in a reply's `images`, in bytes of its base64 text (`data_b64`); a larger one is dropped with a warning. */
+  /**
+   * Largest image in a reply's `images`, in bytes of its base64 text (`data_b64`); a larger one
+   * is dropped with a warning.
+   */
   maxImageBytes: z.number().int().min(1).max(1024 ** 3).default(2 * 1024 * 1024),
   /** Idle keep-alive sockets to callbacks are closed after this. */
   keepAliveTimeoutMs: z.number().int().min(1).max(600_000).default(4_000),

@@ -26,7 +26,8 @@ export const OriginForbiddenError = createError('TP_ERR_ORIGIN_FORBIDDEN',
   'cross-origin request refused: %s', 403)
 
 /** 401: token mode is on and the request lacks the right `Authorization: Bearer` token. */
-export const UnauthorizedError = createError('TP_ERR_UNAUTHORIZED', 'a valid Authorization: Bearer token is required', 401)
+export const UnauthorizedError = createError('TP_ERR_UNAUTHORIZED', 'a valid Authorization: Bearer token is required',
+  401)
 
 /**
  * 401: ownership mode is on and a register, unregister or clear request lacks a well-formed
@@ -79,7 +80,8 @@ export const ConfigError = createError('TP_ERR_CONFIG', 'invalid Toolport option
 export const ClosedError = createError('TP_ERR_CLOSED', 'Toolport is closed', 503)
 
 /** 503: `GET /api/events` already has `events.maxSubscribers` subscribers. */
-export const StreamFullError = createError('TP_ERR_STREAM_FULL', 'the event stream has %s subscribers already; try again later', 503)
+export const StreamFullError = createError('TP_ERR_STREAM_FULL',
+  'the event stream has %s subscribers already; try again later', 503)
 
 /** 500: a bug. The message never carries stack traces, credentials or callback bodies. */
 export const InternalError = createError('TP_ERR_INTERNAL', 'internal error', 500)

@@ -29,7 +29,14 @@ export function createLogger (setting: ResolvedOptions['logger'], output: Logger
   if (output.pretty === true) {
     return pino({
       ...options,
-      transport: { target: 'pino-pretty', options: { colorize: true, translateTime: 'HH:MM:ss.l', ignore: 'pid,hostname' } }
+      transport: {
+        target: 'pino-pretty',
+        options: {
+          colorize: true,
+          translateTime: 'HH:MM:ss.l',
+          ignore: 'pid,hostname'
+        }
+      }
     })
   }
   return output.destination === undefined ? pino(options) : pino(options, output.destination)

@@ -47,7 +47,8 @@ export class Metrics {
     this.#queueSeconds = new LocalHistogram(this.registry, 'toolport_dispatch_queue_seconds',
       'Time a callback call waited on the main thread before it was handed to a worker', 'outcome', LATENCY_BUCKETS)
     this.#callbackSeconds = new LocalHistogram(this.registry, 'toolport_dispatch_callback_seconds',
-      'Time from handing a call to a worker (or the inline client) to its outcome: worker and callback', 'outcome', LATENCY_BUCKETS)
+      'Time from handing a call to a worker (or the inline client) to its outcome: worker and callback', 'outcome',
+      LATENCY_BUCKETS)
     // No origin label: plugins restarting on fresh ports would grow it without bound.
     const evictions = new Counter({
       name: 'toolport_evictions_total',
@@ -73,11 +74,14 @@ export class Metrics {
       registers
     })
     // Gauges are read when scraped, so the hot path pays nothing for them.
-    scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered', source.pendingCalls)
+    scrapedGauge(registers, 'toolport_calls_in_flight', 'Callback calls admitted and not yet answered',
+      source.pendingCalls)
     scrapedGauge(registers, 'toolport_dispatch_queue_depth',
-      'Calls waiting to be handed to a worker: behind their origin\'s in-flight bound or in this turn\'s batch', source.queuedCalls)
+      'Calls waiting to be handed to a worker: behind their origin\'s in-flight bound or in this turn\'s batch',
+      source.queuedCalls)
     scrapedGauge(registers, 'toolport_pool_utilization',
-      'Worker threads\' event-loop utilisation since the previous scrape (0-1, averaged); 0 in inline mode', source.poolUtilization)
+      'Worker threads\' event-loop utilisation since the previous scrape (0-1, averaged); 0 in inline mode',
+      source.poolUtilization)
     scrapedGauge(registers, 'toolport_reply_buffer_bytes',
       'Callback reply bytes being received and held right now, over all threads', source.bufferedReplyBytes)
     scrapedGauge(registers, 'toolport_reply_buffer_limit_bytes',

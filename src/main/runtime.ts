@@ -135,7 +135,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     super()
     this.options = parseOptions(options)
     this.log = logger ?? createLogger(this.options.logger)
-    this.roles = new RoleManager({ syncTimeoutMs: this.options.syncTimeoutMs, events: this, schemaBudgets: this.options.limits })
+    this.roles = new RoleManager({
+      syncTimeoutMs: this.options.syncTimeoutMs,
+      events: this,
+      schemaBudgets: this.options.limits
+    })
     for (const name of this.options.roles) this.roles.add(name)
     this.metrics = this.options.metrics
       ? new Metrics({
@@ -151,7 +155,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       : null
     this.#dispatcher = new Dispatcher(this.options.dispatch, this.metrics?.observeDispatch ?? null)
     this.#health = new OriginHealth(this.options.evictionThreshold)
-    this.#owners = new SourceOwners((source) => this.roles.list().some((role) => role.registry.countBySource(source) > 0))
+    this.#owners = new SourceOwners((source) =>
+      this.roles.list().some((role) => role.registry.countBySource(source) > 0))
     // One unref'd sweep (no timer per call) forgets the health of origins no tool uses any more.
     this.#sweeper = setInterval(() => {
       this.#health.forget((origin) => this.roles.list().some((role) => role.registry.hasOrigin(origin)))
@@ -249,17 +254,31 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const role of targets) {
       const existing = role.registry.get(entry.name)
       if (existing !== undefined && !existing.isRemote) {
-        failed.push({ role: role.name, error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API`, owned_by: existing.source })
+        failed.push({
+          role: role.name,
+          error: `'${entry.name}' is a local tool of this role and cannot be replaced over the API`,
+          owned_by: existing.source
+        })
         continue
       }
       if (existing !== undefined && this.options.security.enforceOwnership && existing.source !== entry.source) {
-        failed.push({ role: role.name, error: `'${entry.name}' belongs to source '${existing.source}'`, owned_by: existing.source })
+        failed.push({
+          role: role.name,
+          error: `'${entry.name}' belongs to source '${existing.source}'`,
+          owned_by: existing.source
+        })
         continue
       }
       role.registry.set(entry)
       if (existing !== undefined) role.emitRemoved(existing, 'replaced')
       if (this.listenerCount('tool-registered') > 0) {
-        this.emit('tool-registered', { role: role.name, name: entry.name, source: entry.source, isRemote: true, origin: entry.origin })
+        this.emit('tool-registered', {
+          role: role.name,
+          name: entry.name,
+          source: entry.source,
+          isRemote: true,
+          origin: entry.origin
+        })
       }
       accepted.push(role)
     }
@@ -267,9 +286,20 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     // find it free.
     if (owner !== null && accepted.length > 0) this.#owners.claim(request.source, owner)
     const affected = await syncAll(accepted, failed)
-    const result: RegisterResult = { ok: affected.length > 0, registered: entry.name, affected_roles: affected, failed_roles: failed }
+    const result: RegisterResult = {
+      ok: affected.length > 0,
+      registered: entry.name,
+      affected_roles: affected,
+      failed_roles: failed
+    }
     if (!result.ok) result.error = targets.length === 0 ? 'no roles exist' : 'no role accepted the registration'
-    this.log.info({ tool: entry.name, source: entry.source, origin: entry.origin, roles: affected, failed: failed.length }, 'tool registered')
+    this.log.info({
+      tool: entry.name,
+      source: entry.source,
+      origin: entry.origin,
+      roles: affected,
+      failed: failed.length
+    }, 'tool registered')
     return result
   }
 
@@ -289,7 +319,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const role of targets) {
       const existing = role.registry.get(request.name)
       if (existing === undefined) continue
-      if (!existing.isRemote || (request.expected_source !== undefined && existing.source !== request.expected_source) ||
+      if (!existing.isRemote || (request.expected_source !== undefined &&
+        existing.source !== request.expected_source) ||
         (owner !== null && !this.#owners.allows(existing.source, owner))) {
         refused.push({ role: role.name, owned_by: existing.source })
         continue
@@ -300,7 +331,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
-    if (changed.length > 0) this.log.info({ tool: request.name, roles: affected, failed: failed.length }, 'tool unregistered')
+    if (changed.length > 0) {
+      this.log.info({ tool: request.name, roles: affected, failed: failed.length },
+        'tool unregistered')
+    }
     return {
       // docs/protocol.md R17: no failures, or something was removed (the registry is authoritative).
       ok: failed.length === 0 || changed.length > 0,
@@ -332,7 +366,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
-    if (removed > 0) this.log.info({ source: request.source, removed, roles: affected, failed: failed.length }, 'source cleared')
+    if (removed > 0) {
+      this.log.info({ source: request.source, removed, roles: affected, failed: failed.length },
+        'source cleared')
+    }
     return { ok: failed.length === 0 || removed > 0, removed, affected_roles: affected, failed_roles: failed }
   }
 
@@ -355,19 +392,30 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const role = this.roles.get(roleName)
     const started = performance.now()
     const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
-    if (this.#closed) return this.#finish(role, call.name, callId, started, 'busy', errorResult('Toolport is shutting down; the tool was not called'))
+    if (this.#closed) {
+      return this.#finish(role, call.name, callId, started, 'busy',
+        errorResult('Toolport is shutting down; the tool was not called'))
+    }
     const entry = role.registry.get(call.name)
     if (entry === undefined) {
       const available = describeAvailable(role.registry.names())
-      return this.#finish(role, call.name, callId, started, 'unknown_tool', errorResult(`unknown tool '${call.name}'; ${available}`))
+      return this.#finish(role, call.name, callId, started, 'unknown_tool',
+        errorResult(`unknown tool '${call.name}'; ${available}`))
     }
     const args = readArguments(call.raw_arguments, call.arguments)
-    if (!args.ok) return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error), entry.source)
+    if (!args.ok) {
+      return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error),
+        entry.source)
+    }
     const problem = checkArguments(entry, args.value)
-    if (problem !== '') return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(problem), entry.source)
+    if (problem !== '') {
+      return this.#finish(role, entry.name, callId, started, 'invalid_arguments',
+        errorResult(problem), entry.source)
+    }
     if (entry.handler !== null) {
       const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal, this.#localCalls)
-      return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result, entry.source)
+      return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result,
+        entry.source)
     }
     // The callback body is built once, here, as a string (R9). `args.raw` is JSON text that was
     // just parsed, so it is spliced in as-is instead of being encoded a second time.
@@ -432,10 +480,20 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     syncing.finally(() => this.#background.delete(syncing)).catch(noop)
   }
 
-  #finish (role: Role, name: string, callId: string, started: number, outcome: ToolportEvents['call-finished'][0]['outcome'],
+  #finish (role: Role, name: string, callId: string, started: number,
+    outcome: ToolportEvents['call-finished'][0]['outcome'],
     result: ToolResult, source = '', bytes = 0): ToolResult {
     if (this.listenerCount('call-finished') > 0 || this.log.isLevelEnabled('debug')) {
-      const event = { role: role.name, name, callId, outcome, isError: result.is_error, durationMs: performance.now() - started, source, bytes }
+      const event = {
+        role: role.name,
+        name,
+        callId,
+        outcome,
+        isError: result.is_error,
+        durationMs: performance.now() - started,
+        source,
+        bytes
+      }
       // Metadata only: never arguments, outputs or callback bodies (they carry private data). A
       // name that matches no tool is the model's free text, so it is not logged either.
       this.log.debug(outcome === 'unknown_tool' ? { ...event, name: undefined } : event, 'tool call finished')

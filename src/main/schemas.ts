@@ -61,8 +61,10 @@ export const localToolSchema = z.object({
   description: z.string().max(1024 * 1024).default(''),
   parameters: parametersField.default(() => ({ type: 'object', properties: {} })),
   source: sourceField.default('local'),
-  timeoutSeconds: z.number().gt(0, { message: 'must be greater than 0' }).lte(300, { message: 'must be at most 300' }).default(30),
-  handler: z.custom<(...args: never[]) => unknown>((value) => typeof value === 'function', { message: 'must be a function' })
+  timeoutSeconds: z.number().gt(0, { message: 'must be greater than 0' }).lte(300,
+    { message: 'must be at most 300' }).default(30),
+  handler: z.custom<(...args: never[]) => unknown>((value) => typeof value === 'function',
+    { message: 'must be a function' })
 })
 
 /** POST /api/tools/unregister (docs/protocol.md R15, R17). */
@@ -112,12 +114,24 @@ export interface RegistrationLimits {
 export function registrationProblems (request: RegisterRequest, limits: RegistrationLimits): ErrorDetail[] {
   const problems: ErrorDetail[] = []
   if (request.description.length > limits.maxDescriptionChars) {
-    problems.push({ path: 'description', code: 'too_big', message: `must be at most ${limits.maxDescriptionChars} characters` })
+    problems.push({
+      path: 'description',
+      code: 'too_big',
+      message: `must be at most ${limits.maxDescriptionChars} characters`
+    })
   }
   if (jsonDepth(request.parameters, limits.maxParametersDepth) > limits.maxParametersDepth) {
-    problems.push({ path: 'parameters', code: 'too_deep', message: `must nest at most ${limits.maxParametersDepth} levels` })
+    problems.push({
+      path: 'parameters',
+      code: 'too_deep',
+      message: `must nest at most ${limits.maxParametersDepth} levels`
+    })
   } else if (Buffer.byteLength(JSON.stringify(request.parameters)) > limits.maxParametersBytes) {
-    problems.push({ path: 'parameters', code: 'too_big', message: `must be at most ${limits.maxParametersBytes} bytes of JSON` })
+    problems.push({
+      path: 'parameters',
+      code: 'too_big',
+      message: `must be at most ${limits.maxParametersBytes} bytes of JSON`
+    })
   }
   return problems
 }

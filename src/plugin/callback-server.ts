@@ -149,7 +149,9 @@ export class CallbackServer {
       return
     }
     const headerCallId = req.headers['x-toolport-call-id']
-    const callId = typeof body.call_id === 'string' ? body.call_id : typeof headerCallId === 'string' ? headerCallId : ''
+    const callId = typeof body.call_id === 'string'
+      ? body.call_id
+      : typeof headerCallId === 'string' ? headerCallId : ''
     const deadlineMs = deadlineOf(req.headers['x-toolport-deadline-ms'], tool.timeoutSeconds)
 
     let args: unknown = body.arguments

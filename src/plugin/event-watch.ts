@@ -111,7 +111,12 @@ export class EventWatch {
   }
 
   async #streamOnce (signal: AbortSignal): Promise<'ended' | 'unsupported'> {
-    const headers = this.#lastEventId === null ? this.#headers : { ...this.#headers, 'last-event-id': this.#lastEventId }
+    const headers = this.#lastEventId === null
+      ? this.#headers
+      : {
+          ...this.#headers,
+          'last-event-id': this.#lastEventId
+        }
     const res = await this.#client.request({ method: 'GET', path: this.#path, headers, signal })
     if (res.statusCode === 404) {
       await res.body.dump()
@@ -143,7 +148,8 @@ export class EventWatch {
         this.#instanceId = typeof data.instance_id === 'string' ? data.instance_id : null
         this.#connected = true
         if (previous !== null && previous !== this.#instanceId) this.#options.onStale('Toolport restarted')
-        else if (previous !== null && data.replay !== 'complete') this.#options.onStale('events were missed while disconnected')
+        else if (previous !== null &&
+          data.replay !== 'complete') this.#options.onStale('events were missed while disconnected')
         return
       }
       case 'unregistered':

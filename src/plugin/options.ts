@@ -207,7 +207,10 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   if (role !== null && (typeof role !== 'string' || role === '')) problem('role', 'must be a non-empty string or null')
 
   const token = options.token ?? null
-  if (token !== null && (typeof token !== 'string' || token.trim() === '')) problem('token', 'must be a non-empty string')
+  if (token !== null && (typeof token !== 'string' || token.trim() === '')) {
+    problem('token',
+      'must be a non-empty string')
+  }
 
   const pluginKey = options.pluginKey ?? randomBytes(32).toString('base64url')
   if (typeof pluginKey !== 'string' || !/^[\x21-\x7e]{32,512}$/.test(pluginKey)) {
@@ -267,7 +270,8 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   }
 }
 
-function resolveTool (name: string, tool: unknown, problem: (path: string, message: string) => void): ResolvedTool | null {
+function resolveTool (name: string, tool: unknown, problem: (path: string,
+  message: string) => void): ResolvedTool | null {
   const at = `tools.${name}`
   const length = codePointLength(name)
   if (length < 1 || length > 64) problem(at, 'a tool name must be 1 to 64 characters')
@@ -339,7 +343,8 @@ function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
   return converted
 }
 
-function resolveLogger (logger: PluginLogger | false | undefined, problem: (path: string, message: string) => void): PluginLogger {
+function resolveLogger (logger: PluginLogger | false | undefined, problem: (path: string,
+  message: string) => void): PluginLogger {
   if (logger === undefined) return CONSOLE_LOGGER
   if (logger === false) return SILENT_LOGGER
   if (typeof logger !== 'object' || logger === null) {

@@ -64,12 +64,19 @@ export class ToolportClient {
       keepAliveTimeout: 4000,
       keepAliveMaxTimeout: 4000
     })
-    this.#headers = { accept: 'application/json', 'user-agent': 'toolport-plugin', 'x-toolport-plugin-key': options.pluginKey }
+    this.#headers = {
+      accept: 'application/json',
+      'user-agent': 'toolport-plugin',
+      'x-toolport-plugin-key': options.pluginKey
+    }
     if (options.token !== null) this.#headers.authorization = `Bearer ${options.token}`
   }
 
   async register (body: RegisterBody): Promise<RegisterAnswer> {
-    const answer = await this.#request('POST', 'api/tools/register', body) as Partial<RegisterAnswer> & { ok?: unknown, error?: unknown }
+    const answer = await this.#request('POST', 'api/tools/register', body) as Partial<RegisterAnswer> & {
+      ok?: unknown,
+      error?: unknown
+    }
     if (answer.ok !== true) {
       // docs/protocol.md R8: a well-formed registration no role accepted (e.g. Toolport has no role yet).
       const reason = typeof answer.error === 'string' ? answer.error : 'no role accepted it'
@@ -107,7 +114,8 @@ export class ToolportClient {
     await this.#pool.close()
   }
 
-  async #request (method: 'GET' | 'POST', relative: string, body?: unknown, signal?: AbortSignal): Promise<Record<string, unknown>> {
+  async #request (method: 'GET' | 'POST', relative: string, body?: unknown,
+    signal?: AbortSignal): Promise<Record<string, unknown>> {
     const url = new URL(relative, this.#base)
     const timeout = AbortSignal.timeout(this.#timeoutMs)
     let text: string
@@ -135,15 +143,24 @@ export class ToolportClient {
     } catch {
       parsed = undefined
     }
-    const answer = (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed)) ? parsed as Record<string, unknown> : null
+    const answer = (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed))
+      ? parsed as Record<string,
+      unknown>
+      : null
     if (statusCode >= 300 || answer === null) {
       // Toolport's error body: { ok: false, statusCode, code, error, message, details? }.
       const code = typeof answer?.code === 'string' ? answer.code : undefined
       const message = typeof answer?.message === 'string' ? answer.message : `HTTP ${statusCode}`
       const details = Array.isArray(answer?.details)
-        ? (answer.details as Array<{ path?: unknown, message?: unknown }>).map((d) => ({ path: String(d.path ?? ''), message: String(d.message ?? '') }))
+        ? (answer.details as Array<{ path?: unknown, message?: unknown }>).map((d) => ({
+            path: String(d.path ?? ''),
+            message: String(d.message ?? '')
+          }))
         : undefined
-      const detailText = details === undefined || details.length === 0 ? '' : ` (${details.map((d) => `${d.path}: ${d.message}`).join('; ')})`
+      const detailText = details === undefined ||
+        details.length === 0
+        ? ''
+        : ` (${details.map((d) => `${d.path}: ${d.message}`).join('; ')})`
       throw new PluginError(PLUGIN_ERROR_CODES.refused,
         `Toolport refused ${method} /${relative}: ${message}${code === undefined ? '' : ` [${code}]`}${detailText}`,
         { statusCode, toolportCode: code, details })
@@ -152,7 +169,8 @@ export class ToolportClient {
   }
 }
 
-async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error) => unknown }, maxBytes: number): Promise<string> {
+async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error) => unknown },
+  maxBytes: number): Promise<string> {
   const chunks: Buffer[] = []
   let size = 0
   for await (const chunk of body) {

@@ -1,4 +1,4 @@
-// How a failed callback call is classified and described (SPEC R13: only failures before a
+// How a failed callback call is classified and described (docs/protocol.md R13: only failures before a
 // connection existed count towards eviction). Pure; shared by both threads.
 import { isConnectError } from './loopback-connector.js'
 import { OutcomeKind } from '../workers/protocol.js'

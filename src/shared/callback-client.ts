@@ -4,7 +4,7 @@
 //
 // Used by the worker thread's lane (one client per worker) and by the dispatcher's inline mode (one
 // client on the main thread), so it must never throw or reject: every failure a plugin can cause
-// is a `CallOutcome` kind (STYLE §3). It imports nothing from src/main.
+// is a `CallOutcome` kind. It imports nothing from src/main.
 //
 // Running calls live in a slot array indexed by the call id modulo `slotSpace`, not in a Map that
 // gains and loses an entry per call: the dispatcher's ids are `generation × slotSpace + slot`, so
@@ -145,7 +145,7 @@ export class CallbackClient implements CallOwner {
       attempt.stop(OutcomeKind.cancelled, 'TP_CLIENT_CLOSED', 'the callback client is closed')
       return
     }
-    // Re-check at call time on the canonical form (SPEC R14, issue 4): the task crossed a thread
+    // Re-check at call time on the canonical form (docs/protocol.md R14): the task crossed a thread
     // boundary, and the pool key must be the checked origin, not merely a string beside it.
     // The verdict is cached per URL (3–4 µs a check, measured), keeping the re-check off the hot path.
     let origin = this.#checkedOrigins.get(task.url)

@@ -15,7 +15,10 @@ export interface ImageLimits {
 }
 
 /** The originating application's own limits: at most 2 images, base64 of at most 2 MiB each. */
-export const DEFAULT_IMAGE_LIMITS: Readonly<ImageLimits> = Object.freeze({ maxImages: 2, maxImageBytes: 2 * 1024 * 1024 })
+export const DEFAULT_IMAGE_LIMITS: Readonly<ImageLimits> = Object.freeze({
+  maxImages: 2,
+  maxImageBytes: 2 * 1024 * 1024
+})
 
 /** The image types whose magic bytes are checked and that the providers accept. */
 export const IMAGE_MIME_TYPES = ['image/png', 'image/jpeg', 'image/webp', 'image/gif'] as const
@@ -75,7 +78,8 @@ export function isStrictBase64 (data: string): boolean {
  * image becomes a warning and the image is left out.
  *
  * @example
- * checkImages([{ data_b64: png, mime: 'image/png' }], DEFAULT_IMAGE_LIMITS) // { parts: ['image/png', png, ''], warnings: [] }
+ * checkImages([{ data_b64: png, mime: 'image/png' }], DEFAULT_IMAGE_LIMITS) // { parts: ['image/png', png, ''],
+ * warnings: [] }
  */
 export function checkImages (value: unknown, limits: ImageLimits): CheckedImages {
   const parts: string[] = []

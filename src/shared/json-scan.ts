@@ -109,7 +109,10 @@ export class JsonScanner {
   rootEnd = 0
   /** Whether the last string scanned (the root, when it is a string) had a backslash escape. */
   lastStringEscaped = false
-  /** Per `RootMember`: where the member's value starts, or -1 when absent (the last duplicate wins, as in JSON.parse). */
+  /**
+   * Per `RootMember`: where the member's value starts, or -1 when absent (the last duplicate
+   * wins, as in JSON.parse).
+   */
   readonly memberStart = new Int32Array(MEMBER_COUNT)
   /** Per `RootMember`: index just past the member's value. */
   readonly memberEnd = new Int32Array(MEMBER_COUNT)

@@ -1,5 +1,5 @@
 // The connector of every callback socket: `localhost` resolves to loopback only, and a socket whose
-// peer is not a loopback address is destroyed before any byte is written (SPEC R1, R2 at call
+// peer is not a loopback address is destroyed before any byte is written (docs/protocol.md R1, R2 at call
 // time). Shared by both threads: the workers use it in pool mode, the main thread inline.
 import type { LookupAddress, LookupOptions } from 'node:dns'
 import type { Socket } from 'node:net'

@@ -47,9 +47,11 @@ const WARNINGS_KEY = '"_image_warnings":'
  * in the output.
  *
  * @example
- * readReply(Buffer.from('{"output":{"t":28},"is_error":false}'), 'application/json') // { text: '{"t":28}', textIsJson: true, toolError: '' }
+ * readReply(Buffer.from('{"output":{"t":28},"is_error":false}'), 'application/json') // { text: '{"t":28}', textIsJson:
+ * true, toolError: '' }
  */
-export function readReply (body: Uint8Array, contentType: string, limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
+export function readReply (body: Uint8Array, contentType: string,
+  limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
   if (body.length === 0) return EMPTY
   if (!looksLikeJson(body, contentType) || !scanner.scan(body)) {
     return { text: utf8.decode(body), textIsJson: false, toolError: '' }
@@ -57,7 +59,11 @@ export function readReply (body: Uint8Array, contentType: string, limits: ImageL
   const root = body[scanner.rootStart]
   if (root === 0x7b && (has(RootMember.output) || has(RootMember.isError))) return readEnvelope(body, limits)
   if (root === 0x22) {
-    return { text: stringValue(body, scanner.rootStart, scanner.rootEnd, scanner.lastStringEscaped), textIsJson: false, toolError: '' }
+    return {
+      text: stringValue(body, scanner.rootStart, scanner.rootEnd, scanner.lastStringEscaped),
+      textIsJson: false,
+      toolError: ''
+    }
   }
   // The body already is the output's JSON: reuse it as the model's text instead of re-encoding
   // (and a 100 000-deep reply that JSON.stringify could not encode still reads fine).
@@ -68,7 +74,8 @@ export function readReply (body: Uint8Array, contentType: string, limits: ImageL
  * `readReply` for a body at hand as a string (tests, the micro bench, embedders that fetched a
  * reply themselves); encodes it as UTF-8 first.
  */
-export function mapReply (body: string | Uint8Array, contentType: string, limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
+export function mapReply (body: string | Uint8Array, contentType: string,
+  limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
   return readReply(typeof body === 'string' ? Buffer.from(body, 'utf8') : body, contentType, limits)
 }
 
@@ -105,7 +112,11 @@ function readEnvelope (body: Uint8Array, limits: ImageLimits): MappedReply {
   } else if (outputKind === 0x22) {
     const start = scanner.memberStart[RootMember.output] as number
     const end = scanner.memberEnd[RootMember.output] as number
-    mapped = { text: stringValue(body, start, end, scanner.memberEscaped[RootMember.output] === 1), textIsJson: false, toolError: '' }
+    mapped = {
+      text: stringValue(body, start, end, scanner.memberEscaped[RootMember.output] === 1),
+      textIsJson: false,
+      toolError: ''
+    }
   } else {
     mapped = { text: outputJson, textIsJson: true, toolError: '' }
   }
@@ -155,7 +166,8 @@ function slice (body: Uint8Array, member: RootMember): string {
 
 function isTrue (body: Uint8Array, member: RootMember): boolean {
   const start = scanner.memberStart[member] as number
-  return start !== -1 && scanner.memberEnd[member] === start + 4 && body[start] === 0x74 // t(rue): the scan validated the rest
+  return start !== -1 && scanner.memberEnd[member] === start + 4 &&
+    body[start] === 0x74 // t(rue): the scan validated the rest
 }
 
 function isNull (body: Uint8Array, member: RootMember): boolean {
@@ -186,6 +198,7 @@ function looksLikeJson (body: Uint8Array, contentType: string): boolean {
   while (i < body.length && (body[i] === 0x20 || body[i] === 0x0a || body[i] === 0x0d || body[i] === 0x09)) i++
   const first = body[i]
   // { [ " - 0-9 t f n
-  return first === 123 || first === 91 || first === 34 || first === 45 || (first !== undefined && first >= 48 && first <= 57) ||
+  return first === 123 || first === 91 || first === 34 || first === 45 || (first !== undefined && first >= 48 &&
+    first <= 57) ||
     first === 116 || first === 102 || first === 110
 }

@@ -11,7 +11,7 @@
 // waits for a slow one and nothing bounds how many calls wait on the network here: the
 // dispatcher's per-origin bounds do that on the main thread.
 //
-// Module-level state is per thread (STYLE §2): one CallbackClient and the outcomes waiting for
+// Module-level state is per thread: one CallbackClient and the outcomes waiting for
 // the next flush.
 import { MessageChannel, parentPort, workerData } from 'node:worker_threads'
 import { CallbackClient } from '../shared/callback-client.js'

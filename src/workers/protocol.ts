@@ -139,7 +139,8 @@ export const TASK_STRIDE = 9
 
 /** Appends a call's fields to a lane message (the order `readTask` reads them in). */
 export function pushTask (out: unknown[], id: number, task: Omit<CallTask, 'id'>): void {
-  out.push(id, task.url, task.origin, task.path, task.body, task.callId, task.deadline, task.timeoutMs, task.maxResponseBytes)
+  out.push(id, task.url, task.origin, task.path, task.body, task.callId, task.deadline, task.timeoutMs,
+    task.maxResponseBytes)
 }
 
 /** The call at field offset `i` of a LANE_CALLS message. */
@@ -161,7 +162,8 @@ export function readTask (m: readonly unknown[], i: number): CallTask {
 export const OUTCOME_STRIDE = 10
 
 export function pushOutcome (out: unknown[], o: CallOutcome): void {
-  out.push(o.id, o.kind, o.status, o.text, o.textIsJson, o.toolError, o.contentType, o.message, o.bytes, o.images ?? null)
+  out.push(o.id, o.kind, o.status, o.text, o.textIsJson, o.toolError, o.contentType, o.message, o.bytes, o.images ??
+    null)
 }
 
 export function readOutcome (m: readonly unknown[], i: number): CallOutcome {

@@ -64,7 +64,12 @@ export function compileSchema (job: CompileJob): CompileReply {
     // The CommonJS module's `default` (a property of the function itself under Node's ESM interop too).
     const code = standalone.default(ajv, validate)
     if (code.length > job.maxCodeBytes) {
-      return { id: job.id, ok: false, problem: `its validator code passes the budget of ${job.maxCodeBytes} bytes (limits.maxSchemaCodeBytes)`, overBudget: true }
+      return {
+        id: job.id,
+        ok: false,
+        problem: `its validator code passes the budget of ${job.maxCodeBytes} bytes (limits.maxSchemaCodeBytes)`,
+        overBudget: true
+      }
     }
     return { id: job.id, ok: true, code }
   } catch (err) {

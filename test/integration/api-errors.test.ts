@@ -7,7 +7,8 @@ import { request as httpRequest } from 'node:http'
 import { assertError, createTestToolport, inject, names, startToolport, tool, type JsonReply } from '../helpers.js'
 import type { Toolport } from '../../src/main/index.js'
 
-async function raw (tp: Toolport, payload: string, contentType: string | undefined, url = '/api/tools/register'): Promise<JsonReply> {
+async function raw (tp: Toolport, payload: string, contentType: string | undefined,
+  url = '/api/tools/register'): Promise<JsonReply> {
   const res = await tp.app.inject({
     method: 'POST',
     url,
@@ -21,7 +22,8 @@ const VALID = JSON.stringify(tool('x'))
 
 test('API errors: malformed JSON is 400 TP_ERR_BAD_JSON', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  for (const payload of ['{bad', '{"name": }', '{"name":"x"} trailing', "{'name':'x'}", '{"a":1,}', '[1,2', '"unterminated']) {
+  for (const payload of ['{bad', '{"name": }', '{"name":"x"} trailing', "{'name':'x'}", '{"a":1,}', '[1,2',
+    '"unterminated']) {
     assertError(await raw(tp, payload, 'application/json'), 400, 'TP_ERR_BAD_JSON')
   }
   assert.deepEqual(names(tp, 'A'), [])
@@ -98,7 +100,8 @@ test('API errors: the depth limit follows limits.maxJsonDepth', async (t) => {
 
 test('API errors: brackets and escaped quotes inside JSON strings do not count as depth', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  for (const description of ['['.repeat(500), '{'.repeat(500), 'x"' + '['.repeat(200), '\\' + '['.repeat(200), '\\"]]]' + '{'.repeat(200)]) {
+  for (const description of ['['.repeat(500), '{'.repeat(500), 'x"' + '['.repeat(200), '\\' + '['.repeat(200),
+    '\\"]]]' + '{'.repeat(200)]) {
     const res = await raw(tp, JSON.stringify(tool('x', { description })), 'application/json')
     assert.equal(res.statusCode, 200, JSON.stringify(res.body))
   }
@@ -118,13 +121,15 @@ test('API errors: a body that is not application/json is 415 TP_ERR_UNSUPPORTED_
 test('API errors: every POST route refuses a non-JSON body with 415', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const url of ['/api/tools/register', '/api/tools/unregister', '/api/tools/clear']) {
-    assertError(await raw(tp, 'source=plugin:x', 'application/x-www-form-urlencoded', url), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+    assertError(await raw(tp, 'source=plugin:x', 'application/x-www-form-urlencoded', url), 415,
+      'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
   }
 })
 
 test('API errors: application/json is accepted in any case and with a UTF-8 charset', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  for (const type of ['application/json', 'Application/JSON', 'application/json; charset=utf-8', 'application/json;charset=UTF-8']) {
+  for (const type of ['application/json', 'Application/JSON', 'application/json; charset=utf-8',
+    'application/json;charset=UTF-8']) {
     const res = await raw(tp, VALID, type)
     assert.equal(res.statusCode, 200, type)
     assert.equal(res.body.ok, true)

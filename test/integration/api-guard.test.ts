@@ -27,9 +27,12 @@ test('R1: a non-loopback peer is 403 TP_ERR_NOT_LOOPBACK on every route', async 
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const remoteAddress of FOREIGN_PEERS) {
     assertError(await inject(tp, 'GET', '/api/tools', undefined, { remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
-    assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
-    assertError(await inject(tp, 'POST', '/api/tools/unregister', { name: 'x' }, { remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
-    assertError(await inject(tp, 'POST', '/api/tools/clear', { source: 'x' }, { remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
+    assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { remoteAddress }), 403,
+      'TP_ERR_NOT_LOOPBACK')
+    assertError(await inject(tp, 'POST', '/api/tools/unregister', { name: 'x' }, { remoteAddress }), 403,
+      'TP_ERR_NOT_LOOPBACK')
+    assertError(await inject(tp, 'POST', '/api/tools/clear', { source: 'x' }, { remoteAddress }), 403,
+      'TP_ERR_NOT_LOOPBACK')
   }
   assert.deepEqual(names(tp, 'A'), [])
 })
@@ -40,16 +43,20 @@ test('R1: a non-loopback peer is 403 even with a malformed body, a wrong content
   const json = { 'content-type': 'application/json' }
   assertError(await rawInject(tp, { payload: '{bad', headers: json, remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
   assertError(await rawInject(tp, { payload: '', headers: json, remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
-  assertError(await rawInject(tp, { payload: '['.repeat(5000), headers: json, remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
-  assertError(await rawInject(tp, { payload: 'x'.repeat(4096), headers: json, remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
-  assertError(await rawInject(tp, { payload: 'a=b', headers: { 'content-type': 'text/plain' }, remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
+  assertError(await rawInject(tp, { payload: '['.repeat(5000), headers: json, remoteAddress }), 403,
+    'TP_ERR_NOT_LOOPBACK')
+  assertError(await rawInject(tp, { payload: 'x'.repeat(4096), headers: json, remoteAddress }), 403,
+    'TP_ERR_NOT_LOOPBACK')
+  assertError(await rawInject(tp, { payload: 'a=b', headers: { 'content-type': 'text/plain' }, remoteAddress }), 403,
+    'TP_ERR_NOT_LOOPBACK')
   assertError(await rawInject(tp, { payload: 'a=b', remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
 })
 
 test('R1: an IPv4-compatible IPv6 peer (::127.0.0.1 = ::7f00:1, outside ::ffff:127.0.0.0/104) is 403 TP_ERR_NOT_LOOPBACK', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const remoteAddress of ['::127.0.0.1', '::7f00:1']) {
-    assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { remoteAddress }), 403, 'TP_ERR_NOT_LOOPBACK')
+    assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { remoteAddress }), 403,
+      'TP_ERR_NOT_LOOPBACK')
   }
   assert.deepEqual(names(tp, 'A'), [])
 })
@@ -57,25 +64,31 @@ test('R1: an IPv4-compatible IPv6 peer (::127.0.0.1 = ::7f00:1, outside ::ffff:1
 test('R1: a non-loopback peer is 403 on an unknown route too (the guard runs before routing)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   assertError(await inject(tp, 'GET', '/nope', undefined, { remoteAddress: '10.1.2.3' }), 403, 'TP_ERR_NOT_LOOPBACK')
-  assertError(await inject(tp, 'POST', '/api/tools/nope', {}, { remoteAddress: '10.1.2.3' }), 403, 'TP_ERR_NOT_LOOPBACK')
+  assertError(await inject(tp, 'POST', '/api/tools/nope', {}, { remoteAddress: '10.1.2.3' }), 403,
+    'TP_ERR_NOT_LOOPBACK')
 })
 
 test('R1: X-Forwarded-For never makes a remote peer local', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const headers = { 'x-forwarded-for': '127.0.0.1', 'x-real-ip': '127.0.0.1', forwarded: 'for=127.0.0.1' }
-  assertError(await inject(tp, 'GET', '/api/tools', undefined, { remoteAddress: '10.1.2.3', headers }), 403, 'TP_ERR_NOT_LOOPBACK')
+  assertError(await inject(tp, 'GET', '/api/tools', undefined, { remoteAddress: '10.1.2.3', headers }), 403,
+    'TP_ERR_NOT_LOOPBACK')
 })
 
 test('R1: X-Forwarded-For never makes a loopback peer remote', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  const res = await inject(tp, 'GET', '/api/tools', undefined, { remoteAddress: '127.0.0.1', headers: { 'x-forwarded-for': '10.1.2.3' } })
+  const res = await inject(tp, 'GET', '/api/tools', undefined, {
+    remoteAddress: '127.0.0.1',
+    headers: { 'x-forwarded-for': '10.1.2.3' }
+  })
   assert.equal(res.statusCode, 200)
 })
 
 test('R1: loopback peers (127/8, ::1, IPv4-mapped 127/8) are served', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const remoteAddress of LOOPBACK_PEERS) {
-    const res = await inject(tp, 'POST', '/api/tools/register', tool(`t${remoteAddress.replace(/\W/g, '')}`), { remoteAddress })
+    const res = await inject(tp, 'POST', '/api/tools/register', tool(`t${remoteAddress.replace(/\W/g, '')}`),
+      { remoteAddress })
     assert.equal(res.statusCode, 200, remoteAddress)
     assert.equal(res.body.ok, true)
   }
@@ -108,13 +121,15 @@ test('guard: a Host header that does not name loopback is 403 TP_ERR_HOST_FORBID
     '192.168.0.5', '10.0.0.1:3917', '[::2]', '0.0.0.0', 'a.localhost', 'localhost:port', '[::1', 'local host']) {
     assertError(await inject(tp, 'GET', '/api/tools', undefined, { headers: { host } }), 403, 'TP_ERR_HOST_FORBIDDEN')
   }
-  assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { headers: { host: 'evil.example' } }), 403, 'TP_ERR_HOST_FORBIDDEN')
+  assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { headers: { host: 'evil.example' } }), 403,
+    'TP_ERR_HOST_FORBIDDEN')
   assert.deepEqual(names(tp, 'A'), [])
 })
 
 test('guard: loopback Host headers, with or without a port, in any case, are accepted', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  for (const host of ['localhost', 'LOCALHOST:3917', 'localhost:80', '127.0.0.1', '127.0.0.1:3917', '127.1.2.3:9', '[::1]', '[::1]:3917']) {
+  for (const host of ['localhost', 'LOCALHOST:3917', 'localhost:80', '127.0.0.1', '127.0.0.1:3917', '127.1.2.3:9',
+    '[::1]', '[::1]:3917']) {
     const res = await inject(tp, 'GET', '/api/tools', undefined, { headers: { host } })
     assert.equal(res.statusCode, 200, host)
   }
@@ -122,10 +137,13 @@ test('guard: loopback Host headers, with or without a port, in any case, are acc
 
 test('guard: security.allowedHosts adds Host names; security.checkHost false turns the check off', async (t) => {
   const extra = await createTestToolport(t, { roles: ['A'], security: { allowedHosts: ['toolport.test'] } })
-  assert.equal((await inject(extra, 'GET', '/api/tools', undefined, { headers: { host: 'toolport.test:3917' } })).statusCode, 200)
-  assertError(await inject(extra, 'GET', '/api/tools', undefined, { headers: { host: 'other.test' } }), 403, 'TP_ERR_HOST_FORBIDDEN')
+  assert.equal((await inject(extra, 'GET', '/api/tools', undefined,
+    { headers: { host: 'toolport.test:3917' } })).statusCode, 200)
+  assertError(await inject(extra, 'GET', '/api/tools', undefined, { headers: { host: 'other.test' } }), 403,
+    'TP_ERR_HOST_FORBIDDEN')
   const off = await createTestToolport(t, { roles: ['A'], security: { checkHost: false } })
-  assert.equal((await inject(off, 'GET', '/api/tools', undefined, { headers: { host: 'anything.example' } })).statusCode, 200)
+  assert.equal((await inject(off, 'GET', '/api/tools', undefined,
+    { headers: { host: 'anything.example' } })).statusCode, 200)
 })
 
 /**
@@ -149,7 +167,8 @@ async function rawHttp (t: TestContext, port: number, text: string): Promise<{ s
       resolve({ status: Number(head.split(' ')[1]), body: JSON.parse(body.subarray(0, length).toString('utf8')) })
     })
     socket.on('error', reject)
-    socket.on('end', () => reject(new Error(`connection closed before a full response: ${received.toString('latin1')}`)))
+    socket.on('end',
+      () => reject(new Error(`connection closed before a full response: ${received.toString('latin1')}`)))
   })
   socket.write(text)
   return await reply
@@ -157,14 +176,16 @@ async function rawHttp (t: TestContext, port: number, text: string): Promise<{ s
 
 test('guard: a request with two Host headers is 403 TP_ERR_HOST_FORBIDDEN', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
-  const res = await rawHttp(t, port, 'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n')
+  const res = await rawHttp(t, port,
+    'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n')
   assert.equal(res.status, 403)
   assert.equal(res.body.code, 'TP_ERR_HOST_FORBIDDEN')
 })
 
 test('guard: a request without a Host header (HTTP/1.0) or with an empty one is 403 TP_ERR_HOST_FORBIDDEN', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
-  for (const text of ['GET /api/tools HTTP/1.0\r\n\r\n', 'GET /api/tools HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n']) {
+  for (const text of ['GET /api/tools HTTP/1.0\r\n\r\n',
+    'GET /api/tools HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n']) {
     const res = await rawHttp(t, port, text)
     assert.equal(res.status, 403)
     assert.equal(res.body.code, 'TP_ERR_HOST_FORBIDDEN')
@@ -182,8 +203,10 @@ test('guard: the guard answers before the body is read (headers announcing a lar
 test('guard: a browser Origin that is not allowed is 403 TP_ERR_ORIGIN_FORBIDDEN (cross-site requests)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const origin of ['https://evil.example', 'null', 'http://localhost:5173', 'http://127.0.0.1']) {
-    assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { headers: { origin } }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
-    assertError(await inject(tp, 'GET', '/api/tools', undefined, { headers: { origin } }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
+    assertError(await inject(tp, 'POST', '/api/tools/register', tool('x'), { headers: { origin } }), 403,
+      'TP_ERR_ORIGIN_FORBIDDEN')
+    assertError(await inject(tp, 'GET', '/api/tools', undefined, { headers: { origin } }), 403,
+      'TP_ERR_ORIGIN_FORBIDDEN')
   }
   assert.deepEqual(names(tp, 'A'), [])
 })
@@ -191,25 +214,33 @@ test('guard: a browser Origin that is not allowed is 403 TP_ERR_ORIGIN_FORBIDDEN
 test('guard: Sec-Fetch-Site cross-site or same-site without an allowed Origin is 403; same-origin and none pass', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   for (const site of ['cross-site', 'same-site']) {
-    assertError(await inject(tp, 'GET', '/api/tools', undefined, { headers: { 'sec-fetch-site': site } }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
+    assertError(await inject(tp, 'GET', '/api/tools', undefined, { headers: { 'sec-fetch-site': site } }), 403,
+      'TP_ERR_ORIGIN_FORBIDDEN')
   }
   for (const site of ['same-origin', 'none']) {
-    assert.equal((await inject(tp, 'GET', '/api/tools', undefined, { headers: { 'sec-fetch-site': site } })).statusCode, 200, site)
+    assert.equal((await inject(tp, 'GET', '/api/tools', undefined, { headers: { 'sec-fetch-site': site } })).statusCode,
+      200, site)
   }
 })
 
 test('guard: security.allowedOrigins admits exactly the listed origins; checkOrigin false turns the check off', async (t) => {
   const listed = await createTestToolport(t, { roles: ['A'], security: { allowedOrigins: ['http://localhost:5173'] } })
-  const ok = await inject(listed, 'POST', '/api/tools/register', tool('x'), { headers: { origin: 'http://localhost:5173', 'sec-fetch-site': 'same-site' } })
+  const ok = await inject(listed, 'POST', '/api/tools/register', tool('x'),
+    { headers: { origin: 'http://localhost:5173', 'sec-fetch-site': 'same-site' } })
   assert.equal(ok.statusCode, 200)
-  assertError(await inject(listed, 'GET', '/api/tools', undefined, { headers: { origin: 'http://localhost:5174' } }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
+  assertError(await inject(listed, 'GET', '/api/tools', undefined, { headers: { origin: 'http://localhost:5174' } }),
+    403, 'TP_ERR_ORIGIN_FORBIDDEN')
   const off = await createTestToolport(t, { roles: ['A'], security: { checkOrigin: false } })
-  assert.equal((await inject(off, 'GET', '/api/tools', undefined, { headers: { origin: 'https://evil.example' } })).statusCode, 200)
+  assert.equal((await inject(off, 'GET', '/api/tools', undefined,
+    { headers: { origin: 'https://evil.example' } })).statusCode, 200)
 })
 
 test('R1: the peer check comes first: a remote peer with a bad Host and Origin is TP_ERR_NOT_LOOPBACK', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  const res = await inject(tp, 'GET', '/api/tools', undefined, { remoteAddress: '10.1.2.3', headers: { host: 'evil.example', origin: 'https://evil.example' } })
+  const res = await inject(tp, 'GET', '/api/tools', undefined, {
+    remoteAddress: '10.1.2.3',
+    headers: { host: 'evil.example', origin: 'https://evil.example' }
+  })
   assertError(res, 403, 'TP_ERR_NOT_LOOPBACK')
 })
 
@@ -236,7 +267,11 @@ test('guard: a CORS preflight gets no CORS grant', async (t) => {
   const res = await tp.app.inject({
     method: 'OPTIONS',
     url: '/api/tools/register',
-    headers: { origin: 'https://evil.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' }
+    headers: {
+      origin: 'https://evil.example',
+      'access-control-request-method': 'POST',
+      'access-control-request-headers': 'content-type'
+    }
   })
   assert.ok(res.statusCode >= 400)
   assert.equal(res.headers['access-control-allow-origin'], undefined)

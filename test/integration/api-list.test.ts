@@ -5,13 +5,23 @@ import { assertError, CALLBACK, createTestToolport, inject, tool } from '../help
 
 test('R18: GET /api/tools lists every current role, including roles with no tools', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
-  await inject(tp, 'POST', '/api/tools/register', tool('get_weather', { role: 'Lanlan', source: 'plugin:weather', description: 'Get weather.' }))
+  await inject(tp, 'POST', '/api/tools/register', tool('get_weather', {
+    role: 'Lanlan',
+    source: 'plugin:weather',
+    description: 'Get weather.'
+  }))
   const res = await inject(tp, 'GET', '/api/tools')
   assert.equal(res.statusCode, 200)
   assert.deepEqual(res.body, {
     ok: true,
     tools_by_role: {
-      Lanlan: [{ name: 'get_weather', description: 'Get weather.', source: 'plugin:weather', callback_url: CALLBACK, is_remote: true }],
+      Lanlan: [{
+        name: 'get_weather',
+        description: 'Get weather.',
+        source: 'plugin:weather',
+        callback_url: CALLBACK,
+        is_remote: true
+      }],
       Mochi: []
     }
   })
@@ -63,13 +73,18 @@ test('R18: every row has exactly name, description, source, callback_url and is_
   const tp = await createTestToolport(t, { roles: ['A'] })
   await inject(tp, 'POST', '/api/tools/register', tool('x', { parameters: { type: 'object' }, timeout_seconds: 5 }))
   const res = await inject(tp, 'GET', '/api/tools')
-  assert.deepEqual(Object.keys(res.body.tools_by_role.A[0]).sort(), ['callback_url', 'description', 'is_remote', 'name', 'source'])
+  assert.deepEqual(Object.keys(res.body.tools_by_role.A[0]).sort(), ['callback_url', 'description', 'is_remote', 'name',
+    'source'])
 })
 
 test('R18: local tools are listed with is_remote false and callback_url null, in registration order', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   await inject(tp, 'POST', '/api/tools/register', tool('remote_first'))
-  await tp.roles.get('A').registerLocalTool({ name: 'clock', description: 'Local time.', handler: () => new Date().toISOString() })
+  await tp.roles.get('A').registerLocalTool({
+    name: 'clock',
+    description: 'Local time.',
+    handler: () => new Date().toISOString()
+  })
   await inject(tp, 'POST', '/api/tools/register', tool('remote_last'))
   const res = await inject(tp, 'GET', '/api/tools?role=A')
   assert.deepEqual(res.body.tools_by_role.A, [

@@ -7,7 +7,12 @@ test('R8: a registration every role accepts answers ok with the registered name 
   const tp = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
   const res = await inject(tp, 'POST', '/api/tools/register', tool('get_weather', { source: 'plugin:weather' }))
   assert.equal(res.statusCode, 200)
-  assert.deepEqual(res.body, { ok: true, registered: 'get_weather', affected_roles: ['Lanlan', 'Mochi'], failed_roles: [] })
+  assert.deepEqual(res.body, {
+    ok: true,
+    registered: 'get_weather',
+    affected_roles: ['Lanlan', 'Mochi'],
+    failed_roles: []
+  })
 })
 
 test('R8: the full protocol example registers and is listed exactly as registered', async (t) => {

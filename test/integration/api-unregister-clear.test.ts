@@ -9,7 +9,13 @@ test('R15: unregister with role null removes the name from every role', async (t
   await inject(tp, 'POST', '/api/tools/register', tool('y'))
   const res = await inject(tp, 'POST', '/api/tools/unregister', { name: 'x', role: null })
   assert.equal(res.statusCode, 200)
-  assert.deepEqual(res.body, { ok: true, removed: true, affected_roles: ['A', 'B'], failed_roles: [], refused_roles: [] })
+  assert.deepEqual(res.body, {
+    ok: true,
+    removed: true,
+    affected_roles: ['A', 'B'],
+    failed_roles: [],
+    refused_roles: []
+  })
   assert.deepEqual(names(tp, 'A'), ['y'])
   assert.deepEqual(names(tp, 'B'), ['y'])
 })
@@ -66,7 +72,14 @@ test('R15: unregister with expected_source skips roles whose tool belongs to ano
   await inject(tp, 'POST', '/api/tools/register', tool('x', { role: 'B', source: 'plugin:two' }))
   const res = await inject(tp, 'POST', '/api/tools/unregister', { name: 'x', expected_source: 'plugin:one' })
   assert.deepEqual(res.body, {
-    ok: true, removed: true, affected_roles: ['A'], failed_roles: [], refused_roles: [{ role: 'B', owned_by: 'plugin:two' }]
+    ok: true,
+    removed: true,
+    affected_roles: ['A'],
+    failed_roles: [],
+    refused_roles: [{
+      role: 'B',
+      owned_by: 'plugin:two'
+    }]
   })
   assert.deepEqual(names(tp, 'A'), [])
   assert.deepEqual(names(tp, 'B'), ['x'])

@@ -87,7 +87,8 @@ async function setup (t: TestContext, serverOptions: CallbackServerOptions = {})
 
 test('R9: a batch on the lane answers every call with its outcome', async (t) => {
   const { server, run, outcome } = await setup(t)
-  const calls = [buildCallTask(server.url, '/echo'), buildCallTask(server.url, '/status/500'), buildCallTask(server.url, '/text')]
+  const calls = [buildCallTask(server.url, '/echo'), buildCallTask(server.url, '/status/500'), buildCallTask(server.url,
+    '/text')]
   const count = await run(calls)
   assert.equal(count, 3)
   const [echo, failed, text] = await Promise.all(calls.map((call) => outcome(call.id)))

@@ -20,7 +20,8 @@ interface Harness {
   client: CallbackClient
 }
 
-async function setup (t: TestContext, serverOptions: CallbackServerOptions = {}, connectionsPerOrigin = 4): Promise<Harness> {
+async function setup (t: TestContext, serverOptions: CallbackServerOptions = {},
+  connectionsPerOrigin = 4): Promise<Harness> {
   const server = await startCallbackServer(serverOptions)
   const client = new CallbackClient({ connectionsPerOrigin, keepAliveTimeoutMs: 4000, connectTimeoutMs: 2000 })
   t.after(() => client.close())
@@ -341,7 +342,8 @@ test('R14: a non-loopback callback URL is refused without any network traffic', 
   }
   net.Socket.prototype.connect = countingConnect as typeof originalConnect
   t.after(() => { net.Socket.prototype.connect = originalConnect })
-  for (const url of ['http://10.0.0.1/echo', 'http://example.com/echo', 'http://0.0.0.0:80/echo', 'file:///etc/passwd']) {
+  for (const url of ['http://10.0.0.1/echo', 'http://example.com/echo', 'http://0.0.0.0:80/echo',
+    'file:///etc/passwd']) {
     const outcome = await client.call(buildCallTask('', '', { url }))
     assertShape(outcome)
     assert.equal(outcome.kind, 'refused', url)

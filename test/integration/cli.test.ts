@@ -72,7 +72,13 @@ function runMain (t: TestContext, args: string[], env: Record<string, string> = 
   const out = new PassThrough()
   const err = new PassThrough()
   const controller = new AbortController()
-  const code = main(args, { stdin: new PassThrough(), stdout: out, stderr: err, env: { ...env }, stop: controller.signal })
+  const code = main(args, {
+    stdin: new PassThrough(),
+    stdout: out,
+    stderr: err,
+    env: { ...env },
+    stop: controller.signal
+  })
   const exited = code.then((exitCode) => ({ code: exitCode, signal: null }) as Exit)
   t.after(async () => {
     controller.abort('SIGTERM')
@@ -127,8 +133,14 @@ test('CLI: serve --port 0 --role A --role B prints its URL, serves the API over 
 
   const listed = await httpJson(`${url}/api/tools`, 'GET')
   assert.deepEqual(listed.body, { ok: true, tools_by_role: { A: [], B: [] } })
-  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('get_weather', { source: 'plugin:weather' }))
-  assert.deepEqual(registered.body, { ok: true, registered: 'get_weather', affected_roles: ['A', 'B'], failed_roles: [] })
+  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('get_weather',
+    { source: 'plugin:weather' }))
+  assert.deepEqual(registered.body, {
+    ok: true,
+    registered: 'get_weather',
+    affected_roles: ['A', 'B'],
+    failed_roles: []
+  })
   const one = await httpJson(`${url}/api/tools?role=B`, 'GET')
   assert.deepEqual(one.body.tools_by_role.B.map((r: { name: string }) => r.name), ['get_weather'])
   const missing = await httpJson(`${url}/api/tools?role=Nobody`, 'GET')
@@ -155,7 +167,8 @@ test('CLI: TOOLPORT_ROLES sets the roles, and --role wins over it', SLOW, async 
   fromEnv.stop('SIGTERM')
   assert.equal((await fromEnv.exited).code, 0)
 
-  const flagWins = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', '--role', 'Nova'], { TOOLPORT_ROLES: 'Lanlan' })
+  const flagWins = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', '--role', 'Nova'],
+    { TOOLPORT_ROLES: 'Lanlan' })
   const flagUrl = await listeningUrl(flagWins)
   assert.deepEqual(Object.keys((await httpJson(`${flagUrl}/api/tools`, 'GET')).body.tools_by_role), ['Nova'])
   flagWins.stop('SIGTERM')
@@ -166,7 +179,12 @@ test('CLI: --config reads a JSON options file', SLOW, async (t) => {
   const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
   t.after(() => rm(dir, { recursive: true, force: true }))
   const file = join(dir, 'toolport.json')
-  await writeFile(file, JSON.stringify({ roles: ['FromFile'], port: 0, logger: 'silent', dispatch: { mode: 'inline' } }))
+  await writeFile(file, JSON.stringify({
+    roles: ['FromFile'],
+    port: 0,
+    logger: 'silent',
+    dispatch: { mode: 'inline' }
+  }))
   const cli = runMain(t, ['serve', '--config', file])
   const url = await listeningUrl(cli)
   assert.deepEqual(Object.keys((await httpJson(`${url}/api/tools`, 'GET')).body.tools_by_role), ['FromFile'])

@@ -107,7 +107,11 @@ test('token mode: 1030 idle sockets from another client do not lock out a reques
   }
   // The default caps; the short idle timeout is kept out of the way so that the reserve alone is
   // what lets the request in.
-  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN }, limits: { pressureIdleTimeoutMs: 600_000 } })
+  const { url, port } = await startToolport(t, {
+    roles: ['A'],
+    security: { token: TOKEN },
+    limits: { pressureIdleTimeoutMs: 600_000 }
+  })
   // Half never send a byte; half send the start of a request head and stall (slowloris).
   const silent = await holdSockets(port, ATTACK_SOCKETS / 2)
   const stalled = await holdSockets(port, ATTACK_SOCKETS / 2, 'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\n')
@@ -131,7 +135,13 @@ test('without token mode, idle sockets are shed for a new client as well, and a 
     t.skip(`needs ulimit -n of at least 1000 (have ${limit})`)
     return
   }
-  const { tp, url, port } = await startToolport(t, { roles: ['A'], limits: { maxConnections: 100, reservedConnections: 10 } })
+  const { tp, url, port } = await startToolport(t, {
+    roles: ['A'],
+    limits: {
+      maxConnections: 100,
+      reservedConnections: 10
+    }
+  })
   // A tool whose call stays in flight until released: its socket is busy, not idle.
   let release: () => void = () => {}
   let entered: () => void = () => {}
@@ -163,7 +173,14 @@ test('without token mode, idle sockets are shed for a new client as well, and a 
 })
 
 test('under pressure an idle socket is closed after pressureIdleTimeoutMs', async (t) => {
-  const { port } = await startToolport(t, { roles: ['A'], limits: { maxConnections: 20, reservedConnections: 10, pressureIdleTimeoutMs: 50 } })
+  const { port } = await startToolport(t, {
+    roles: ['A'],
+    limits: {
+      maxConnections: 20,
+      reservedConnections: 10,
+      pressureIdleTimeoutMs: 50
+    }
+  })
   const held = await holdSockets(port, 12)
   t.after(() => releaseAll(held))
   await waitUntil(() => held.every((h) => h.isClosed))
@@ -171,7 +188,14 @@ test('under pressure an idle socket is closed after pressureIdleTimeoutMs', asyn
 })
 
 test('below the reserve, idle sockets are left alone', async (t) => {
-  const { url, port } = await startToolport(t, { roles: ['A'], limits: { maxConnections: 100, reservedConnections: 10, pressureIdleTimeoutMs: 10 } })
+  const { url, port } = await startToolport(t, {
+    roles: ['A'],
+    limits: {
+      maxConnections: 100,
+      reservedConnections: 10,
+      pressureIdleTimeoutMs: 10
+    }
+  })
   const held = await holdSockets(port, 20)
   t.after(() => releaseAll(held))
   await new Promise((resolve) => setTimeout(resolve, 100))
@@ -181,7 +205,13 @@ test('below the reserve, idle sockets are left alone', async (t) => {
 
 test('token mode: under pressure the token holder\'s idle keep-alive socket outlives the attacker\'s', async (t) => {
   const { port } = await startToolport(t, {
-    roles: ['A'], security: { token: TOKEN }, limits: { maxConnections: 40, reservedConnections: 5, pressureIdleTimeoutMs: 600_000 }
+    roles: ['A'],
+    security: { token: TOKEN },
+    limits: {
+      maxConnections: 40,
+      reservedConnections: 5,
+      pressureIdleTimeoutMs: 600_000
+    }
   })
   const own = connect(port, '127.0.0.1')
   t.after(() => own.destroy())

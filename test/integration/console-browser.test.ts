@@ -44,7 +44,12 @@ describe('the console in chromium', { skip }, () => {
 
   test('it loads with no console errors and no CSP violations, and lists the roles and tools', async (t) => {
     const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
-    await tp.register({ name: 'get_weather', callback_url: 'http://127.0.0.1:9333/get_weather', source: 'plugin:weather', role: 'Mochi' })
+    await tp.register({
+      name: 'get_weather',
+      callback_url: 'http://127.0.0.1:9333/get_weather',
+      source: 'plugin:weather',
+      role: 'Mochi'
+    })
     const res = await fetch(`${url}/`)
     assert.equal(res.headers.get('content-security-policy'), CONSOLE_CSP)
     assert.match(CONSOLE_CSP, /script-src 'self'/)
@@ -62,7 +67,10 @@ describe('the console in chromium', { skip }, () => {
     const { url } = await startToolport(t, { roles: ['Lanlan'] })
     const { page, errors } = await open(`${url}/ui/`, t)
     await page.waitForSelector('#live[data-state="live"]', { timeout: 5000 })
-    const registered = await httpJson(`${url}/api/tools/register`, 'POST', { name: 'fresh_tool', callback_url: 'http://127.0.0.1:9333/fresh' })
+    const registered = await httpJson(`${url}/api/tools/register`, 'POST', {
+      name: 'fresh_tool',
+      callback_url: 'http://127.0.0.1:9333/fresh'
+    })
     assert.equal(registered.statusCode, 200)
     await page.waitForSelector('[data-role="Lanlan"] [data-tool="fresh_tool"]', { timeout: 1000 })
     assert.deepEqual(errors, [])
@@ -76,7 +84,11 @@ describe('the console in chromium', { skip }, () => {
       name: 'echo',
       callback_url: `${callback.url}/echo`,
       source: 'plugin:echo',
-      parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] }
+      parameters: {
+        type: 'object',
+        properties: { city: { type: 'string' }, days: { type: 'integer' } },
+        required: ['city']
+      }
     })
     const { page, errors } = await open(`${url}/`, t)
     await page.waitForSelector('#pg-form input[name="city"]', { timeout: 5000 })

@@ -6,7 +6,8 @@ import { assertError, createTestToolport, inject } from '../helpers.js'
 
 const TOKEN = 'console-routes-token-that-is-long-enough-0123456789'
 
-async function get (tp: Awaited<ReturnType<typeof createTestToolport>>, url: string, headers: Record<string, string> = {}) {
+async function get (tp: Awaited<ReturnType<typeof createTestToolport>>, url: string, headers: Record<string,
+  string> = {}) {
   return await tp.app.inject({ method: 'GET', url, headers: { host: '127.0.0.1:3917', ...headers } })
 }
 
@@ -55,13 +56,19 @@ test('a same-origin request (the console\'s own page) passes the Origin check; a
     assert.equal(JSON.parse(res.body).code, 'TP_ERR_ORIGIN_FORBIDDEN')
   }
   // A rebinding page is "same-origin" under its own name, but its Host is refused first.
-  const rebinding = await get(tp, '/api/console/state', { host: 'attacker.example:3917', origin: 'http://attacker.example:3917' })
+  const rebinding = await get(tp, '/api/console/state', {
+    host: 'attacker.example:3917',
+    origin: 'http://attacker.example:3917'
+  })
   assert.equal(JSON.parse(rebinding.body).code, 'TP_ERR_HOST_FORBIDDEN')
 })
 
 test('without the Host check there is no same-origin exemption', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'], security: { checkHost: false } })
-  const res = await get(tp, '/api/console/state', { host: 'attacker.example:3917', origin: 'http://attacker.example:3917' })
+  const res = await get(tp, '/api/console/state', {
+    host: 'attacker.example:3917',
+    origin: 'http://attacker.example:3917'
+  })
   assert.equal(res.statusCode, 403)
   assert.equal(JSON.parse(res.body).code, 'TP_ERR_ORIGIN_FORBIDDEN')
 })
@@ -79,19 +86,38 @@ test('token mode: the page\'s files need no token, every API route still does', 
   assert.equal(withToken.statusCode, 200)
   assert.equal(JSON.parse(withToken.body).token_mode, true)
   // The exemption is for reading the page only.
-  const post = await tp.app.inject({ method: 'POST', url: '/ui/console.js', headers: { host: '127.0.0.1:3917', 'content-type': 'application/json' }, payload: '{}' })
+  const post = await tp.app.inject({
+    method: 'POST',
+    url: '/ui/console.js',
+    headers: {
+      host: '127.0.0.1:3917',
+      'content-type': 'application/json'
+    },
+    payload: '{}'
+  })
   assert.equal(post.statusCode, 401)
   // The other checks still apply to the page's files.
   const foreign = await get(tp, '/', { host: 'attacker.example' })
   assert.equal(JSON.parse(foreign.body).code, 'TP_ERR_HOST_FORBIDDEN')
-  const remote = await tp.app.inject({ method: 'GET', url: '/', headers: { host: '127.0.0.1' }, remoteAddress: '10.0.0.5' })
+  const remote = await tp.app.inject({
+    method: 'GET',
+    url: '/',
+    headers: { host: '127.0.0.1' },
+    remoteAddress: '10.0.0.5'
+  })
   assert.equal(remote.statusCode, 403)
 })
 
 test('the console state lists roles, tools, sessions, last syncs, origins with health, evictions and recent calls', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
   assert.ok(tp.app, 'the app (and with it the event ring and the console numbers) exists from here on')
-  await tp.register({ name: 'gone', callback_url: 'http://127.0.0.1:9/gone', source: 'plugin:gone', role: 'Lanlan', timeout_seconds: 2 })
+  await tp.register({
+    name: 'gone',
+    callback_url: 'http://127.0.0.1:9/gone',
+    source: 'plugin:gone',
+    role: 'Lanlan',
+    timeout_seconds: 2
+  })
   await tp.register({ name: 'kept', callback_url: 'http://127.0.0.1:9333/kept', source: 'plugin:kept', role: 'Mochi' })
   await tp.roles.get('Mochi').attachSession({ id: 's1', syncTools: async () => {} })
   await tp.roles.get('Mochi').sync()

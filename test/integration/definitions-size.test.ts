@@ -12,13 +12,24 @@ import { assertError, createTestToolport, inject, startToolport } from '../helpe
 /** A `parameters` schema of about `bytes` bytes of JSON. */
 function bigSchema (bytes: number, seed: number): Record<string, unknown> {
   const properties: Record<string, unknown> = {}
-  for (let i = 0; i * 1000 < bytes; i++) properties[`p${i}`] = { type: 'string', description: `${seed}:`.padEnd(950, 'x') }
+  for (let i = 0; i * 1000 < bytes; i++) {
+    properties[`p${i}`] = {
+      type: 'string',
+      description: `${seed}:`.padEnd(950,
+        'x')
+    }
+  }
   return { type: 'object', properties }
 }
 
 async function registerMany (tp: Toolport, count: number, schemaBytes: number): Promise<void> {
   for (let i = 0; i < count; i++) {
-    const result = await tp.register({ name: `tool_${i}`, callback_url: 'http://127.0.0.1:9/t', parameters: bigSchema(schemaBytes, i), source: 'plugin:big' })
+    const result = await tp.register({
+      name: `tool_${i}`,
+      callback_url: 'http://127.0.0.1:9/t',
+      parameters: bigSchema(schemaBytes, i),
+      source: 'plugin:big'
+    })
     assert.equal(result.ok, true)
   }
 }
@@ -50,7 +61,13 @@ test('many large definitions are streamed over a real socket with an exact Conte
     assert.match(String(res.headers['content-type']), /^application\/json/)
     assert.equal(Number(res.headers['content-length']), Buffer.byteLength(text))
     assert.ok(Buffer.byteLength(text) > 10_000_000)
-    assert.deepEqual(JSON.parse(text), { ok: true, role: 'A', format, tools: toolDefinitions(tp.roles.get('A'), format) })
+    assert.deepEqual(JSON.parse(text), {
+      ok: true,
+      role: 'A',
+      format,
+      tools: toolDefinitions(tp.roles.get('A'),
+        format)
+    })
   }
   // A role with no tools streams an empty list (Gemini's too).
   tp.roles.add('B')

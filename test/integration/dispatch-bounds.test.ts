@@ -58,7 +58,12 @@ async function startHeldServer (t: TestContext, start: (response: ServerResponse
 }
 
 async function register (tp: Toolport, name: string, url: string, timeoutSeconds = 60): Promise<void> {
-  const result = await tp.register({ name, callback_url: url, timeout_seconds: timeoutSeconds, parameters: { type: 'object' } })
+  const result = await tp.register({
+    name,
+    callback_url: url,
+    timeout_seconds: timeoutSeconds,
+    parameters: { type: 'object' }
+  })
   assert.equal(result.ok, true, result.error)
 }
 
@@ -98,7 +103,14 @@ test('at its per-origin bounds a stuck plugin\'s extra callers get "busy" at onc
   const stuck = await startHeldServer(t, () => {}, (response) => { response.destroy() })
   const healthy = await startCallbackServer()
   t.after(() => healthy.close())
-  const tp = await createTestToolport(t, { roles: ['r'], dispatch: { mode: 'pool', maxInFlightPerOrigin: 4, maxQueuedPerOrigin: 3 } })
+  const tp = await createTestToolport(t, {
+    roles: ['r'],
+    dispatch: {
+      mode: 'pool',
+      maxInFlightPerOrigin: 4,
+      maxQueuedPerOrigin: 3
+    }
+  })
   await register(tp, 'stuck', `${stuck.origin}/never`)
   await register(tp, 'fast', `${healthy.url}/echo`)
   const held = Array.from({ length: 7 }, () => call(tp, 'stuck'))

@@ -54,7 +54,11 @@ for (const mode of MODES) {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'get_weather', callback_url: `${s.url}/echo` })
-      const result = await tp.callTool('Lanlan', { name: 'get_weather', call_id: 'call_123', raw_arguments: '{"location":"Shanghai"}' })
+      const result = await tp.callTool('Lanlan', {
+        name: 'get_weather',
+        call_id: 'call_123',
+        raw_arguments: '{"location":"Shanghai"}'
+      })
       assert.equal(result.is_error, false)
       assert.equal(s.requests.length, 1)
       const received = s.requests[0]!
@@ -65,7 +69,10 @@ for (const mode of MODES) {
       const budget = Number(received.headers['x-toolport-deadline-ms'])
       assert.ok(budget > 0 && budget <= 30_000)
       assert.deepEqual(JSON.parse(received.body), {
-        name: 'get_weather', arguments: { location: 'Shanghai' }, call_id: 'call_123', raw_arguments: '{"location":"Shanghai"}'
+        name: 'get_weather',
+        arguments: { location: 'Shanghai' },
+        call_id: 'call_123',
+        raw_arguments: '{"location":"Shanghai"}'
       })
       // /echo answers {output: <the body it got>}, so the output is the request itself.
       assert.deepEqual((result.output as { arguments: unknown }).arguments, { location: 'Shanghai' })
@@ -235,8 +242,12 @@ for (const mode of MODES) {
     test('R7: a parameters schema that does not compile is a 422 at registration, never a tool left unvalidated', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
-      await assert.rejects(tp.register({ name: 'odd', callback_url: `${s.url}/echo`, parameters: { type: 'no-such-type' } }),
-        { code: 'TP_ERR_VALIDATION', statusCode: 422 })
+      await assert.rejects(tp.register({
+        name: 'odd',
+        callback_url: `${s.url}/echo`,
+        parameters: { type: 'no-such-type' }
+      }),
+      { code: 'TP_ERR_VALIDATION', statusCode: 422 })
       const result = await tp.callTool('Lanlan', { name: 'odd', arguments: { x: 1 } })
       assert.equal(result.is_error, true)
       assert.equal(s.requests.length, 0)
@@ -249,17 +260,35 @@ for (const mode of MODES) {
       const result = await tp.callTool('Lanlan', { name: 'get_wether' })
       assert.equal(result.is_error, true)
       assert.match(result.error ?? '', /get_weather/)
-      await assert.rejects(tp.callTool('Nobody', { name: 'get_weather' }), { code: 'TP_ERR_ROLE_NOT_FOUND', statusCode: 404 })
+      await assert.rejects(tp.callTool('Nobody', { name: 'get_weather' }), {
+        code: 'TP_ERR_ROLE_NOT_FOUND',
+        statusCode: 404
+      })
     })
 
     test('POST /api/tools/call answers the ToolResult; an unknown role is 404', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'get_weather', callback_url: `${s.url}/raw-output` })
-      const ok = await tp.app.inject({ method: 'POST', url: '/api/tools/call', payload: { role: 'Mochi', name: 'get_weather', arguments: {} } })
+      const ok = await tp.app.inject({
+        method: 'POST',
+        url: '/api/tools/call',
+        payload: {
+          role: 'Mochi',
+          name: 'get_weather',
+          arguments: {}
+        }
+      })
       assert.equal(ok.statusCode, 200)
       assert.deepEqual(ok.json(), { is_error: false, output: { temperature_c: 28 }, text: '{"temperature_c":28}' })
-      const missing = await tp.app.inject({ method: 'POST', url: '/api/tools/call', payload: { role: 'Nobody', name: 'get_weather' } })
+      const missing = await tp.app.inject({
+        method: 'POST',
+        url: '/api/tools/call',
+        payload: {
+          role: 'Nobody',
+          name: 'get_weather'
+        }
+      })
       assert.equal(missing.statusCode, 404)
       assert.equal(missing.json().code, 'TP_ERR_ROLE_NOT_FOUND')
     })
@@ -279,7 +308,11 @@ for (const mode of MODES) {
         if (name !== 'deep') answers[name] = res.json()
         else assert.equal(res.body.length > 200_000, true)
       }
-      assert.deepEqual(answers.texty, { is_error: false, output: 'plain text reply, not JSON', text: 'plain text reply, not JSON' })
+      assert.deepEqual(answers.texty, {
+        is_error: false,
+        output: 'plain text reply, not JSON',
+        text: 'plain text reply, not JSON'
+      })
       assert.deepEqual(answers.empty, { is_error: false, output: '', text: '' })
       assert.equal((answers.broken as { is_error: boolean }).is_error, true)
       assert.equal((answers.broken as { output: unknown }).output, null)
@@ -290,7 +323,12 @@ for (const mode of MODES) {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'echo', callback_url: `${s.url}/echo` })
-      for (let i = 0; i < 50; i++) assert.equal((await tp.callTool('Lanlan', { name: 'echo', arguments: { i } })).is_error, false)
+      for (let i = 0; i < 50; i++) {
+        assert.equal((await tp.callTool('Lanlan', {
+          name: 'echo',
+          arguments: { i }
+        })).is_error, false)
+      }
       assert.ok(s.connections <= 2, `${s.connections} connections for 50 sequential calls`)
     })
 
@@ -310,9 +348,13 @@ for (const mode of MODES) {
       const tp = await setup(t, mode)
       const s = await server(t)
       await register(tp, { name: 'echo', callback_url: `${s.url}/echo` })
-      const results = await Promise.all(Array.from({ length: 1000 }, (_, i) => tp.callTool('Lanlan', { name: 'echo', arguments: { i } })))
+      const results = await Promise.all(Array.from({ length: 1000 }, (_, i) => tp.callTool('Lanlan', {
+        name: 'echo',
+        arguments: { i }
+      })))
       assert.equal(results.filter((r) => r.is_error).length, 0)
-      assert.deepEqual(results.map((r) => (r.output as { arguments: { i: number } }).arguments.i), Array.from({ length: 1000 }, (_, i) => i))
+      assert.deepEqual(results.map((r) => (r.output as { arguments: { i: number } }).arguments.i),
+        Array.from({ length: 1000 }, (_, i) => i))
     })
 
     test('beyond maxPending a call is answered busy at once, without calling the plugin', async (t) => {
@@ -413,10 +455,32 @@ for (const mode of MODES) {
     test('local tools run in-process with the same deadline and error capture', async (t) => {
       const tp = await setup(t, mode)
       const role = tp.roles.get('Lanlan')
-      await role.registerLocalTool({ name: 'add', parameters: { type: 'object', properties: { a: { type: 'number' }, b: { type: 'number' } } }, handler: (args) => (args as { a: number, b: number }).a + (args as { a: number, b: number }).b })
+      await role.registerLocalTool({
+        name: 'add',
+        parameters: {
+          type: 'object',
+          properties: {
+            a: { type: 'number' },
+            b: { type: 'number' }
+          }
+        },
+        handler: (args) => (args as { a: number, b: number }).a + (args as {
+          a: number,
+          b: number
+        }).b
+      })
       await role.registerLocalTool({ name: 'boom', handler: () => { throw new Error('kaput') } })
-      await role.registerLocalTool({ name: 'stuck', timeoutSeconds: 0.2, handler: (_args, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', resolve)) })
-      assert.deepEqual(await tp.callTool('Lanlan', { name: 'add', arguments: { a: 2, b: 3 } }), { is_error: false, output: 5, text: '5' })
+      await role.registerLocalTool({
+        name: 'stuck',
+        timeoutSeconds: 0.2,
+        handler: (_args,
+          ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', resolve))
+      })
+      assert.deepEqual(await tp.callTool('Lanlan', { name: 'add', arguments: { a: 2, b: 3 } }), {
+        is_error: false,
+        output: 5,
+        text: '5'
+      })
       const boom = await tp.callTool('Lanlan', { name: 'boom' })
       assert.equal(boom.is_error, true)
       assert.equal(boom.error, 'kaput')
@@ -452,11 +516,19 @@ for (const mode of MODES) {
     test('R13: timeouts, HTTP 5xx and is_error replies never evict', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
-      await register(tp, { name: 'slow', callback_url: `${s.url}/sleep/2000`, source: 'plugin:p', timeout_seconds: 0.1 })
+      await register(tp, {
+        name: 'slow',
+        callback_url: `${s.url}/sleep/2000`,
+        source: 'plugin:p',
+        timeout_seconds: 0.1
+      })
       await register(tp, { name: 'err', callback_url: `${s.url}/status/503`, source: 'plugin:p' })
       await register(tp, { name: 'toolerr', callback_url: `${s.url}/tool-error`, source: 'plugin:p' })
       for (let i = 0; i < 4; i++) {
-        for (const name of ['slow', 'err', 'toolerr']) assert.equal((await tp.callTool('Lanlan', { name })).is_error, true)
+        for (const name of ['slow', 'err', 'toolerr']) {
+          assert.equal((await tp.callTool('Lanlan', { name })).is_error,
+            true)
+        }
       }
       assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['slow', 'err', 'toolerr'])
     })

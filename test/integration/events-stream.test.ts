@@ -77,7 +77,8 @@ class StreamReader {
   }
 }
 
-async function openStream (t: { after: (fn: () => void) => void }, url: string, headers: Record<string, string> = {}): Promise<StreamReader> {
+async function openStream (t: { after: (fn: () => void) => void }, url: string, headers: Record<string,
+  string> = {}): Promise<StreamReader> {
   const reader = await StreamReader.open(url, headers)
   t.after(() => reader.close())
   return reader
@@ -106,7 +107,11 @@ test('registered, unregistered and cleared name the origin, each role and tool, 
   const reader = await openStream(t, `${url}/api/events`)
   await reader.next('hello')
 
-  await tp.register({ name: 'get_weather', callback_url: 'http://127.0.0.1:9333/tools/get_weather', source: 'plugin:weather' })
+  await tp.register({
+    name: 'get_weather',
+    callback_url: 'http://127.0.0.1:9333/tools/get_weather',
+    source: 'plugin:weather'
+  })
   const registered = await reader.next('registered')
   assert.deepEqual(registered.data, {
     origin: 'http://127.0.0.1:9333',
@@ -160,7 +165,8 @@ test('R14: a call event carries metadata only, never arguments, replies or a fre
   const result = await tp.callTool('Lanlan', { name: 'echo', arguments: { note: secret } })
   assert.ok(result.text.includes(secret), 'the callback did echo the secret back')
   const call = await reader.next('call')
-  assert.deepEqual(Object.keys(call.data).sort(), ['bytes', 'duration_ms', 'is_error', 'outcome', 'role', 'source', 'tool'])
+  assert.deepEqual(Object.keys(call.data).sort(), ['bytes', 'duration_ms', 'is_error', 'outcome', 'role', 'source',
+    'tool'])
   assert.equal(call.data.role, 'Lanlan')
   assert.equal(call.data.tool, 'echo')
   assert.equal(call.data.source, 'plugin:echo')
@@ -205,7 +211,8 @@ test('Last-Event-ID replays exactly the events missed; an id of another instance
   const hello = await again.next('hello')
   assert.equal(hello.data.replay, 'complete')
   assert.equal(hello.data.replayed, 2)
-  assert.deepEqual([(await again.next('registered')).data.tools[0].name, (await again.next('registered')).data.tools[0].name], ['two', 'three'])
+  assert.deepEqual([(await again.next('registered')).data.tools[0].name,
+    (await again.next('registered')).data.tools[0].name], ['two', 'three'])
 
   const stranger = await openStream(t, `${url}/api/events?types=registered`, { 'last-event-id': 'deadbeef-1' })
   assert.equal((await stranger.next('hello')).data.replay, 'none')
@@ -252,7 +259,13 @@ test('an idle stream gets heartbeat comments', async (t) => {
 })
 
 test('a subscriber that stops reading is dropped, and calls keep being answered meanwhile', async (t) => {
-  const { tp, url, port } = await startToolport(t, { roles: ['Lanlan'], events: { maxSubscriberBufferBytes: 1024, heartbeatMs: 100 } })
+  const { tp, url, port } = await startToolport(t, {
+    roles: ['Lanlan'],
+    events: {
+      maxSubscriberBufferBytes: 1024,
+      heartbeatMs: 100
+    }
+  })
   await tp.roles.get('Lanlan').registerLocalTool({ name: 'noop', handler: () => 'ok' })
   // A raw socket that sends the request and then never reads: the kernel buffers fill, then ours.
   const socket = connect(port, '127.0.0.1')
@@ -293,9 +306,15 @@ test('the stream is behind the same guard: foreign Host 403, token mode 401 with
   const withToken = await openStream(t, `${url}/api/events`, { authorization: `Bearer ${token}` })
   assert.equal(withToken.statusCode, 200)
   await withToken.next('hello')
-  const foreign = await openStream(t, `${url}/api/events`, { authorization: `Bearer ${token}`, host: `attacker.example:${port}` })
+  const foreign = await openStream(t, `${url}/api/events`, {
+    authorization: `Bearer ${token}`,
+    host: `attacker.example:${port}`
+  })
   assert.equal(foreign.statusCode, 403)
-  const crossSite = await openStream(t, `${url}/api/events`, { authorization: `Bearer ${token}`, origin: 'http://attacker.example' })
+  const crossSite = await openStream(t, `${url}/api/events`, {
+    authorization: `Bearer ${token}`,
+    origin: 'http://attacker.example'
+  })
   assert.equal(crossSite.statusCode, 403)
 })
 

@@ -12,12 +12,16 @@ test('the Python plugin example registers, answers calls (R10, R11) and clears i
   const tp = await createToolport({ roles: ['Lanlan'] })
   t.after(() => tp.close())
   const { url } = await tp.listen({ port: 0 })
-  const plugin = spawn('python3', ['examples/weather_plugin.py', '--toolport', url], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const plugin = spawn('python3', ['examples/weather_plugin.py', '--toolport', url], {
+    stdio: ['ignore', 'pipe',
+      'inherit']
+  })
   t.after(() => { if (plugin.exitCode === null) plugin.kill('SIGKILL') })
   const lines = createInterface({ input: plugin.stdout })
   const [first] = await once(lines, 'line') as [string]
   assert.match(first, /registered get_weather/)
-  assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => [x.name, x.source]), [['get_weather', 'plugin:weather']])
+  assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => [x.name, x.source]), [['get_weather',
+    'plugin:weather']])
 
   const ok = await tp.callTool('Lanlan', { name: 'get_weather', raw_arguments: '{"location": "Shanghai"}' })
   assert.deepEqual(ok.output, { location: 'Shanghai', temperature_c: 28 })

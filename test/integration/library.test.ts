@@ -100,8 +100,10 @@ test('library: registerLocalTool with an invalid name or handler throws a typed 
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const role = tp.roles.get('Lanlan')
   await assert.rejects(role.registerLocalTool({ name: '', handler: () => 1 }), (err: unknown) => isToolportError(err))
-  await assert.rejects(role.registerLocalTool({ name: 'x'.repeat(65), handler: () => 1 }), (err: unknown) => isToolportError(err))
-  await assert.rejects(role.registerLocalTool({ name: 'x', handler: 'nope' as never }), (err: unknown) => isToolportError(err))
+  await assert.rejects(role.registerLocalTool({ name: 'x'.repeat(65), handler: () => 1 }),
+    (err: unknown) => isToolportError(err))
+  await assert.rejects(role.registerLocalTool({ name: 'x', handler: 'nope' as never }),
+    (err: unknown) => isToolportError(err))
   assert.deepEqual(names(tp, 'Lanlan'), [])
 })
 
@@ -134,7 +136,8 @@ test('library: register, unregister, clear and list give the same result objects
 test('library: with no roles, register gives the same ok false result as the route', async (t) => {
   const viaLibrary = await createTestToolport(t, { roles: [] })
   const viaRoutes = await createTestToolport(t, { roles: [] })
-  assert.deepEqual(await viaLibrary.register(tool('x')), (await inject(viaRoutes, 'POST', '/api/tools/register', tool('x'))).body)
+  assert.deepEqual(await viaLibrary.register(tool('x')), (await inject(viaRoutes, 'POST', '/api/tools/register',
+    tool('x'))).body)
 })
 
 test('library: list is synchronous', async (t) => {
@@ -203,14 +206,22 @@ test('library: toolportPlugin mounts the routes in a host app, guarded, without 
   assert.deepEqual(listed.json(), plain(tp.list()))
 
   const remote = await host.inject({ method: 'GET', url: '/api/tools', remoteAddress: '10.1.2.3' })
-  assertError({ statusCode: remote.statusCode, headers: remote.headers, body: remote.json() }, 403, 'TP_ERR_NOT_LOOPBACK')
+  assertError({ statusCode: remote.statusCode, headers: remote.headers, body: remote.json() }, 403,
+    'TP_ERR_NOT_LOOPBACK')
   const remoteHealth = await host.inject({ method: 'GET', url: '/health', remoteAddress: '10.1.2.3' })
   assert.equal(remoteHealth.statusCode, 200)
 
   const unknownRole = await host.inject({ method: 'GET', url: '/api/tools?role=Nobody' })
-  assertError({ statusCode: unknownRole.statusCode, headers: unknownRole.headers, body: unknownRole.json() }, 404, 'TP_ERR_ROLE_NOT_FOUND')
-  const form = await host.inject({ method: 'POST', url: '/api/tools/clear', payload: 'source=x', headers: { 'content-type': 'application/x-www-form-urlencoded' } })
-  assertError({ statusCode: form.statusCode, headers: form.headers, body: form.json() }, 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+  assertError({ statusCode: unknownRole.statusCode, headers: unknownRole.headers, body: unknownRole.json() }, 404,
+    'TP_ERR_ROLE_NOT_FOUND')
+  const form = await host.inject({
+    method: 'POST',
+    url: '/api/tools/clear',
+    payload: 'source=x',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' }
+  })
+  assertError({ statusCode: form.statusCode, headers: form.headers, body: form.json() }, 415,
+    'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
 })
 
 test('library: toolportPlugin also mounts under a prefix', async (t) => {

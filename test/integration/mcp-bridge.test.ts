@@ -155,7 +155,11 @@ test('bridge: `toolport mcp` without --role is a usage error (exit 2)', async (t
  * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
  * its own streams and an empty environment; resolves with its exit code and everything it wrote.
  */
-async function runMainCollecting (t: TestContext, args: string[]): Promise<{ code: number, stdout: string, stderr: string }> {
+async function runMainCollecting (t: TestContext, args: string[]): Promise<{
+  code: number,
+  stdout: string,
+  stderr: string
+}> {
   const stdin = new PassThrough()
   const out = new PassThrough()
   const err = new PassThrough()

@@ -28,7 +28,8 @@ const SCENARIOS = [
 /** One scenario may take this long (the slowest waits up to 10 s for a stream by design). */
 const SCENARIO_TIMEOUT_MS = 60_000
 
-const RUNNER = join(dirname(createRequire(import.meta.url).resolve('@modelcontextprotocol/conformance/package.json')), 'dist', 'index.js')
+const RUNNER = join(dirname(createRequire(import.meta.url).resolve('@modelcontextprotocol/conformance/package.json')),
+  'dist', 'index.js')
 
 interface Check {
   id: string
@@ -38,7 +39,10 @@ interface Check {
 }
 
 /** Runs one scenario in the runner's own process; resolves with its checks. */
-async function runScenario (url: string, scenario: string, outDir: string): Promise<{ checks: Check[], output: string }> {
+async function runScenario (url: string, scenario: string, outDir: string): Promise<{
+  checks: Check[],
+  output: string
+}> {
   const output = await new Promise<string>((resolve) => {
     execFile(process.execPath, [RUNNER, 'server', '--url', url, '--scenario', scenario, '-o', outDir],
       { timeout: SCENARIO_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 },

@@ -39,7 +39,12 @@ test('the MCP Python SDK client initializes, lists, calls a plugin tool and clos
 
   const { code, stdout, stderr } = await runPython([`${url}/mcp/Lanlan`, 'get_weather', '{}'])
   assert.equal(code, 0, `python exited ${String(code)}:\n${stderr}`)
-  const seen = JSON.parse(stdout.trim().split('\n').at(-1) as string) as { server: string, tools: string[], is_error: boolean, text: string[] }
+  const seen = JSON.parse(stdout.trim().split('\n').at(-1) as string) as {
+    server: string,
+    tools: string[],
+    is_error: boolean,
+    text: string[]
+  }
   assert.equal(seen.server, 'toolport')
   assert.deepEqual(seen.tools, ['get_weather'])
   assert.equal(seen.is_error, false)

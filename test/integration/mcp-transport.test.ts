@@ -69,7 +69,13 @@ async function openStream (url: string, method: 'GET' | 'POST', headers: Record<
       }
     }
   }
-  return { statusCode: res.statusCode, headers: res.headers, events: events(), abort: () => controller.abort(), body: res.body }
+  return {
+    statusCode: res.statusCode,
+    headers: res.headers,
+    events: events(),
+    abort: () => controller.abort(),
+    body: res.body
+  }
 }
 
 /** The next event whose data is a JSON-RPC message, skipping priming events. */
@@ -92,7 +98,12 @@ async function rawSession (endpoint: string, protocolVersion = LATEST, dispatche
   const notified = await httpRequest(endpoint, {
     method: 'POST',
     ...(dispatcher === undefined ? {} : { dispatcher }),
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': sessionId, 'mcp-protocol-version': protocolVersion },
+    headers: {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      'mcp-session-id': sessionId,
+      'mcp-protocol-version': protocolVersion
+    },
     body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' })
   })
   await notified.body.dump()
@@ -101,8 +112,13 @@ async function rawSession (endpoint: string, protocolVersion = LATEST, dispatche
 }
 
 /** One JSON-RPC request on a session; resolves with its response message. */
-async function rpc (endpoint: string, sessionId: string, body: unknown, headers: Record<string, string> = {}): Promise<any> {
-  const stream = await openStream(endpoint, 'POST', { 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST, ...headers }, body)
+async function rpc (endpoint: string, sessionId: string, body: unknown, headers: Record<string,
+  string> = {}): Promise<any> {
+  const stream = await openStream(endpoint, 'POST', {
+    'mcp-session-id': sessionId,
+    'mcp-protocol-version': LATEST,
+    ...headers
+  }, body)
   assert.equal(stream.statusCode, 200)
   const { message } = await nextMessage(stream.events)
   await stream.body.dump().catch(() => {})
@@ -123,7 +139,8 @@ async function sdkClient (t: TestContext, endpoint: string): Promise<Client> {
 }
 
 /** A fastify app with only the MCP routes, with session options a test chooses. */
-async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOptions): Promise<{ endpoint: (role: string) => string, sessions: McpSessions }> {
+async function mcpOnlyApp (t: TestContext, tp: Toolport,
+  options: McpSessionsOptions): Promise<{ endpoint: (role: string) => string, sessions: McpSessions }> {
   const app = fastify({ forceCloseConnections: true })
   const sessions = registerMcpRoutes(app, tp, options)
   await app.listen({ host: '127.0.0.1', port: 0 })
@@ -158,7 +175,11 @@ test('DELETE with Content-Type application/json and an empty body ends the sessi
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
 
   // A GET labelled JSON with an empty body opens the event stream like any GET.
-  const stream = await openStream(endpoint, 'GET', { 'mcp-session-id': sessionId, 'content-type': 'application/json', 'mcp-protocol-version': LATEST })
+  const stream = await openStream(endpoint, 'GET', {
+    'mcp-session-id': sessionId,
+    'content-type': 'application/json',
+    'mcp-protocol-version': LATEST
+  })
   assert.equal(stream.statusCode, 200)
   assert.match(String(stream.headers['content-type']), /text\/event-stream/)
   stream.abort()
@@ -171,7 +192,11 @@ test('DELETE with Content-Type application/json and an empty body ends the sessi
   await deleted.body.dump()
   assert.equal(deleted.statusCode, 200)
   assert.deepEqual(tp.roles.get('Lanlan').sessions(), [])
-  const after = await rpc(endpoint, sessionId, { jsonrpc: '2.0', id: 2, method: 'tools/list' }).catch((err: Error) => err)
+  const after = await rpc(endpoint, sessionId, {
+    jsonrpc: '2.0',
+    id: 2,
+    method: 'tools/list'
+  }).catch((err: Error) => err)
   assert.ok(after instanceof Error, 'the session is gone')
 })
 
@@ -189,7 +214,15 @@ test('a body that is not JSON on /mcp answers a JSON-RPC -32700 error object; on
       body
     })
     assert.equal(reply.statusCode, status)
-    const json = await reply.body.json() as { jsonrpc: string, id: null, error: { code: number, message: string, data: { code: string } } }
+    const json = await reply.body.json() as {
+      jsonrpc: string,
+      id: null,
+      error: {
+        code: number,
+        message: string,
+        data: { code: string }
+      }
+    }
     assert.equal(json.jsonrpc, '2.0')
     assert.equal(json.id, null)
     assert.equal(json.error.code, code)
@@ -270,8 +303,11 @@ test('sessions full: an initialize evicts the least recently active idle session
   assert.deepEqual(mcp.sessions.list().map((s) => s.sessionId).sort(), [newer, third].sort())
 
   // Both sessions now have a call in flight: nothing may be evicted, so a new client waits (503).
-  const calls = [newer, third].map((id) => openStream(endpoint, 'POST', { 'mcp-session-id': id, 'mcp-protocol-version': LATEST },
-    { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } }))
+  const calls = [newer, third].map((id) => openStream(endpoint, 'POST', {
+    'mcp-session-id': id,
+    'mcp-protocol-version': LATEST
+  },
+  { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } }))
   const streams = await Promise.all(calls)
   while (server.requests.length < 2) await once(server.events, 'request')
   const refused = await httpRequest(endpoint, {
@@ -316,8 +352,14 @@ test('calls in flight are bounded per session and for all MCP sessions: batches 
   const streams = []
   for (let post = 0; post < 3; post++) {
     const sessionId = await rawSession(endpoint)
-    const batch = Array.from({ length: 100 }, (_, i) => ({ jsonrpc: '2.0', id: 100 + i, method: 'tools/call', params: { name: 'stuck', arguments: {} } }))
-    const stream = await openStream(endpoint, 'POST', { 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST }, batch)
+    const batch = Array.from({ length: 100 }, (_, i) => ({
+      jsonrpc: '2.0',
+      id: 100 + i,
+      method: 'tools/call',
+      params: { name: 'stuck', arguments: {} }
+    }))
+    const stream = await openStream(endpoint, 'POST', { 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST },
+      batch)
     streams.push(stream)
     // The calls beyond a bound answer at once, as tool errors; the others wait on the plugin.
     const expected = post < 2 ? 100 - 32 : 100
@@ -349,7 +391,14 @@ test('a huge tools/list is sent in pages the client follows with nextCursor; a b
   for (let i = 0; i < 90; i++) {
     const name = `tool_${String(i).padStart(2, '0')}`
     names.push(name)
-    await tp.register({ name, callback_url: 'http://127.0.0.1:9333/x', parameters: { type: 'object', properties: { q: { type: 'string', description: filler } } } })
+    await tp.register({
+      name,
+      callback_url: 'http://127.0.0.1:9333/x',
+      parameters: {
+        type: 'object',
+        properties: { q: { type: 'string', description: filler } }
+      }
+    })
   }
   const client = await sdkClient(t, `${url}/mcp/Lanlan`)
   const first = await client.listTools()
@@ -363,7 +412,8 @@ test('a huge tools/list is sent in pages the client follows with nextCursor; a b
     cursor = page.nextCursor
   }
   assert.deepEqual(seen, names)
-  await assert.rejects(client.listTools({ cursor: 'bogus' }), (err: unknown) => err instanceof McpError && err.code === ErrorCode.InvalidParams)
+  await assert.rejects(client.listTools({ cursor: 'bogus' }), (err: unknown) => err instanceof McpError &&
+    err.code === ErrorCode.InvalidParams)
 })
 
 test('a reply nested 200 000 deep answers that MCP call with a tool error instead of vanishing', async (t) => {
@@ -382,7 +432,8 @@ test('a reply nested 200 000 deep answers that MCP call with a tool error instea
   await tp.register({ name: 'deep', callback_url: `http://127.0.0.1:${port}/deep` })
   await tp.roles.get('Lanlan').registerLocalTool({ name: 'ok', handler: async () => 'fine' })
   const client = await sdkClient(t, `${url}/mcp/Lanlan`)
-  const result = await client.callTool({ name: 'deep', arguments: {} }, undefined, { timeout: 20_000 }) as CallToolResult
+  const result = await client.callTool({ name: 'deep', arguments: {} }, undefined,
+    { timeout: 20_000 }) as CallToolResult
   assert.equal(result.isError, true)
   assert.match((result.content[0] as { text: string }).text, /nested more than \d+ levels/)
   // The session goes on.
@@ -398,7 +449,12 @@ test('the mcp.* options of createToolport set the endpoint\'s bounds', async (t)
   assert.notEqual(first, second)
   const gone = await httpRequest(endpoint, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': first, 'mcp-protocol-version': LATEST },
+    headers: {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      'mcp-session-id': first,
+      'mcp-protocol-version': LATEST
+    },
     body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/list' })
   })
   await gone.body.dump()
@@ -409,7 +465,12 @@ test('GET /api/tools/definitions answers a huge list in full; the JSON is the sa
   const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
   const filler = 'y'.repeat(60 * 1024)
   for (let i = 0; i < 150; i++) {
-    await tp.register({ name: `tool_${i}`, role: 'Lanlan', callback_url: 'http://127.0.0.1:9333/x', parameters: { type: 'object', properties: { q: { type: 'string', description: filler } } } })
+    await tp.register({
+      name: `tool_${i}`,
+      role: 'Lanlan',
+      callback_url: 'http://127.0.0.1:9333/x',
+      parameters: { type: 'object', properties: { q: { type: 'string', description: filler } } }
+    })
   }
   const { toolDefinitions } = await import('../../src/main/index.js')
   for (const format of ['openai-chat', 'gemini'] as const) {
@@ -421,7 +482,12 @@ test('GET /api/tools/definitions answers a huge list in full; the JSON is the sa
     assert.equal(Number(res.headers['content-length']), bytes.length)
     assert.ok(bytes.length > 9_000_000)
     const body = JSON.parse(bytes.toString('utf8')) as { ok: boolean, role: string, format: string, tools: unknown }
-    assert.deepEqual(body, { ok: true, role: 'Lanlan', format, tools: JSON.parse(JSON.stringify(toolDefinitions(tp.roles.get('Lanlan'), format))) })
+    assert.deepEqual(body, {
+      ok: true,
+      role: 'Lanlan',
+      format,
+      tools: JSON.parse(JSON.stringify(toolDefinitions(tp.roles.get('Lanlan'), format)))
+    })
   }
   // A small list is answered as before, in one piece.
   await tp.register({ name: 'small', role: 'Mochi', callback_url: 'http://127.0.0.1:9333/x' })
@@ -441,11 +507,18 @@ test('calls in flight are bounded per client: the sessions a connection initiali
   t.after(() => connection.close())
   const first = await rawSession(endpoint, LATEST, connection)
   const second = await rawSession(endpoint, LATEST, connection)
-  const batch = (ids: number[]): unknown[] => ids.map((id) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'stuck', arguments: {} } }))
+  const batch = (ids: number[]): unknown[] => ids.map((id) => ({
+    jsonrpc: '2.0',
+    id,
+    method: 'tools/call',
+    params: { name: 'stuck', arguments: {} }
+  }))
 
-  const one = await openStream(endpoint, 'POST', { 'mcp-session-id': first, 'mcp-protocol-version': LATEST }, batch([1, 2, 3]))
+  const one = await openStream(endpoint, 'POST', { 'mcp-session-id': first, 'mcp-protocol-version': LATEST }, batch([1,
+    2, 3]))
   while (server.requests.length < 3) await once(server.events, 'request')
-  const two = await openStream(endpoint, 'POST', { 'mcp-session-id': second, 'mcp-protocol-version': LATEST }, batch([4, 5, 6]))
+  const two = await openStream(endpoint, 'POST', { 'mcp-session-id': second, 'mcp-protocol-version': LATEST }, batch([4,
+    5, 6]))
   const refused = [await nextMessage(two.events), await nextMessage(two.events)].map(({ message }) => message)
   for (const message of refused) {
     assert.equal(message.result.isError, true)

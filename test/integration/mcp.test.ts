@@ -7,7 +7,10 @@ import fastify from 'fastify'
 import { request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { ErrorCode, McpError, ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
+import {
+  ErrorCode, McpError, ToolListChangedNotificationSchema,
+  type CallToolResult
+} from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
@@ -79,7 +82,8 @@ const INITIALIZE = {
   params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } }
 }
 
-async function rawMcp (url: string, method: 'POST' | 'GET' | 'DELETE', body?: unknown, headers: Record<string, string> = {}) {
+async function rawMcp (url: string, method: 'POST' | 'GET' | 'DELETE', body?: unknown, headers: Record<string,
+  string> = {}) {
   const res = await httpRequest(url, {
     method,
     headers: {
@@ -108,7 +112,11 @@ test('MCP: tools/list, then a registration over HTTP sends list_changed, and the
   })
   await changed
   const { tools } = await client.listTools()
-  assert.deepEqual(tools, [{ name: 'get_weather', description: 'Get weather for a location.', inputSchema: WEATHER_PARAMS }])
+  assert.deepEqual(tools, [{
+    name: 'get_weather',
+    description: 'Get weather for a location.',
+    inputSchema: WEATHER_PARAMS
+  }])
 })
 
 test('MCP: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {
@@ -150,7 +158,11 @@ test('MCP: unregister and clear over HTTP send list_changed too (docs/protocol.m
 test('MCP: a parameters schema without type "object" is listed with one, so the client accepts the whole list', async (t) => {
   const { url, connect } = await setup(t)
   const { client } = await connect('Lanlan')
-  await register(url, { name: 'loose', parameters: { properties: { q: { type: 'string' } } }, callback_url: 'http://127.0.0.1:9333/l' })
+  await register(url, {
+    name: 'loose',
+    parameters: { properties: { q: { type: 'string' } } },
+    callback_url: 'http://127.0.0.1:9333/l'
+  })
   await register(url, { name: 'plain', callback_url: 'http://127.0.0.1:9333/p' })
   const { tools } = await client.listTools()
   assert.deepEqual(tools.map((tool) => [tool.name, tool.inputSchema]), [
@@ -305,7 +317,8 @@ test('MCP: DELETE ends the session and detaches it from its role; its id is then
 test('MCP, R6: an unknown role is 404 TP_ERR_ROLE_NOT_FOUND, for raw requests and for the SDK client', async (t) => {
   const { url, connect } = await setup(t)
   assertError(await rawMcp(`${url}/mcp/Nobody`, 'POST', INITIALIZE), 404, 'TP_ERR_ROLE_NOT_FOUND')
-  assertError(await rawMcp(`${url}/mcp/Nobody`, 'GET', undefined, { accept: 'text/event-stream' }), 404, 'TP_ERR_ROLE_NOT_FOUND')
+  assertError(await rawMcp(`${url}/mcp/Nobody`, 'GET', undefined, { accept: 'text/event-stream' }), 404,
+    'TP_ERR_ROLE_NOT_FOUND')
   await assert.rejects(connect('Nobody'), (err: unknown) => err instanceof StreamableHTTPError && err.code === 404)
 })
 
@@ -323,13 +336,19 @@ test('MCP: a request without a session that is not initialize is 400; a session 
 test('MCP, R1: the guard covers /mcp: a foreign Origin, a rebinding Host and a non-JSON body are refused', async (t) => {
   const { url } = await setup(t)
   const endpoint = `${url}/mcp/Lanlan`
-  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { origin: 'https://evil.example' }), 403, 'TP_ERR_ORIGIN_FORBIDDEN')
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { origin: 'https://evil.example' }), 403,
+    'TP_ERR_ORIGIN_FORBIDDEN')
   assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { host: 'evil.example' }), 403, 'TP_ERR_HOST_FORBIDDEN')
-  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { 'content-type': 'text/plain' }), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+  assertError(await rawMcp(endpoint, 'POST', INITIALIZE, { 'content-type': 'text/plain' }), 415,
+    'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
 })
 
 /** A fastify app with only the MCP routes, with session options a test can shorten. */
-async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOptions): Promise<{ url: string, sessions: McpSessions, close: () => Promise<void> }> {
+async function mcpOnlyApp (t: TestContext, tp: Toolport, options: McpSessionsOptions): Promise<{
+  url: string,
+  sessions: McpSessions,
+  close: () => Promise<void>
+}> {
   const app = fastify({ forceCloseConnections: true })
   const sessions = registerMcpRoutes(app, tp, options)
   await app.listen({ host: '127.0.0.1', port: 0 })

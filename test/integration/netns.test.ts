@@ -85,8 +85,9 @@ interface NamespaceRequest {
 
 async function fromNamespace (pair: Pair, request: NamespaceRequest): Promise<{ status: number, body: any }> {
   const headers = { ...(request.body === undefined ? {} : { 'content-type': 'application/json' }), ...request.headers }
-  const { stdout } = await run('ip', ['netns', 'exec', pair.ns, process.execPath, '-e', CLIENT, JSON.stringify({ ...request, headers })],
-    { timeout: 20_000 })
+  const { stdout } = await run('ip', ['netns', 'exec', pair.ns, process.execPath, '-e', CLIENT,
+    JSON.stringify({ ...request, headers })],
+  { timeout: 20_000 })
   const reply = JSON.parse(stdout) as { status: number, body: string }
   return { status: reply.status, body: JSON.parse(reply.body) }
 }
@@ -173,7 +174,8 @@ test('R1: a real IPv6 peer whose address is IPv4-compatible (::127.0.0.1, not ::
   if (pair === null) return
   try {
     await run('ip', ['-6', 'addr', 'add', `${pair.hostAddr6}/64`, 'dev', pair.hostIf, 'nodad'])
-    await run('ip', ['netns', 'exec', pair.ns, 'ip', '-6', 'addr', 'add', `${pair.nsAddr6}/64`, 'dev', pair.nsIf, 'nodad'])
+    await run('ip', ['netns', 'exec', pair.ns, 'ip', '-6', 'addr', 'add', `${pair.nsAddr6}/64`, 'dev', pair.nsIf,
+      'nodad'])
     // The peer's source address: the deprecated IPv4-compatible form, which Node prints as
     // "::127.0.0.1". The host route sends the replies back into this pair only.
     await run('ip', ['netns', 'exec', pair.ns, 'ip', '-6', 'addr', 'add', '::127.0.0.1/128', 'dev', pair.nsIf, 'nodad'])

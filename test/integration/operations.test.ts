@@ -32,7 +32,8 @@ test('GET /metrics counts calls by role, tool and outcome, with bounded labels o
   assert.match(res.body, /toolport_dispatch_queue_seconds_count\{outcome="ok"\} 1/)
   assert.match(res.body, /toolport_dispatch_callback_seconds_count\{outcome="ok"\} 1/)
   assert.match(res.body, /toolport_registry_tools\{role="Mochi"\} 1/)
-  for (const secret of ['call_secret_id', 'private words', 'made_up_by_the_model']) assert.ok(!res.body.includes(secret), secret)
+  for (const secret of ['call_secret_id', 'private words',
+    'made_up_by_the_model']) assert.ok(!res.body.includes(secret), secret)
 })
 
 test('GET /metrics counts sync durations and failures per role', async (t) => {
@@ -118,7 +119,10 @@ test('GET /openapi.json documents every API route with its success and error sta
   for (const [path, [method, statuses]] of Object.entries(expected)) {
     const operation = doc.paths[path]?.[method]
     assert.ok(operation !== undefined, `${method} ${path} is documented`)
-    for (const status of statuses) assert.ok(operation.responses[status] !== undefined, `${method} ${path} documents ${status}`)
+    for (const status of statuses) {
+      assert.ok(operation.responses[status] !== undefined,
+      `${method} ${path} documents ${status}`)
+    }
   }
   // The register body is the zod schema the runtime validates with.
   const body = doc.paths['/api/tools/register'].post.requestBody.content['application/json'].schema
@@ -137,11 +141,20 @@ test('every answer of the documented routes matches its response schema (fast se
     payload: { name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:two' },
     headers: { 'x-toolport-plugin-key': pluginKey }
   })
-  assert.deepEqual(refused.json(), await tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9/a', source: 'plugin:two' }, { pluginKey }))
+  assert.deepEqual(refused.json(), await tp.register({
+    name: 'a',
+    callback_url: 'http://127.0.0.1:9/a',
+    source: 'plugin:two'
+  }, { pluginKey }))
   assert.equal(refused.json().failed_roles[0].owned_by, 'plugin:one')
   const list = await tp.app.inject({ method: 'GET', url: '/api/tools' })
   assert.deepEqual(list.json(), JSON.parse(JSON.stringify(tp.list())))
-  const bad = await tp.app.inject({ method: 'POST', url: '/api/tools/register', payload: { name: '' }, headers: { 'x-toolport-plugin-key': pluginKey } })
+  const bad = await tp.app.inject({
+    method: 'POST',
+    url: '/api/tools/register',
+    payload: { name: '' },
+    headers: { 'x-toolport-plugin-key': pluginKey }
+  })
   assert.equal(bad.statusCode, 422)
   assert.ok(Array.isArray(bad.json().details) && bad.json().details.length >= 2)
 })
@@ -152,7 +165,8 @@ test('the README error table lists exactly the error catalogue, with its statuse
 })
 
 test('the README configuration table lists every option, with its real default, and nothing else', () => {
-  const section = README.slice(README.indexOf('## Configuration'), README.indexOf('\n## ', README.indexOf('## Configuration') + 5))
+  const section = README.slice(README.indexOf('## Configuration'), README.indexOf('\n## ',
+    README.indexOf('## Configuration') + 5))
   const rows = new Map([...section.matchAll(/^\| `([a-zA-Z.]+)` \| ([^|]+) \|/gm)].map((m) => [m[1] as string, (m[2] as string).trim()]))
   const defaults = parseOptions({}) as unknown as Record<string, unknown>
   const names: string[] = []
@@ -170,7 +184,10 @@ test('the README configuration table lists every option, with its real default, 
     const [group, sub] = name.split('.') as [string, string | undefined]
     const value = sub === undefined ? defaults[group] : (defaults[group] as Record<string, unknown>)[sub]
     if (value === undefined) assert.match(cell, /unset/, name)
-    else assert.ok(cell.startsWith(`\`${JSON.stringify(value).replace(/^"|"$/g, '')}\``), `${name}: README says ${cell}, the default is ${JSON.stringify(value)}`)
+    else {
+      assert.ok(cell.startsWith(`\`${JSON.stringify(value).replace(/^"|"$/g, '')}\``),
+      `${name}: README says ${cell}, the default is ${JSON.stringify(value)}`)
+    }
   }
 })
 

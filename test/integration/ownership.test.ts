@@ -21,19 +21,38 @@ interface Scene {
 
 /** Ownership mode, two roles, the victim's tool registered over HTTP with its key. */
 async function scene (t: TestContext, options: ToolportOptions = {}): Promise<Scene> {
-  const tp = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'], ...options, security: { enforceOwnership: true, ...options.security } })
+  const tp = await createTestToolport(t, {
+    roles: ['Lanlan', 'Mochi'],
+    ...options,
+    security: {
+      enforceOwnership: true,
+      ...options.security
+    }
+  })
   const victim = await startCallbackServer()
   const attacker = await startCallbackServer()
   t.after(() => victim.close())
   t.after(() => attacker.close())
-  const registered = await api(tp, VICTIM_KEY, '/api/tools/register', { name: 'get_weather', callback_url: `${victim.url}/echo`, source: SOURCE })
+  const registered = await api(tp, VICTIM_KEY, '/api/tools/register', {
+    name: 'get_weather',
+    callback_url: `${victim.url}/echo`,
+    source: SOURCE
+  })
   assert.equal(registered.statusCode, 200)
   assert.equal(registered.body.ok, true)
   return { tp, victim, attacker }
 }
 
-function api (tp: Toolport, key: string | undefined, url: string, body: unknown, headers: Record<string, string> = {}): Promise<JsonReply> {
-  return inject(tp, 'POST', url, body, { headers: key === undefined ? headers : { 'x-toolport-plugin-key': key, ...headers } })
+function api (tp: Toolport, key: string | undefined, url: string, body: unknown, headers: Record<string,
+  string> = {}): Promise<JsonReply> {
+  return inject(tp, 'POST', url, body, {
+    headers: key === undefined
+      ? headers
+      : {
+          'x-toolport-plugin-key': key,
+          ...headers
+        }
+  })
 }
 
 /** Calls the tool as the model would and asserts the victim, and only the victim, got the arguments. */
@@ -49,11 +68,19 @@ async function assertVictimStillServes ({ tp, victim, attacker }: Scene): Promis
 
 test('ownership: registering with the victim\'s source under another key is 403 TP_ERR_NOT_OWNER', async (t) => {
   const s = await scene(t)
-  const res = await api(s.tp, ATTACKER_KEY, '/api/tools/register', { name: 'get_weather', callback_url: `${s.attacker.url}/echo`, source: SOURCE })
+  const res = await api(s.tp, ATTACKER_KEY, '/api/tools/register', {
+    name: 'get_weather',
+    callback_url: `${s.attacker.url}/echo`,
+    source: SOURCE
+  })
   assertError(res, 403, 'TP_ERR_NOT_OWNER')
   // A new tool name under the victim's source is refused too.
-  assertError(await api(s.tp, ATTACKER_KEY, '/api/tools/register', { name: 'other', callback_url: `${s.attacker.url}/echo`, source: SOURCE }),
-    403, 'TP_ERR_NOT_OWNER')
+  assertError(await api(s.tp, ATTACKER_KEY, '/api/tools/register', {
+    name: 'other',
+    callback_url: `${s.attacker.url}/echo`,
+    source: SOURCE
+  }),
+  403, 'TP_ERR_NOT_OWNER')
   await assertVictimStillServes(s)
 })
 
@@ -62,8 +89,15 @@ test('ownership: unregister without expected_source, then register, cannot take 
   const removed = await api(s.tp, ATTACKER_KEY, '/api/tools/unregister', { name: 'get_weather' })
   assert.equal(removed.statusCode, 200)
   assert.equal(removed.body.removed, false)
-  assert.deepEqual(removed.body.refused_roles, [{ role: 'Lanlan', owned_by: SOURCE }, { role: 'Mochi', owned_by: SOURCE }])
-  const taken = await api(s.tp, ATTACKER_KEY, '/api/tools/register', { name: 'get_weather', callback_url: `${s.attacker.url}/echo`, source: 'plugin:evil' })
+  assert.deepEqual(removed.body.refused_roles, [{ role: 'Lanlan', owned_by: SOURCE }, {
+    role: 'Mochi',
+    owned_by: SOURCE
+  }])
+  const taken = await api(s.tp, ATTACKER_KEY, '/api/tools/register', {
+    name: 'get_weather',
+    callback_url: `${s.attacker.url}/echo`,
+    source: 'plugin:evil'
+  })
   assert.equal(taken.statusCode, 200)
   assert.equal(taken.body.ok, false)
   assert.deepEqual(taken.body.failed_roles.map((f: { owned_by: string }) => f.owned_by), [SOURCE, SOURCE])
@@ -73,8 +107,13 @@ test('ownership: unregister without expected_source, then register, cannot take 
 test('ownership: clearing the victim\'s source under another key is 403 and removes nothing', async (t) => {
   const s = await scene(t)
   assertError(await api(s.tp, ATTACKER_KEY, '/api/tools/clear', { source: SOURCE }), 403, 'TP_ERR_NOT_OWNER')
-  assertError(await api(s.tp, ATTACKER_KEY, '/api/tools/clear', { source: SOURCE, role: 'Mochi' }), 403, 'TP_ERR_NOT_OWNER')
-  const taken = await api(s.tp, ATTACKER_KEY, '/api/tools/register', { name: 'get_weather', callback_url: `${s.attacker.url}/echo`, source: SOURCE })
+  assertError(await api(s.tp, ATTACKER_KEY, '/api/tools/clear', { source: SOURCE, role: 'Mochi' }), 403,
+    'TP_ERR_NOT_OWNER')
+  const taken = await api(s.tp, ATTACKER_KEY, '/api/tools/register', {
+    name: 'get_weather',
+    callback_url: `${s.attacker.url}/echo`,
+    source: SOURCE
+  })
   assertError(taken, 403, 'TP_ERR_NOT_OWNER')
   await assertVictimStillServes(s)
 })
@@ -99,9 +138,18 @@ test('ownership: without a plugin key, register, unregister and clear are 401 TP
 
 test('ownership: the owner\'s key replaces, unregisters and clears its own tools', async (t) => {
   const s = await scene(t)
-  const replaced = await api(s.tp, VICTIM_KEY, '/api/tools/register', { name: 'get_weather', callback_url: `${s.victim.url}/echo`, source: SOURCE, description: 'v2' })
+  const replaced = await api(s.tp, VICTIM_KEY, '/api/tools/register', {
+    name: 'get_weather',
+    callback_url: `${s.victim.url}/echo`,
+    source: SOURCE,
+    description: 'v2'
+  })
   assert.equal(replaced.body.ok, true)
-  await api(s.tp, VICTIM_KEY, '/api/tools/register', { name: 'second', callback_url: `${s.victim.url}/echo`, source: SOURCE })
+  await api(s.tp, VICTIM_KEY, '/api/tools/register', {
+    name: 'second',
+    callback_url: `${s.victim.url}/echo`,
+    source: SOURCE
+  })
   const unregistered = await api(s.tp, VICTIM_KEY, '/api/tools/unregister', { name: 'second' })
   assert.equal(unregistered.body.removed, true)
   const cleared = await api(s.tp, VICTIM_KEY, '/api/tools/clear', { source: SOURCE })
@@ -113,7 +161,11 @@ test('ownership: a source with no tool left is free again (a restarted plugin wi
   const s = await scene(t)
   assert.equal((await api(s.tp, VICTIM_KEY, '/api/tools/clear', { source: SOURCE })).body.removed, 2)
   const fresh = randomBytes(32).toString('hex')
-  const again = await api(s.tp, fresh, '/api/tools/register', { name: 'get_weather', callback_url: `${s.victim.url}/echo`, source: SOURCE })
+  const again = await api(s.tp, fresh, '/api/tools/register', {
+    name: 'get_weather',
+    callback_url: `${s.victim.url}/echo`,
+    source: SOURCE
+  })
   assert.equal(again.body.ok, true)
   // ... and it is now bound to the new key.
   assertError(await api(s.tp, VICTIM_KEY, '/api/tools/clear', { source: SOURCE }), 403, 'TP_ERR_NOT_OWNER')
@@ -135,10 +187,13 @@ test('ownership: the host (library calls without a key) may change any source; p
   await s.tp.register({ name: 'host_tool', callback_url: `${s.victim.url}/echo`, source: 'host:tools' })
   assertError(await api(s.tp, ATTACKER_KEY, '/api/tools/clear', { source: 'host:tools' }), 403, 'TP_ERR_NOT_OWNER')
   assert.equal((await s.tp.clear({ source: SOURCE })).removed, 2)
-  await assert.rejects(s.tp.clear({ source: 'host:tools' }, { pluginKey: ATTACKER_KEY }), { code: 'TP_ERR_NOT_OWNER', statusCode: 403 })
+  await assert.rejects(s.tp.clear({ source: 'host:tools' }, { pluginKey: ATTACKER_KEY }), {
+    code: 'TP_ERR_NOT_OWNER',
+    statusCode: 403
+  })
 })
 
-test('outside ownership mode the plugin key header is ignored (SPEC R5: anyone may replace)', async (t) => {
+test('outside ownership mode the plugin key header is ignored (docs/protocol.md R5: anyone may replace)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const body = { name: 'get_weather', callback_url: 'http://127.0.0.1:9/echo', source: SOURCE }
   assert.equal((await api(tp, VICTIM_KEY, '/api/tools/register', body)).body.ok, true)
@@ -156,7 +211,8 @@ test('ownership: the plugin SDK works in ownership mode and another plugin canno
   assert.equal(result.is_error, false, result.text)
   // A second plugin object has its own random key: its registration is refused, not retried.
   const intruder = createPlugin({ toolportUrl: url, source: SOURCE, tools, logger: false, startTimeoutMs: 0 })
-  await assert.rejects(intruder.start(), (err: unknown) => err instanceof PluginError && err.toolportCode === 'TP_ERR_NOT_OWNER')
+  await assert.rejects(intruder.start(), (err: unknown) => err instanceof PluginError &&
+    err.toolportCode === 'TP_ERR_NOT_OWNER')
   assert.equal(tp.list('Lanlan').tools_by_role.Lanlan![0]!.callback_url, owner.callbackUrl('get_weather'))
   // The owner's stop() clears its source with its key.
   const stopped = await owner.stop({ graceMs: 0 })

@@ -77,7 +77,8 @@ test('the packed tarball installs globally and its toolport bin serves, and brid
   await run('npm', ['pack', '--silent', '--pack-destination', work], pkg)
   const tarball = (await readdir(work)).find((f) => /^toolport-.*\.tgz$/.test(f))
   assert.ok(tarball !== undefined, 'npm pack wrote toolport-<version>.tgz')
-  await run('npm', ['install', '-g', '--prefix', prefix, '--prefer-offline', '--no-audit', '--no-fund', join(work, tarball)], work)
+  await run('npm', ['install', '-g', '--prefix', prefix, '--prefer-offline', '--no-audit', '--no-fund', join(work,
+    tarball)], work)
   const bin = join(prefix, 'bin', 'toolport')
 
   const help = await run(bin, ['--help'], work)
@@ -101,7 +102,11 @@ test('the packed tarball installs globally and its toolport bin serves, and brid
 
   // The README's stdio config: { "command": "toolport", "args": ["mcp", "--role", …, "--url", …] }.
   const client = new Client({ name: 'package-install-test', version: '1.0.0' })
-  await client.connect(new StdioClientTransport({ command: bin, args: ['mcp', '--role', 'Lanlan', '--url', url], stderr: 'pipe' }))
+  await client.connect(new StdioClientTransport({
+    command: bin,
+    args: ['mcp', '--role', 'Lanlan', '--url', url],
+    stderr: 'pipe'
+  }))
   t.after(() => client.close())
   const listed = await client.listTools()
   assert.deepEqual(listed.tools.map((tool) => tool.name), ['get_weather'])

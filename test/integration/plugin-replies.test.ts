@@ -95,7 +95,13 @@ for (const mode of ['pool', 'inline'] as const) {
       assert.equal(notRunning.text, '{"error":"plugin \'weather\' is not running"}')
 
       const exception = await tp.callTool('Lanlan', { name: 'exception', arguments: {} })
-      assert.deepEqual(JSON.parse(exception.text), { error: 'PLUGIN_ERROR', output: { reason: 'exception', detail: 'ValueError: kaput' } })
+      assert.deepEqual(JSON.parse(exception.text), {
+        error: 'PLUGIN_ERROR',
+        output: {
+          reason: 'exception',
+          detail: 'ValueError: kaput'
+        }
+      })
       assert.deepEqual(exception.output, { reason: 'exception', detail: 'ValueError: kaput' })
     })
 
@@ -103,8 +109,17 @@ for (const mode of ['pool', 'inline'] as const) {
       const { url } = await setup(t, mode)
       const reply = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'Lanlan', name: 'no_data', arguments: {} })
       assert.equal(reply.statusCode, 200)
-      assert.deepEqual(reply.body, { is_error: true, output: { reason: 'no_data' }, error: 'NO_DATA', text: NO_DATA_TEXT })
-      const nullOutput = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'Lanlan', name: 'not_running', arguments: {} })
+      assert.deepEqual(reply.body, {
+        is_error: true,
+        output: { reason: 'no_data' },
+        error: 'NO_DATA',
+        text: NO_DATA_TEXT
+      })
+      const nullOutput = await httpJson(`${url}/api/tools/call`, 'POST', {
+        role: 'Lanlan',
+        name: 'not_running',
+        arguments: {}
+      })
       assert.equal(nullOutput.body.output, null)
       assert.equal(nullOutput.body.error, "plugin 'weather' is not running")
     })
@@ -132,7 +147,11 @@ for (const mode of ['pool', 'inline'] as const) {
 
     test('images: POST /api/tools/call and MCP answer them (MCP as image content items beside the text)', async (t) => {
       const { url, plugin } = await setup(t, mode)
-      const reply = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'Lanlan', name: 'picture', arguments: { location: 'Oslo' } })
+      const reply = await httpJson(`${url}/api/tools/call`, 'POST', {
+        role: 'Lanlan',
+        name: 'picture',
+        arguments: { location: 'Oslo' }
+      })
       assert.deepEqual(reply.body.images, [
         { mime_type: 'image/png', data_base64: plugin.red, prompt: 'Describe the weather map.' },
         { mime_type: 'image/jpeg', data_base64: plugin.jpeg }
@@ -182,7 +201,11 @@ for (const mode of ['pool', 'inline'] as const) {
       assert.deepEqual(result.images, [{ mime_type: 'image/png', data_base64: plugin.blue }])
       assert.deepEqual(Object.keys(result.output as object), ['_image_warnings'])
       assert.match((result.output as { _image_warnings: string[] })._image_warnings[0] ?? '', /^image 2: .*which is JPEG/)
-      const reply = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'Lanlan', name: 'images_only', arguments: {} })
+      const reply = await httpJson(`${url}/api/tools/call`, 'POST', {
+        role: 'Lanlan',
+        name: 'images_only',
+        arguments: {}
+      })
       assert.deepEqual(reply.body.output, result.output)
     })
 
@@ -211,8 +234,17 @@ for (const mode of ['pool', 'inline'] as const) {
         ]
       })
       const error = await tp.callTool('Lanlan', { name: 'no_data', arguments: {} })
-      assert.deepEqual(toolResultBlock(error, 'anthropic', 'toolu_2'), { type: 'tool_result', tool_use_id: 'toolu_2', content: NO_DATA_TEXT, is_error: true })
-      assert.deepEqual(toolResultBlock(error, 'openai-chat', 'call_2'), { role: 'tool', tool_call_id: 'call_2', content: NO_DATA_TEXT })
+      assert.deepEqual(toolResultBlock(error, 'anthropic', 'toolu_2'), {
+        type: 'tool_result',
+        tool_use_id: 'toolu_2',
+        content: NO_DATA_TEXT,
+        is_error: true
+      })
+      assert.deepEqual(toolResultBlock(error, 'openai-chat', 'call_2'), {
+        role: 'tool',
+        tool_call_id: 'call_2',
+        content: NO_DATA_TEXT
+      })
     })
 
     test('Realtime: function_call_output carries the error with its output, and says how many images were omitted', async (t) => {
@@ -227,13 +259,22 @@ for (const mode of ['pool', 'inline'] as const) {
         socket.on('message', (data) => {
           const event = JSON.parse(data.toString()) as Json
           received.push(event)
-          if (event.type === 'session.update') socket.send(JSON.stringify({ type: 'session.updated', session: event.session }))
+          if (event.type === 'session.update') {
+            socket.send(JSON.stringify({
+              type: 'session.updated',
+              session: event.session
+            }))
+          }
           arrived.dispatchEvent(new Event('event'))
         })
       })
       const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}`)
       await once(ws, 'open')
-      const session = createRealtimeSession({ toolport: tp, role: 'Lanlan', send: (event) => { ws.send(JSON.stringify(event)) } })
+      const session = createRealtimeSession({
+        toolport: tp,
+        role: 'Lanlan',
+        send: (event) => { ws.send(JSON.stringify(event)) }
+      })
       ws.on('message', (data) => session.handleServerEvent(data.toString()))
       t.after(async () => {
         session.close()
@@ -244,13 +285,28 @@ for (const mode of ['pool', 'inline'] as const) {
       await tp.roles.get('Lanlan').sync()
 
       const calls = [['call_a', 'no_data'], ['call_b', 'picture']] as const
-      const output = calls.map(([callId, name]) => ({ type: 'function_call', status: 'completed', call_id: callId, name, arguments: '{"location":"Oslo"}' }))
-      provider?.send(JSON.stringify({ type: 'response.created', response: { id: 'resp_1', status: 'in_progress', output: [] } }))
+      const output = calls.map(([callId, name]) => ({
+        type: 'function_call',
+        status: 'completed',
+        call_id: callId,
+        name,
+        arguments: '{"location":"Oslo"}'
+      }))
+      provider?.send(JSON.stringify({
+        type: 'response.created',
+        response: {
+          id: 'resp_1',
+          status: 'in_progress',
+          output: []
+        }
+      }))
       provider?.send(JSON.stringify({ type: 'response.done', response: { id: 'resp_1', status: 'completed', output } }))
       while (!received.some((event) => event.type === 'response.create')) await once(arrived, 'event')
-      const outputs = new Map(received.filter((e) => e.type === 'conversation.item.create').map((e) => [e.item.call_id, e.item.output]))
+      const outputs = new Map(received.filter((e) => e.type === 'conversation.item.create').map((e) => [e.item.call_id,
+        e.item.output]))
       assert.equal(outputs.get('call_a'), NO_DATA_TEXT)
-      assert.equal(outputs.get('call_b'), '{"caption":"天气图","location":"Oslo"}\n[2 images from the tool omitted: this session takes text only]')
+      assert.equal(outputs.get('call_b'),
+        '{"caption":"天气图","location":"Oslo"}\n[2 images from the tool omitted: this session takes text only]')
     })
   })
 }

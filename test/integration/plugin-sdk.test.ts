@@ -97,9 +97,18 @@ async function registeredAgain (plugin: Plugin, names: string[]): Promise<Regist
   })
 }
 
-function toolsOf (listing: Reply, role: string): Map<string, { source: string, callback_url: string, is_remote: boolean }> {
+function toolsOf (listing: Reply, role: string): Map<string, {
+  source: string,
+  callback_url: string,
+  is_remote: boolean
+}> {
   assert.equal(listing.statusCode, 200)
-  const rows = listing.body.tools_by_role[role] as Array<{ name: string, source: string, callback_url: string, is_remote: boolean }>
+  const rows = listing.body.tools_by_role[role] as Array<{
+    name: string,
+    source: string,
+    callback_url: string,
+    is_remote: boolean
+  }>
   return new Map(rows.map((row) => [row.name, row]))
 }
 
@@ -119,16 +128,26 @@ test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PL
     assert.ok(err instanceof PluginError)
     assert.equal(err.code, 'TP_ERR_PLUGIN_OPTIONS')
     assert.deepEqual(err.details.map((d) => d.path).sort(), [
-      'role', 'source', 'toolportUrl', 'tools.', 'tools.list.parameters', 'tools.nohandler.handler', 'tools.ok.timeoutSeconds'
+      'role', 'source', 'toolportUrl', 'tools.', 'tools.list.parameters', 'tools.nohandler.handler',
+      'tools.ok.timeoutSeconds'
     ])
     return true
   })
-  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:', tools: { a: { handler } } }),
-    { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  assert.throws(() => createPlugin({
+    toolportUrl: 'http://127.0.0.1:3917',
+    source: 'plugin:',
+    tools: { a: { handler } }
+  }),
+  { code: 'TP_ERR_PLUGIN_OPTIONS' })
   assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', tools: {} }),
     { code: 'TP_ERR_PLUGIN_OPTIONS' })
-  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', host: '0.0.0.0', tools: { a: { handler } } }),
-    { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  assert.throws(() => createPlugin({
+    toolportUrl: 'http://127.0.0.1:3917',
+    source: 'plugin:x',
+    host: '0.0.0.0',
+    tools: { a: { handler } }
+  }),
+  { code: 'TP_ERR_PLUGIN_OPTIONS' })
 })
 
 test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and startTimeoutMs is 0', async () => {
@@ -152,7 +171,8 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
   let toolport: ChildProcess | null = null
   const agent = new Agent({ keepAliveTimeout: 10, keepAliveMaxTimeout: 10 })
 
-  const http = async (method: 'GET' | 'POST', url: string, body?: unknown, headers: Record<string, string> = {}): Promise<Reply> => {
+  const http = async (method: 'GET' | 'POST', url: string, body?: unknown, headers: Record<string,
+    string> = {}): Promise<Reply> => {
     const res = await request(url, {
       dispatcher: agent,
       method,
@@ -164,9 +184,15 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
     try { parsed = JSON.parse(text) } catch {}
     return { statusCode: res.statusCode, body: parsed }
   }
-  const api = async (method: 'GET' | 'POST', path: string, body?: unknown): Promise<Reply> => await http(method, toolportUrl + path, body)
+  const api = async (method: 'GET' | 'POST', path: string, body?: unknown): Promise<Reply> => await http(method,
+    toolportUrl + path, body)
   const call = async (name: string, args: unknown, callId?: string): Promise<any> => {
-    const reply = await api('POST', '/api/tools/call', { role: 'A', name, arguments: args, ...(callId === undefined ? {} : { call_id: callId }) })
+    const reply = await api('POST', '/api/tools/call', {
+      role: 'A',
+      name,
+      arguments: args,
+      ...(callId === undefined ? {} : { call_id: callId })
+    })
     assert.equal(reply.statusCode, 200)
     return reply.body
   }
@@ -262,7 +288,11 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
     const mistyped = await call('get_weather', { location: 42 })
     assert.equal(mistyped.is_error, true)
     // And straight to the callback, bypassing Toolport: the SDK checks by itself.
-    const direct = await http('POST', plugin.callbackUrl('get_weather'), { name: 'get_weather', arguments: { location: 42 }, call_id: 'c' })
+    const direct = await http('POST', plugin.callbackUrl('get_weather'), {
+      name: 'get_weather',
+      arguments: { location: 42 },
+      call_id: 'c'
+    })
     assert.equal(direct.statusCode, 200)
     assert.equal(direct.body.is_error, true)
     assert.match(direct.body.error, /^invalid arguments: /)
@@ -289,7 +319,13 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
   })
 
   await t.test('start() of another plugin fails at once when Toolport refuses it (R6: unknown role)', async () => {
-    const other = createPlugin({ toolportUrl, source: 'plugin:other', role: 'Nobody', logger: false, tools: { x: { handler: () => null } } })
+    const other = createPlugin({
+      toolportUrl,
+      source: 'plugin:other',
+      role: 'Nobody',
+      logger: false,
+      tools: { x: { handler: () => null } }
+    })
     await assert.rejects(other.start(), (err: unknown) => {
       assert.ok(err instanceof PluginError)
       assert.equal(err.code, 'TP_ERR_PLUGIN_REFUSED')
@@ -333,6 +369,7 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
     assert.equal(plugin.isRunning, false)
     const tools = toolsOf(await api('GET', '/api/tools'), 'A')
     assert.equal(tools.size, 0)
-    await assert.rejects(http('POST', callbackUrl, { name: 'get_weather', arguments: { location: 'Paris' } }), { code: 'ECONNREFUSED' })
+    await assert.rejects(http('POST', callbackUrl, { name: 'get_weather', arguments: { location: 'Paris' } }),
+      { code: 'ECONNREFUSED' })
   })
 })

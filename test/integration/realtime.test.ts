@@ -8,7 +8,10 @@ import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
 import type { AddressInfo } from 'node:net'
 import { WebSocket, WebSocketServer } from 'ws'
-import { createRealtimeSession, createToolport, type RealtimeSession, type RealtimeSessionOptions, type Toolport } from '../../src/main/index.js'
+import {
+  createRealtimeSession, createToolport, type RealtimeSession, type RealtimeSessionOptions,
+  type Toolport
+} from '../../src/main/index.js'
 import { startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
 
 type Json = Record<string, any>
@@ -65,7 +68,13 @@ class FakeProvider extends EventEmitter {
       } else if (reply === 'reject') {
         this.play({
           type: 'error',
-          error: { type: 'invalid_request_error', code: 'invalid_value', message: 'Invalid tool schema.', param: 'session.tools', event_id: event.event_id }
+          error: {
+            type: 'invalid_request_error',
+            code: 'invalid_value',
+            message: 'Invalid tool schema.',
+            param: 'session.tools',
+            event_id: event.event_id
+          }
         })
       }
     }
@@ -89,7 +98,8 @@ interface Setup {
  * A Toolport (role Lanlan), a callback server, the fake provider, and a host connected to it
  * through the adapter. The adapter's first session.update has already been acknowledged.
  */
-async function setup (t: TestContext, options: Partial<RealtimeSessionOptions> = {}, tools: Json[] = []): Promise<Setup> {
+async function setup (t: TestContext, options: Partial<RealtimeSessionOptions> = {},
+  tools: Json[] = []): Promise<Setup> {
   const tp = await createToolport({ roles: ['Lanlan', 'Mochi'], logger: false, dispatch: { mode: 'inline' } })
   const callbacks = await startCallbackServer()
   const server = new WebSocketServer({ host: '127.0.0.1', port: 0 })
@@ -140,12 +150,45 @@ const ECHO = { name: 'echo', description: 'Echo the call back.', callback_url: '
 const SLOW = { name: 'slow', description: 'Never answers in time.', callback_url: '/sleep/60000' }
 
 /** The events OpenAI plays for one function call (GA names), optionally without `name` on args.done. */
-function functionCallEvents (responseId: string, itemId: string, callId: string, name: string, args: string, outputIndex = 0, withName = true): Json[] {
-  const item = { id: itemId, object: 'realtime.item', type: 'function_call', status: 'completed', call_id: callId, name, arguments: args }
+function functionCallEvents (responseId: string, itemId: string, callId: string, name: string, args: string,
+  outputIndex = 0, withName = true): Json[] {
+  const item = {
+    id: itemId,
+    object: 'realtime.item',
+    type: 'function_call',
+    status: 'completed',
+    call_id: callId,
+    name,
+    arguments: args
+  }
   return [
-    { type: 'response.output_item.added', response_id: responseId, output_index: outputIndex, item: { ...item, status: 'in_progress', arguments: '' } },
-    { type: 'response.function_call_arguments.delta', response_id: responseId, item_id: itemId, output_index: outputIndex, call_id: callId, delta: args },
-    { type: 'response.function_call_arguments.done', response_id: responseId, item_id: itemId, output_index: outputIndex, call_id: callId, arguments: args, ...(withName ? { name } : {}) },
+    {
+      type: 'response.output_item.added',
+      response_id: responseId,
+      output_index: outputIndex,
+      item: {
+        ...item,
+        status: 'in_progress',
+        arguments: ''
+      }
+    },
+    {
+      type: 'response.function_call_arguments.delta',
+      response_id: responseId,
+      item_id: itemId,
+      output_index: outputIndex,
+      call_id: callId,
+      delta: args
+    },
+    {
+      type: 'response.function_call_arguments.done',
+      response_id: responseId,
+      item_id: itemId,
+      output_index: outputIndex,
+      call_id: callId,
+      arguments: args,
+      ...(withName ? { name } : {})
+    },
     { type: 'response.output_item.done', response_id: responseId, output_index: outputIndex, item }
   ]
 }
@@ -158,7 +201,12 @@ test('Realtime: attaching sends session.update with the role tools (flat dialect
   const { tp, provider } = await setup(t, {}, [WEATHER])
   const first = provider.sent('session.update')[0] as Json
   assert.equal(typeof first.event_id, 'string')
-  assert.deepEqual(first.session.tools, [{ type: 'function', name: WEATHER.name, description: WEATHER.description, parameters: WEATHER.parameters }])
+  assert.deepEqual(first.session.tools, [{
+    type: 'function',
+    name: WEATHER.name,
+    description: WEATHER.description,
+    parameters: WEATHER.parameters
+  }])
 
   const result = await tp.register({ name: 'echo', callback_url: 'http://127.0.0.1:9333/echo', role: 'Lanlan' })
   assert.deepEqual(result.affected_roles, ['Lanlan'])
@@ -185,7 +233,8 @@ test('Realtime: sessionFields are merged into every session.update (e.g. type "r
 
 test('Realtime, R8: an error event for the update rejects the sync: the role is in failed_roles with the provider code', async (t) => {
   const { tp, provider } = await setup(t)
-  provider.updateReply = (event) => event.session.tools.some((tool: Json) => tool.name === 'bad_tool') ? 'reject' : 'ack'
+  provider.updateReply = (event) =>
+    event.session.tools.some((tool: Json) => tool.name === 'bad_tool') ? 'reject' : 'ack'
   const result = await tp.register({ name: 'bad_tool', callback_url: 'http://127.0.0.1:9333/bad', role: 'Lanlan' })
   assert.equal(result.ok, false)
   assert.deepEqual(result.affected_roles, [])
@@ -198,7 +247,15 @@ test('Realtime: an error event about another client event does not fail a pendin
   const { tp, provider } = await setup(t)
   provider.updateReply = (event) => {
     // An unrelated error first (another event_id), then the real acknowledgement.
-    provider.play({ type: 'error', error: { type: 'invalid_request_error', code: 'x', message: 'not yours', event_id: 'evt_other' } })
+    provider.play({
+      type: 'error',
+      error: {
+        type: 'invalid_request_error',
+        code: 'x',
+        message: 'not yours',
+        event_id: 'evt_other'
+      }
+    })
     provider.play({ type: 'session.updated', session: { ...event.session } })
     return 'silent'
   }
@@ -217,20 +274,46 @@ test('Realtime: a session.update left unanswered fails the sync after ackTimeout
 test('Realtime: parallel function calls in one response each run once, send their function_call_output, then one response.create', async (t) => {
   const { tp, provider, callbacks } = await setup(t, {}, [WEATHER, ECHO])
   provider.play(
-    { type: 'response.created', response: { id: 'resp_1', object: 'realtime.response', status: 'in_progress', output: [] } },
+    {
+      type: 'response.created',
+      response: {
+        id: 'resp_1',
+        object: 'realtime.response',
+        status: 'in_progress',
+        output: []
+      }
+    },
     ...functionCallEvents('resp_1', 'item_a', 'call_a', 'get_weather', '{"location":"Shanghai"}', 0),
     // The second call's arguments.done carries no name: the adapter takes it from output_item.added.
     ...functionCallEvents('resp_1', 'item_b', 'call_b', 'echo', '{"say":"hi"}', 1, false),
     responseDone('resp_1', 'completed', [
-      { id: 'item_a', type: 'function_call', status: 'completed', call_id: 'call_a', name: 'get_weather', arguments: '{"location":"Shanghai"}' },
-      { id: 'item_b', type: 'function_call', status: 'completed', call_id: 'call_b', name: 'echo', arguments: '{"say":"hi"}' }
+      {
+        id: 'item_a',
+        type: 'function_call',
+        status: 'completed',
+        call_id: 'call_a',
+        name: 'get_weather',
+        arguments: '{"location":"Shanghai"}'
+      },
+      {
+        id: 'item_b',
+        type: 'function_call',
+        status: 'completed',
+        call_id: 'call_b',
+        name: 'echo',
+        arguments: '{"say":"hi"}'
+      }
     ])
   )
   await provider.waitFor('response.create')
   const outputs = provider.sent('conversation.item.create').map((e) => e.item)
   assert.equal(outputs.length, 2)
   const byCall = new Map(outputs.map((item: Json) => [item.call_id, item]))
-  assert.deepEqual(byCall.get('call_a'), { type: 'function_call_output', call_id: 'call_a', output: '{"temperature_c":28}' })
+  assert.deepEqual(byCall.get('call_a'), {
+    type: 'function_call_output',
+    call_id: 'call_a',
+    output: '{"temperature_c":28}'
+  })
   const echoed = JSON.parse(byCall.get('call_b')?.output)
   assert.equal(echoed.name, 'echo')
   assert.equal(echoed.call_id, 'call_b')
@@ -248,7 +331,14 @@ test('Realtime: duplicate events (replayed arguments.done, output_item.done, res
   const { tp, provider, callbacks } = await setup(t, {}, [WEATHER])
   const events = functionCallEvents('resp_d', 'item_d', 'call_d', 'get_weather', '{"location":"Paris"}')
   const done = responseDone('resp_d', 'completed', [
-    { id: 'item_d', type: 'function_call', status: 'completed', call_id: 'call_d', name: 'get_weather', arguments: '{"location":"Paris"}' }
+    {
+      id: 'item_d',
+      type: 'function_call',
+      status: 'completed',
+      call_id: 'call_d',
+      name: 'get_weather',
+      arguments: '{"location":"Paris"}'
+    }
   ])
   provider.play(...events, ...events, done, done)
   await provider.waitFor('response.create')
@@ -268,7 +358,14 @@ test('Realtime: a cancelled response (barge-in) aborts its running call and drop
   assert.equal(session.runningCalls, 1)
   provider.play(
     { type: 'input_audio_buffer.speech_started', audio_start_ms: 1200, item_id: 'item_user' },
-    responseDone('resp_c', 'cancelled', [{ id: 'item_c', type: 'function_call', status: 'completed', call_id: 'call_c', name: 'slow', arguments: '{}' }])
+    responseDone('resp_c', 'cancelled', [{
+      id: 'item_c',
+      type: 'function_call',
+      status: 'completed',
+      call_id: 'call_c',
+      name: 'slow',
+      arguments: '{}'
+    }])
   )
   const [event] = await finished
   assert.equal(event.outcome, 'cancelled')
@@ -277,7 +374,8 @@ test('Realtime: a cancelled response (barge-in) aborts its running call and drop
   assert.equal(provider.sent('response.create').length, 0)
 
   // The next response is served normally.
-  provider.play(...functionCallEvents('resp_n', 'item_n', 'call_n', 'get_weather', '{"location":"Oslo"}'), responseDone('resp_n', 'completed'))
+  provider.play(...functionCallEvents('resp_n', 'item_n', 'call_n', 'get_weather', '{"location":"Oslo"}'),
+    responseDone('resp_n', 'completed'))
   await provider.waitFor('response.create')
   assert.deepEqual(provider.sent('conversation.item.create').map((e) => e.item.call_id), ['call_n'])
 })
@@ -298,7 +396,8 @@ test('Realtime: a `response.cancelled` event (providers without response.done st
 test('Realtime: a model looping on tool calls hits the per-session rate limit: a model-visible refusal, one answer without tools, then silence', async (t) => {
   const { tp, provider, callbacks } = await setup(t, { rateLimit: { maxCalls: 1, windowMs: 3_600_000 } }, [WEATHER])
   const round = (n: number): void => {
-    provider.play(...functionCallEvents(`resp_${n}`, `item_${n}`, `call_${n}`, 'get_weather', '{"location":"Rome"}'), responseDone(`resp_${n}`, 'completed'))
+    provider.play(...functionCallEvents(`resp_${n}`, `item_${n}`, `call_${n}`, 'get_weather', '{"location":"Rome"}'),
+      responseDone(`resp_${n}`, 'completed'))
   }
   round(1)
   await provider.waitFor('response.create', 1)
@@ -321,7 +420,8 @@ test('Realtime: a model looping on tool calls hits the per-session rate limit: a
 
 test('Realtime: autoRespond false sends the outputs but never response.create', async (t) => {
   const { tp, provider } = await setup(t, { autoRespond: false }, [WEATHER])
-  provider.play(...functionCallEvents('resp_q', 'item_q', 'call_q', 'get_weather', '{"location":"Lima"}'), responseDone('resp_q', 'completed'))
+  provider.play(...functionCallEvents('resp_q', 'item_q', 'call_q', 'get_weather', '{"location":"Lima"}'),
+    responseDone('resp_q', 'completed'))
   await provider.waitFor('conversation.item.create')
   await barrier(tp)
   assert.equal(provider.sent('response.create').length, 0)

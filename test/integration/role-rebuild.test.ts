@@ -12,14 +12,16 @@ test('replaceSessions swaps a role\'s model sessions; the new one gets the plugi
   const role = tp.roles.get('Lanlan')
   const before = session('realtime-1', 'instant')
   role.attachSession(before)
-  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('get_weather', { source: 'plugin:weather' }))
+  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('get_weather',
+    { source: 'plugin:weather' }))
   assert.equal(registered.statusCode, 200)
   assert.deepEqual(before.received.at(-1), ['get_weather'])
 
   const after = session('realtime-2', 'instant')
   const outcome = await role.replaceSessions([before], [after])
   assert.deepEqual(outcome, { ok: true, error: '' })
-  assert.deepEqual(after.current?.map((d) => d.name), ['get_weather'], 'the rebuilt session has the plugin tool at once')
+  assert.deepEqual(after.current?.map((d) => d.name), ['get_weather'],
+    'the rebuilt session has the plugin tool at once')
   assert.deepEqual(role.sessions(), [after])
   assert.deepEqual(names(tp, 'Lanlan'), ['get_weather'], 'the registry stayed')
 

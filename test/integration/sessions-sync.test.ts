@@ -3,7 +3,10 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import type { Toolport } from '../../src/main/index.js'
-import { createTestToolport, httpJson, inject, names, session, startToolport, tool, type FakeSession } from '../helpers.js'
+import {
+  createTestToolport, httpJson, inject, names, session, startToolport, tool,
+  type FakeSession
+} from '../helpers.js'
 
 /**
  * `failed_roles` names exactly these roles, each as an object `{ role, error }` (docs/protocol.md R8); a role that
@@ -13,7 +16,10 @@ function assertFailedRoles (failed: unknown, roles: string[], ownedBy?: string):
   assert.ok(Array.isArray(failed))
   assert.deepEqual(failed.map((f: { role: string }) => f.role), roles)
   for (const entry of failed as Array<Record<string, unknown>>) {
-    assert.deepEqual(Object.keys(entry).sort(), ownedBy === undefined ? ['error', 'role'] : ['error', 'owned_by', 'role'])
+    assert.deepEqual(Object.keys(entry).sort(), ownedBy === undefined
+      ? ['error', 'role']
+      : ['error', 'owned_by',
+          'role'])
     assert.equal(typeof entry.error, 'string')
     assert.notEqual(entry.error, '')
     if (ownedBy !== undefined) assert.equal(entry.owned_by, ownedBy)
@@ -215,7 +221,10 @@ test('sync: concurrent register, unregister and clear over real HTTP end with se
     const name = `t${i % 12}`
     if (i % 6 === 5) ops.push(httpJson(`${url}/api/tools/unregister`, 'POST', { name }))
     else if (i % 15 === 14) ops.push(httpJson(`${url}/api/tools/clear`, 'POST', { source: 'plugin:odd' }))
-    else ops.push(httpJson(`${url}/api/tools/register`, 'POST', tool(name, { source: i % 2 === 0 ? 'plugin:even' : 'plugin:odd', role: i % 4 === 0 ? 'C' : null })))
+    else {
+      ops.push(httpJson(`${url}/api/tools/register`, 'POST', tool(name,
+        { source: i % 2 === 0 ? 'plugin:even' : 'plugin:odd', role: i % 4 === 0 ? 'C' : null })))
+    }
   }
   const replies = await Promise.all(ops) as Array<{ statusCode: number, body: { ok: boolean } }>
   for (const reply of replies) assert.equal(reply.statusCode, 200)
@@ -266,7 +275,14 @@ test('R18: local tools are listed with is_remote false and callback_url null, an
   assert.deepEqual(res.body.tools_by_role.A, [
     { name: 'clock', description: 'Local time.', source: 'local', callback_url: null, is_remote: false }
   ])
-  assert.deepEqual(s.current, [{ name: 'clock', description: 'Local time.', parameters: { type: 'object', properties: {} } }])
+  assert.deepEqual(s.current, [{
+    name: 'clock',
+    description: 'Local time.',
+    parameters: {
+      type: 'object',
+      properties: {}
+    }
+  }])
 })
 
 test('R5: a local tool cannot be replaced over the API: that role is in failed_roles and keeps its local tool', async (t) => {
@@ -297,7 +313,14 @@ test('R15: a local tool cannot be removed over the API: unregister lists the rol
   await inject(tp, 'POST', '/api/tools/register', tool('clock', { role: 'B' }))
   const res = await inject(tp, 'POST', '/api/tools/unregister', { name: 'clock' })
   assert.deepEqual(res.body, {
-    ok: true, removed: true, affected_roles: ['B'], failed_roles: [], refused_roles: [{ role: 'A', owned_by: 'host:clock' }]
+    ok: true,
+    removed: true,
+    affected_roles: ['B'],
+    failed_roles: [],
+    refused_roles: [{
+      role: 'A',
+      owned_by: 'host:clock'
+    }]
   })
   assert.deepEqual(names(tp, 'A'), ['clock'])
 })

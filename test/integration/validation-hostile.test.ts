@@ -46,7 +46,11 @@ test('ReDoS: a backtracking pattern answers at once over HTTP, and another role 
   assert.equal(registered.statusCode, 200)
   // 29 × "a" + "!" took ~22 s with a backtracking engine and doubles with each "a": 50 000 would never end.
   const [call] = await Promise.all([
-    httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'search', arguments: { q: `${'a'.repeat(50_000)}!` } }),
+    httpJson(`${url}/api/tools/call`, 'POST', {
+      role: 'A',
+      name: 'search',
+      arguments: { q: `${'a'.repeat(50_000)}!` }
+    }),
     ping()
   ])
   assert.equal(call.statusCode, 200)
@@ -58,7 +62,13 @@ test('ReDoS: a backtracking pattern answers at once over HTTP, and another role 
     parameters: { type: 'object', patternProperties: { '^(x+)+$': { type: 'integer' } } },
     handler: () => 'ran'
   })
-  const keyed = await tp.callTool('A', { name: 'keys', arguments: { [`${'x'.repeat(50_000)}!`]: 'not checked', xxx: 'bad' } })
+  const keyed = await tp.callTool('A', {
+    name: 'keys',
+    arguments: {
+      [`${'x'.repeat(50_000)}!`]: 'not checked',
+      xxx: 'bad'
+    }
+  })
   assert.equal(keyed.is_error, true)
   assert.match(keyed.error ?? '', /must be integer/)
   // A format whose regex RE2 cannot run sees bounded input only.
@@ -125,12 +135,24 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
   // ~40 KB of properties: far more than 50 ms of code generation on any machine.
   const big: Record<string, unknown> = {}
   for (let i = 0; i < 600; i++) big[`p${i}`] = { type: 'string', minLength: 1, maxLength: 9 }
-  await assert.rejects(tp.register(tool('slow', { parameters: { type: 'object', properties: big, description: 'slow' } })),
-    (err: { statusCode: number, details: Array<{ code: string }> }) => err.statusCode === 422 && err.details[0]?.code === 'schema_too_costly')
+  await assert.rejects(tp.register(tool('slow', {
+    parameters: {
+      type: 'object',
+      properties: big,
+      description: 'slow'
+    }
+  })),
+  (err: { statusCode: number, details: Array<{ code: string }> }) => err.statusCode === 422 &&
+      err.details[0]?.code === 'schema_too_costly')
   // The thread that ran past the budget was terminated; a new one compiles the next schema (with
   // the default budget: a cold thread on a busy machine may need more than 50 ms even for this).
   const other = await createTestToolport(t, { roles: ['A'] })
-  const ok = await other.register(tool('fine', { parameters: { type: 'object', properties: { a: { type: 'string' } } } }))
+  const ok = await other.register(tool('fine', {
+    parameters: {
+      type: 'object',
+      properties: { a: { type: 'string' } }
+    }
+  }))
   assert.equal(ok.ok, true)
   const call = await other.callTool('A', { name: 'fine', arguments: { a: 1 } })
   assert.equal(call.is_error, true)
@@ -177,7 +199,8 @@ test('leak: replacing a tool with 60 KB schemas and calling it returns the heap 
   const grown = process.memoryUsage().heapUsed - baseline
   // The shared Ajv kept ~0.8 MB per replaced 60 KB schema: 30 cycles would be ~24 MB.
   assert.ok(grown < 4 * 1024 * 1024, `heap grew ${(grown / 1024 / 1024).toFixed(1)} MB over 30 replacements`)
-  assert.ok(cachedValidatorCount() <= aliveAtBaseline, `${cachedValidatorCount() - aliveAtBaseline} more validators alive`)
+  assert.ok(cachedValidatorCount() <= aliveAtBaseline,
+    `${cachedValidatorCount() - aliveAtBaseline} more validators alive`)
   // Unregistering frees the last one.
   await tp.unregister({ name: 'big' })
   await collect()
@@ -186,7 +209,11 @@ test('leak: replacing a tool with 60 KB schemas and calling it returns the heap 
 
 test('one compile for identical schemas: 1000 tools registered with the same schema compile it once', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A', 'B'] })
-  const parameters = { type: 'object', properties: { city: { type: 'string', pattern: '^[A-Z][a-z]+$' } }, required: ['city'] }
+  const parameters = {
+    type: 'object',
+    properties: { city: { type: 'string', pattern: '^[A-Z][a-z]+$' } },
+    required: ['city']
+  }
   await tp.register(tool('warm', { parameters }))
   const before = compileCount()
   for (let i = 0; i < 1000; i++) await tp.register(tool(`t${i}`, { parameters, source: `s${i % 3}` }))

@@ -17,14 +17,26 @@ const TOOLS = Object.freeze([WEATHER, TIME])
 
 test('definitions: openai-chat is [{type:"function", function:{name, description, parameters}}] in registration order', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'openai-chat'), [
-    { type: 'function', function: { name: 'get_weather', description: 'Get weather for a location.', parameters: WEATHER.parameters } },
+    {
+      type: 'function',
+      function: {
+        name: 'get_weather',
+        description: 'Get weather for a location.',
+        parameters: WEATHER.parameters
+      }
+    },
     { type: 'function', function: { name: 'get_time', description: '', parameters: TIME.parameters } }
   ])
 })
 
 test('definitions: openai-realtime is the flat [{type:"function", name, description, parameters}]', () => {
   assert.deepEqual(toolDefinitions(TOOLS, 'openai-realtime'), [
-    { type: 'function', name: 'get_weather', description: 'Get weather for a location.', parameters: WEATHER.parameters },
+    {
+      type: 'function',
+      name: 'get_weather',
+      description: 'Get weather for a location.',
+      parameters: WEATHER.parameters
+    },
     { type: 'function', name: 'get_time', description: '', parameters: TIME.parameters }
   ])
 })
@@ -56,10 +68,16 @@ test('definitions: mcp is [{name, description, inputSchema}] as tools/list retur
 test('definitions: a schema with an object root is passed as it is; any other gets type "object" on a copy, dropping malformed parts', () => {
   assert.equal(objectSchema(WEATHER.parameters), WEATHER.parameters)
   const loose = { properties: { q: { type: 'string' } }, description: 'search' }
-  assert.deepEqual(objectSchema(loose), { type: 'object', properties: { q: { type: 'string' } }, description: 'search' })
-  assert.deepEqual(loose, { properties: { q: { type: 'string' } }, description: 'search' }, 'the plugin schema is not mutated')
+  assert.deepEqual(objectSchema(loose), {
+    type: 'object',
+    properties: { q: { type: 'string' } },
+    description: 'search'
+  })
+  assert.deepEqual(loose, { properties: { q: { type: 'string' } }, description: 'search' },
+    'the plugin schema is not mutated')
   assert.deepEqual(objectSchema({ type: 'string' }), { type: 'object' })
-  assert.deepEqual(objectSchema({ type: 'object', properties: { a: 'not a schema' }, required: [1] }), { type: 'object' })
+  assert.deepEqual(objectSchema({ type: 'object', properties: { a: 'not a schema' }, required: [1] }),
+    { type: 'object' })
   assert.equal(objectSchema(loose), objectSchema(loose), 'the copy is memoised per schema')
 })
 
@@ -88,7 +106,13 @@ test('definitions: GET /api/tools/definitions answers {ok, role, format, tools} 
   for (const format of ['openai-chat', 'openai-realtime', 'anthropic', 'gemini', 'mcp'] as const) {
     const reply = await inject(tp, 'GET', `/api/tools/definitions?role=Lanlan&format=${format}`)
     assert.equal(reply.statusCode, 200)
-    assert.deepEqual(reply.body, { ok: true, role: 'Lanlan', format, tools: toolDefinitions(tp.roles.get('Lanlan'), format) })
+    assert.deepEqual(reply.body, {
+      ok: true,
+      role: 'Lanlan',
+      format,
+      tools: toolDefinitions(tp.roles.get('Lanlan'),
+        format)
+    })
   }
   const mochi = await inject(tp, 'GET', '/api/tools/definitions?role=Mochi&format=mcp')
   assert.deepEqual(mochi.body.tools, [])
@@ -111,5 +135,6 @@ test('definitions, R6, R7: GET /api/tools/definitions: unknown role 404, missing
 
 test('definitions, R1: GET /api/tools/definitions is behind the loopback guard', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
-  assertError(await inject(tp, 'GET', '/api/tools/definitions?role=Lanlan', undefined, { remoteAddress: '10.1.2.3' }), 403, 'TP_ERR_NOT_LOOPBACK')
+  assertError(await inject(tp, 'GET', '/api/tools/definitions?role=Lanlan', undefined, { remoteAddress: '10.1.2.3' }),
+    403, 'TP_ERR_NOT_LOOPBACK')
 })

@@ -10,7 +10,8 @@ import { mapReply } from '../../src/shared/reply.js'
 const PNG = Buffer.from('89504e470d0a1a0a0000000d49484452', 'hex').toString('base64')
 const JPEG = Buffer.from('ffd8ffe000104a46494600010100000100010000', 'hex').toString('base64')
 const GIF = Buffer.from('GIF87a\x01\x00\x01\x00\x00\x00\x00', 'latin1').toString('base64')
-const WEBP = Buffer.concat([Buffer.from('RIFF'), Buffer.from([36, 0, 0, 0]), Buffer.from('WEBPVP8 ')]).toString('base64')
+const WEBP = Buffer.concat([Buffer.from('RIFF'), Buffer.from([36, 0, 0, 0]),
+  Buffer.from('WEBPVP8 ')]).toString('base64')
 const J = 'application/json'
 
 test('magic bytes: PNG, JPEG, GIF87a/89a and WebP are recognised, anything else is not', () => {
@@ -27,7 +28,8 @@ test('base64 is strict: standard alphabet, padded, no whitespace, no stray bits'
   assert.equal(isStrictBase64(PNG), true)
   assert.equal(isStrictBase64('QQ=='), true)
   assert.equal(isStrictBase64('QUI='), true)
-  for (const bad of ['QQ', 'QQ=', 'Q===', 'QR==', 'QUJ=', 'QU I=', 'QUI=\n', 'QU-_', '====', 'QUI=QUI=', 'data:image/png;base64,QQ==']) {
+  for (const bad of ['QQ', 'QQ=', 'Q===', 'QR==', 'QUJ=', 'QU I=', 'QUI=\n', 'QU-_', '====', 'QUI=QUI=',
+    'data:image/png;base64,QQ==']) {
     assert.equal(isStrictBase64(bad), false, bad)
   }
 })
@@ -107,8 +109,10 @@ test('images: warnings join the output the model reads, whatever its kind, and i
   assert.deepEqual(JSON.parse(object.text), { a: 1, _image_warnings: [JSON.parse(object.text)._image_warnings[0]] })
   assert.deepEqual(object.images, ['image/png', PNG, 'look'])
   assert.deepEqual(Object.keys(JSON.parse(mapReply(`{"output":{ },"images":[${bad}]}`, J).text)), ['_image_warnings'])
-  assert.deepEqual(Object.keys(JSON.parse(mapReply(`{"output":[1],"images":[${bad}]}`, J).text)), ['output', '_image_warnings'])
-  assert.deepEqual(Object.keys(JSON.parse(mapReply(`{"is_error":false,"images":[${bad}]}`, J).text)), ['_image_warnings'])
+  assert.deepEqual(Object.keys(JSON.parse(mapReply(`{"output":[1],"images":[${bad}]}`, J).text)), ['output',
+    '_image_warnings'])
+  assert.deepEqual(Object.keys(JSON.parse(mapReply(`{"is_error":false,"images":[${bad}]}`, J).text)),
+    ['_image_warnings'])
   const error = mapReply(`{"output":{"reason":"x"},"is_error":true,"error":"E","images":[${bad}]}`, J)
   assert.deepEqual(Object.keys(JSON.parse(error.text).output), ['reason', '_image_warnings'])
   // No images, or `images: null`: the three-field reading, no `images` key.

@@ -18,7 +18,8 @@ function parses (bytes: Uint8Array): boolean {
 }
 
 function agree (bytes: Uint8Array): void {
-  assert.equal(isValidJson(bytes), parses(bytes), `bytes: ${Buffer.from(bytes).toString('hex')} (${JSON.stringify(utf8.decode(bytes))})`)
+  assert.equal(isValidJson(bytes), parses(bytes),
+    `bytes: ${Buffer.from(bytes).toString('hex')} (${JSON.stringify(utf8.decode(bytes))})`)
 }
 
 test('RFC 8259: the grammar\'s edges are judged as JSON.parse judges them', () => {
@@ -50,28 +51,32 @@ test('a 100 000-deep document is scanned without recursion', () => {
 test('property: random bytes are JSON exactly when JSON.parse accepts their decoding', () => {
   fc.assert(fc.property(fc.uint8Array({ maxLength: 24 }), (bytes) => agree(bytes)), { numRuns: 5000 })
   // Bytes drawn from JSON's own alphabet reach far deeper into the grammar than uniform bytes.
-  const alphabet = fc.constantFrom(...Buffer.from('{}[]":,-+.0123456789eEtrufalsn \\u/bfA\t\n\r'), 0x1f, 0xc3, 0xa9, 0xff)
-  fc.assert(fc.property(fc.array(alphabet, { maxLength: 32 }), (bytes) => agree(Uint8Array.from(bytes))), { numRuns: 20_000 })
+  const alphabet = fc.constantFrom(...Buffer.from('{}[]":,-+.0123456789eEtrufalsn \\u/bfA\t\n\r'), 0x1f, 0xc3, 0xa9,
+    0xff)
+  fc.assert(fc.property(fc.array(alphabet, { maxLength: 32 }), (bytes) => agree(Uint8Array.from(bytes))),
+    { numRuns: 20_000 })
 })
 
 test('property: every JSON text, and every one-byte edit of it, is judged as JSON.parse judges it', () => {
-  const text = fc.oneof(fc.json(), fc.jsonValue().map((v) => JSON.stringify(v, null, 1)), fc.string({ unit: 'binary' }).map((s) => JSON.stringify(s)))
+  const text = fc.oneof(fc.json(), fc.jsonValue().map((v) => JSON.stringify(v, null, 1)),
+    fc.string({ unit: 'binary' }).map((s) => JSON.stringify(s)))
   fc.assert(fc.property(text, (json) => {
     const bytes = Buffer.from(json, 'utf8')
     assert.equal(isValidJson(bytes), true, json)
     agree(bytes)
   }), { numRuns: 3000 })
-  fc.assert(fc.property(text, fc.nat(), fc.integer({ min: 0, max: 255 }), fc.constantFrom('replace', 'insert', 'delete'),
-    (json, at, byte, edit) => {
-      const bytes = Buffer.from(json, 'utf8')
-      const i = bytes.length === 0 ? 0 : at % bytes.length
-      const edited = edit === 'replace'
-        ? Buffer.concat([bytes.subarray(0, i), Buffer.from([byte]), bytes.subarray(i + 1)])
-        : edit === 'insert'
-          ? Buffer.concat([bytes.subarray(0, i), Buffer.from([byte]), bytes.subarray(i)])
-          : Buffer.concat([bytes.subarray(0, i), bytes.subarray(i + 1)])
-      agree(edited)
-    }), { numRuns: 10_000 })
+  fc.assert(fc.property(text, fc.nat(), fc.integer({ min: 0, max: 255 }), fc.constantFrom('replace', 'insert',
+    'delete'),
+  (json, at, byte, edit) => {
+    const bytes = Buffer.from(json, 'utf8')
+    const i = bytes.length === 0 ? 0 : at % bytes.length
+    const edited = edit === 'replace'
+      ? Buffer.concat([bytes.subarray(0, i), Buffer.from([byte]), bytes.subarray(i + 1)])
+      : edit === 'insert'
+        ? Buffer.concat([bytes.subarray(0, i), Buffer.from([byte]), bytes.subarray(i)])
+        : Buffer.concat([bytes.subarray(0, i), bytes.subarray(i + 1)])
+    agree(edited)
+  }), { numRuns: 10_000 })
 })
 
 test('the root object\'s members are located where JSON.parse reads them, the last duplicate winning', () => {
@@ -91,7 +96,8 @@ test('the root object\'s members are located where JSON.parse reads them, the la
 
 test('property: the output member\'s slice is the output JSON.parse reads', () => {
   const scanner = new JsonScanner()
-  fc.assert(fc.property(fc.dictionary(fc.string(), fc.jsonValue()), fc.jsonValue(), fc.boolean(), (extra, output, spaced) => {
+  fc.assert(fc.property(fc.dictionary(fc.string(), fc.jsonValue()), fc.jsonValue(), fc.boolean(), (extra, output,
+    spaced) => {
     const members = { ...extra, output }
     const body = Buffer.from(spaced ? JSON.stringify(members, null, 2) : JSON.stringify(members))
     assert.equal(scanner.scan(body), true)

@@ -12,9 +12,18 @@ function response (id: number, text: string): JSONRPCMessage {
   return { jsonrpc: '2.0', id, result: { content: [{ type: 'text', text }] } } as JSONRPCMessage
 }
 
-async function replay (store: BoundedEventStore, lastEventId: string): Promise<{ stream: string, sent: Array<[string, JSONRPCMessage]> }> {
+async function replay (store: BoundedEventStore, lastEventId: string): Promise<{
+  stream: string,
+  sent: Array<[string,
+    JSONRPCMessage]>
+}> {
   const sent: Array<[string, JSONRPCMessage]> = []
-  const stream = await store.replayEventsAfter(lastEventId, { send: async (id, message) => { sent.push([id, message]) } })
+  const stream = await store.replayEventsAfter(lastEventId, {
+    send: async (id, message) => {
+      sent.push([id,
+        message])
+    }
+  })
   return { stream, sent }
 }
 
@@ -60,7 +69,11 @@ test('past the byte bound, a missed response replays as a JSON-RPC error for its
   await small.storeEvent('p', response(1, 'a'.repeat(100)))
   await small.storeEvent('p', response(2, 'b'.repeat(100)))
   assert.ok(small.bytes <= 250)
-  const replayed = (await replay(small, start)).sent.map(([, m]) => m as { id: number, result?: unknown, error?: unknown })
+  const replayed = (await replay(small, start)).sent.map(([, m]) => m as {
+    id: number,
+    result?: unknown,
+    error?: unknown
+  })
   assert.deepEqual(replayed.map((m) => [m.id, m.result !== undefined]), [[1, false], [2, true]])
 })
 

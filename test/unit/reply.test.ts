@@ -8,9 +8,21 @@ import { mapReply } from '../../src/shared/reply.js'
 const J = 'application/json'
 
 test('R10: a success envelope gives the output\'s JSON as text; a string output is the text itself', () => {
-  assert.deepEqual(mapReply('{"output":{"t":28},"is_error":false}', J), { text: '{"t":28}', textIsJson: true, toolError: '' })
-  assert.deepEqual(mapReply('{"output": {"t": 28}, "is_error": false}', J), { text: '{"t": 28}', textIsJson: true, toolError: '' })
-  assert.deepEqual(mapReply('{"output":"sunny","is_error":false}', J), { text: 'sunny', textIsJson: false, toolError: '' })
+  assert.deepEqual(mapReply('{"output":{"t":28},"is_error":false}', J), {
+    text: '{"t":28}',
+    textIsJson: true,
+    toolError: ''
+  })
+  assert.deepEqual(mapReply('{"output": {"t": 28}, "is_error": false}', J), {
+    text: '{"t": 28}',
+    textIsJson: true,
+    toolError: ''
+  })
+  assert.deepEqual(mapReply('{"output":"sunny","is_error":false}', J), {
+    text: 'sunny',
+    textIsJson: false,
+    toolError: ''
+  })
   assert.deepEqual(mapReply('{"is_error":false,"output":[1,2]}', J), { text: '[1,2]', textIsJson: true, toolError: '' })
   assert.deepEqual(mapReply('{"output":null,"is_error":false}', J), { text: 'null', textIsJson: true, toolError: '' })
   assert.deepEqual(mapReply('{"is_error":false}', J), { text: 'null', textIsJson: true, toolError: '' })
@@ -35,7 +47,11 @@ test('R12: non-JSON is text, an empty body is "", other JSON values are the outp
 test('the envelope fast path never misreads a body with more keys or duplicate keys', () => {
   const tricky = '{"output":1,"is_error":false,"output":2,"is_error":false}'
   assert.deepEqual(mapReply(tricky, J), { text: '2', textIsJson: true, toolError: '' })
-  assert.deepEqual(mapReply('{"output":1,"x":{"a":1},"is_error":false}', J), { text: '1', textIsJson: true, toolError: '' })
+  assert.deepEqual(mapReply('{"output":1,"x":{"a":1},"is_error":false}', J), {
+    text: '1',
+    textIsJson: true,
+    toolError: ''
+  })
   assert.equal(mapReply('{"output":1,"is_error":true,"is_error":false}', J).toolError, '')
 })
 

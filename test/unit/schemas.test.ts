@@ -41,7 +41,13 @@ test('R7: each default is a fresh object, never shared between registrations', (
 
 test('R7: a given description, parameters, role, source and timeout are kept', () => {
   const parameters = { type: 'object', properties: { location: { type: 'string' } }, required: ['location'] }
-  const parsed = register({ description: 'Get weather.', parameters, role: 'Lanlan', source: 'plugin:weather', timeout_seconds: 12.5 })
+  const parsed = register({
+    description: 'Get weather.',
+    parameters,
+    role: 'Lanlan',
+    source: 'plugin:weather',
+    timeout_seconds: 12.5
+  })
   assert.equal(parsed.description, 'Get weather.')
   assert.deepEqual(parsed.parameters, parameters)
   assert.equal(parsed.role, 'Lanlan')
@@ -79,7 +85,10 @@ test('R7 (property): a name is accepted exactly when it has 1 to 64 code points'
 })
 
 test('R7: timeout_seconds accepts a number greater than 0 and at most 300', () => {
-  for (const value of [0.001, 1, 30, 299.9, 300]) assert.equal(register({ timeout_seconds: value }).timeout_seconds, value)
+  for (const value of [0.001, 1, 30, 299.9, 300]) {
+    assert.equal(register({ timeout_seconds: value }).timeout_seconds,
+      value)
+  }
 })
 
 test('R7: timeout_seconds accepts numeric strings and converts them', () => {
@@ -130,8 +139,10 @@ test('R2: a non-loopback callback_url is 422 naming callback_url', () => {
 })
 
 test('R2: the accepted callback_url is stored in its canonical WHATWG form', () => {
-  assert.equal(register({ callback_url: 'HTTP://LocalHost:80/Tools/x?q=1' }).callback_url.href, 'http://localhost/Tools/x?q=1')
-  assert.equal(register({ callback_url: 'http://[::ffff:127.0.0.1]:9/' }).callback_url.href, 'http://[::ffff:7f00:1]:9/')
+  assert.equal(register({ callback_url: 'HTTP://LocalHost:80/Tools/x?q=1' }).callback_url.href,
+    'http://localhost/Tools/x?q=1')
+  assert.equal(register({ callback_url: 'http://[::ffff:127.0.0.1]:9/' }).callback_url.href,
+    'http://[::ffff:7f00:1]:9/')
 })
 
 test('R7: every failing field is reported, each with its path, a code and a message', () => {
@@ -162,7 +173,8 @@ test('R15: unregister needs a valid name; role defaults to null; expected_source
     { name: 'x', role: 'A', expected_source: 'plugin:a' })
   assert.throws(() => parseOrThrow(unregisterSchema, {}), isCode('TP_ERR_VALIDATION', 422))
   assert.throws(() => parseOrThrow(unregisterSchema, { name: '' }), isCode('TP_ERR_VALIDATION', 422))
-  assert.throws(() => parseOrThrow(unregisterSchema, { name: 'x', expected_source: '' }), isCode('TP_ERR_VALIDATION', 422))
+  assert.throws(() => parseOrThrow(unregisterSchema, { name: 'x', expected_source: '' }), isCode('TP_ERR_VALIDATION',
+    422))
 })
 
 test('R16: clear needs a non-empty source; role defaults to null', () => {

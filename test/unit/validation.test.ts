@@ -8,15 +8,31 @@ import { MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect } from '..
 import { resolvePluginOptions } from '../../src/plugin/options.js'
 import { createTestToolport, inject, tool } from '../helpers.js'
 
-const compile = (schema: Record<string, unknown>): ReturnType<typeof compileValidator> => compileValidator(schema, DEFAULT_SCHEMA_BUDGETS)
+const compile = (schema: Record<string, unknown>): ReturnType<typeof compileValidator> => compileValidator(schema,
+  DEFAULT_SCHEMA_BUDGETS)
 
 test('$schema picks the dialect: 2020-12 (also when absent), 2019-09, draft-07; others are refused', () => {
   assert.deepEqual(schemaDialect({}), { ok: true, dialect: '2020-12' })
-  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2020-12/schema' }), { ok: true, dialect: '2020-12' })
-  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2020-12/schema#' }), { ok: true, dialect: '2020-12' })
-  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2019-09/schema' }), { ok: true, dialect: '2019-09' })
-  assert.deepEqual(schemaDialect({ $schema: 'http://json-schema.org/draft-07/schema#' }), { ok: true, dialect: 'draft-07' })
-  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft-07/schema' }), { ok: true, dialect: 'draft-07' })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2020-12/schema' }), {
+    ok: true,
+    dialect: '2020-12'
+  })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2020-12/schema#' }), {
+    ok: true,
+    dialect: '2020-12'
+  })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft/2019-09/schema' }), {
+    ok: true,
+    dialect: '2019-09'
+  })
+  assert.deepEqual(schemaDialect({ $schema: 'http://json-schema.org/draft-07/schema#' }), {
+    ok: true,
+    dialect: 'draft-07'
+  })
+  assert.deepEqual(schemaDialect({ $schema: 'https://json-schema.org/draft-07/schema' }), {
+    ok: true,
+    dialect: 'draft-07'
+  })
   for (const $schema of ['http://json-schema.org/draft-04/schema#', 'https://example.com/schema', 7, '']) {
     assert.equal(schemaDialect({ $schema }).ok, false, String($schema))
   }
@@ -27,7 +43,14 @@ test('2020-12 with $defs and $ref validates', async () => {
     $schema: 'https://json-schema.org/draft/2020-12/schema',
     $defs: { city: { type: 'string', minLength: 2 } },
     type: 'object',
-    properties: { from: { $ref: '#/$defs/city' }, to: { $ref: '#/$defs/city' }, stops: { type: 'array', prefixItems: [{ type: 'integer' }] } },
+    properties: {
+      from: { $ref: '#/$defs/city' },
+      to: { $ref: '#/$defs/city' },
+      stops: {
+        type: 'array',
+        prefixItems: [{ type: 'integer' }]
+      }
+    },
     required: ['from']
   })
   assert.equal(validate({ from: 'Paris', to: 'Oslo', stops: [1, 'x'] }), '')
@@ -38,7 +61,11 @@ test('2020-12 with $defs and $ref validates', async () => {
 })
 
 test('no $schema is 2020-12: prefixItems and $defs apply', async () => {
-  const validate = await compile({ $defs: { n: { type: 'integer' } }, type: 'object', properties: { p: { prefixItems: [{ $ref: '#/$defs/n' }] } } })
+  const validate = await compile({
+    $defs: { n: { type: 'integer' } },
+    type: 'object',
+    properties: { p: { prefixItems: [{ $ref: '#/$defs/n' }] } }
+  })
   assert.match(validate({ p: ['x'] }), /\/p\/0 must be integer/)
   assert.equal(validate({ p: [1] }), '')
 })
@@ -61,7 +88,13 @@ test('draft-07 with definitions, $ref and array items validates', async () => {
     $schema: 'http://json-schema.org/draft-07/schema#',
     definitions: { tag: { type: 'string', enum: ['a', 'b'] } },
     type: 'object',
-    properties: { tags: { type: 'array', items: { $ref: '#/definitions/tag' } }, pair: { type: 'array', items: [{ type: 'string' }, { type: 'number' }] } }
+    properties: {
+      tags: { type: 'array', items: { $ref: '#/definitions/tag' } },
+      pair: {
+        type: 'array',
+        items: [{ type: 'string' }, { type: 'number' }]
+      }
+    }
   })
   assert.equal(validate({ tags: ['a', 'b'], pair: ['x', 1] }), '')
   assert.match(validate({ tags: ['c'] }), /\/tags\/0 must be equal to one of the allowed values/)
@@ -79,7 +112,13 @@ test('formats are checked (ajv-formats): date-time, email, uuid, ipv4, uri', asy
       link: { type: 'string', format: 'uri' }
     }
   })
-  assert.equal(validate({ when: '2026-12-01T05:00:00Z', mail: 'a@b.example', id: '123e4567-e89b-12d3-a456-426614174000', ip: '127.0.0.1', link: 'https://x.example/a' }), '')
+  assert.equal(validate({
+    when: '2026-12-01T05:00:00Z',
+    mail: 'a@b.example',
+    id: '123e4567-e89b-12d3-a456-426614174000',
+    ip: '127.0.0.1',
+    link: 'https://x.example/a'
+  }), '')
   assert.match(validate({ when: '2026-02-30T05:00:00Z' }), /\/when must match format "date-time"/)
   assert.match(validate({ mail: 'not an email' }), /\/mail must match format "email"/)
   assert.match(validate({ ip: '300.1.1.1' }), /\/ip must match format "ipv4"/)
@@ -123,7 +162,8 @@ test('R7: an unknown $schema is a 422 TP_ERR_VALIDATION naming parameters', asyn
   }))
   assert.equal(res.statusCode, 422)
   assert.equal(res.body.code, 'TP_ERR_VALIDATION')
-  assert.deepEqual(res.body.details.map((d: { path: string, code: string }) => [d.path, d.code]), [['parameters', 'unsupported_dialect']])
+  assert.deepEqual(res.body.details.map((d: { path: string, code: string }) => [d.path, d.code]), [['parameters',
+    'unsupported_dialect']])
   assert.deepEqual(tp.list().tools_by_role.A, [])
 })
 
@@ -149,15 +189,30 @@ test('R7: a schema that is not valid in its dialect, or does not compile, is a 4
 test('plugin SDK: JSON Schema parameters follow the same dialect rules at construction', () => {
   const base = { toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:t', logger: false as const }
   assert.throws(() => resolvePluginOptions({
-    ...base, tools: { t: { parameters: { $schema: 'http://json-schema.org/draft-04/schema#', type: 'object' }, handler: () => null } }
+    ...base,
+    tools: {
+      t: {
+        parameters: { $schema: 'http://json-schema.org/draft-04/schema#', type: 'object' },
+        handler: () => null
+      }
+    }
   }), { code: 'TP_ERR_PLUGIN_OPTIONS' })
   assert.throws(() => resolvePluginOptions({
-    ...base, tools: { t: { parameters: { type: 'object', properties: { q: { type: 'string', pattern: '(a)\\1' } } }, handler: () => null } }
+    ...base,
+    tools: {
+      t: {
+        parameters: { type: 'object', properties: { q: { type: 'string', pattern: '(a)\\1' } } },
+        handler: () => null
+      }
+    }
   }), { code: 'TP_ERR_PLUGIN_OPTIONS' })
   const resolved = resolvePluginOptions({
     ...base,
     tools: {
-      t: { parameters: { $schema: 'https://json-schema.org/draft/2019-09/schema', type: 'object', required: ['q'] }, handler: () => null },
+      t: {
+        parameters: { $schema: 'https://json-schema.org/draft/2019-09/schema', type: 'object', required: ['q'] },
+        handler: () => null
+      },
       z: { parameters: z.object({ q: z.string() }), handler: () => null }
     }
   })

@@ -1,6 +1,6 @@
 // The Dispatcher: runs callback calls on the pool's worker threads (default) or inline.
 //
-// Per call (STYLE §4; docs/architecture.md "Dispatch"):
+// Per call (docs/architecture.md "Dispatch"):
 // 1. `dispatch()` admits the call into a slot of a fixed table (or answers `busy` at once when
 //    `maxPending` calls are admitted). The id is `generation × slotSpace + slot`, so an outcome
 //    that arrives after its slot was reused never matches the newer call, and no Map gains and
@@ -204,7 +204,10 @@ export class Dispatcher {
     for (const worker of threads) {
       const previous = this.#elu.get(worker)
       const now = worker.performance.eventLoopUtilization()
-      sum += previous === undefined ? now.utilization : worker.performance.eventLoopUtilization(now, previous).utilization
+      sum += previous === undefined
+        ? now.utilization
+        : worker.performance.eventLoopUtilization(now,
+          previous).utilization
       this.#elu.set(worker, now)
     }
     for (const worker of this.#elu.keys()) if (!threads.includes(worker)) this.#elu.delete(worker)
@@ -482,7 +485,8 @@ export class Dispatcher {
       const request = this.#requests[slot] as CallRequest
       const id = this.#ids[slot] as number
       if (state === QUEUED && now >= request.deadline) {
-        this.settle(failure(id, 'timeout', 'the deadline passed while the call waited behind its callback\'s other calls'))
+        this.settle(failure(id, 'timeout',
+          'the deadline passed while the call waited behind its callback\'s other calls'))
       } else if (now >= request.deadline + DEADLINE_GRACE_MS) {
         this.settle(failure(id, 'timeout', 'no answer from the worker by the deadline'))
       }

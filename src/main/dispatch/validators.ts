@@ -38,7 +38,10 @@ export interface SchemaBudgets {
 }
 
 /** The `limits` defaults, for roles built outside a runtime. */
-export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({ maxSchemaCompileMs: 2000, maxSchemaCodeBytes: 4 * 1024 * 1024 })
+export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({
+  maxSchemaCompileMs: 2000,
+  maxSchemaCodeBytes: 4 * 1024 * 1024
+})
 
 /** Heap of the compiler thread: a schema that needs more is refused, the process is unharmed. */
 const COMPILER_HEAP_MB = 256
@@ -91,7 +94,8 @@ export function compileCount (): number {
  * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets)
  * validate({}) // "arguments do not match the tool's parameters: (root) must have required property 'q'"
  */
-export async function compileValidator (parameters: Record<string, unknown>, budgets: SchemaBudgets): Promise<ArgumentsValidator> {
+export async function compileValidator (parameters: Record<string, unknown>,
+  budgets: SchemaBudgets): Promise<ArgumentsValidator> {
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
   const text = JSON.stringify(parameters)
@@ -102,7 +106,8 @@ export async function compileValidator (parameters: Record<string, unknown>, bud
   if (refused !== undefined) throw schemaError(refused.code, refused.problem)
   let pending = compiling.get(key)
   if (pending === undefined) {
-    pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes }, budgets.maxSchemaCompileMs)
+    pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes },
+      budgets.maxSchemaCompileMs)
     compiling.set(key, pending)
     pending.then(() => compiling.delete(key), () => compiling.delete(key))
   }
@@ -153,7 +158,11 @@ function remember (key: string, code: string, problem: string): void {
 }
 
 function schemaError (code: string, message: string): ToolportError {
-  return validationError([{ path: 'parameters', code, message: `the schema cannot be used to validate arguments: ${message}` }])
+  return validationError([{
+    path: 'parameters',
+    code,
+    message: `the schema cannot be used to validate arguments: ${message}`
+  }])
 }
 
 interface StandaloneValidate {
@@ -180,7 +189,8 @@ function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
   // vm.compileFunction, not `new Function`: V8 keeps every `new Function` source in its eval
   // compilation cache (measured: ~0.2 MB kept per 200 KB validator after GC), a leak when tools
   // are replaced; compileFunction keeps nothing once the validator is gone.
-  const factory = compileFunction(code, ['require', 'module', 'exports']) as (r: typeof load, m: typeof module, e: unknown) => void
+  const factory = compileFunction(code, ['require', 'module', 'exports']) as (r: typeof load, m: typeof module,
+    e: unknown) => void
   factory(load, module, module.exports)
   if (typeof module.exports !== 'function') throw new Error('the validator code exports no function')
   return module.exports as StandaloneValidate
@@ -188,7 +198,8 @@ function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
 
 function describeErrors (errors: ErrorObject[] | null | undefined): string {
   if (errors == null || errors.length === 0) return 'invalid'
-  return errors.slice(0, 5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
+  return errors.slice(0,
+    5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
 }
 
 /**
@@ -196,7 +207,12 @@ function describeErrors (errors: ErrorObject[] | null | undefined): string {
  * memory); `remember` is false for refusals that may not recur (time on a busy machine, a thread
  * that failed for another reason).
  */
-type CompileOutcome = { ok: true, code: string } | { ok: false, problem: string, overBudget: boolean, remember: boolean }
+type CompileOutcome = { ok: true, code: string } | {
+  ok: false,
+  problem: string,
+  overBudget: boolean,
+  remember: boolean
+}
 
 interface QueuedJob {
   job: CompileJob
@@ -238,7 +254,8 @@ class SchemaCompiler {
     this.#current = next
     this.jobs++
     this.#timer = setTimeout(() => {
-      this.#fail(`compiling it took longer than the budget of ${next.budgetMs} ms (limits.maxSchemaCompileMs)`, true, false)
+      this.#fail(`compiling it took longer than the budget of ${next.budgetMs} ms (limits.maxSchemaCompileMs)`, true,
+        false)
     }, next.budgetMs)
     worker.postMessage(next.job)
   }

@@ -30,7 +30,8 @@ export interface ToolportPluginOptions {
  * @example
  * app.register(toolportPlugin, { runtime: tp })
  */
-export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = function toolportPlugin (app, options, done) {
+export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = function toolportPlugin (app, options,
+  done) {
   const { runtime } = options
   if (options.guard !== false) app.addHook('onRequest', buildGuard(runtime.options.security))
   app.removeAllContentTypeParsers()
@@ -83,7 +84,8 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     })
   }
   app.removeAllContentTypeParsers()
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, buildJsonParser(runtime.options.limits.maxJsonDepth))
+  app.addContentTypeParser('application/json', { parseAs: 'string' },
+    buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(handleError)
   app.setNotFoundHandler(handleNotFound)
   // Docs first: @fastify/swagger collects the routes registered after it.

@@ -56,7 +56,12 @@ export function buildAppGuard (security: GuardOptions, hasConsole: boolean): Gua
   const guard = buildGuard(security)
   if (!hasConsole) return guard
   const withoutToken = security.token === undefined ? guard : buildGuard({ ...security, token: undefined })
-  const sameOrigin = security.checkHost && security.checkOrigin ? buildGuard({ ...security, checkOrigin: false }) : guard
+  const sameOrigin = security.checkHost && security.checkOrigin
+    ? buildGuard({
+      ...security,
+      checkOrigin: false
+    })
+    : guard
   const sameOriginWithoutToken = security.checkHost && security.checkOrigin
     ? buildGuard({ ...security, checkOrigin: false, token: undefined })
     : withoutToken
@@ -105,10 +110,12 @@ export function registerConsole (app: FastifyInstance): void {
     child.get('/ui/vendor/eventsource-parser.js', function parserRoute (_request: FastifyRequest, reply: FastifyReply) {
       return reply.sendFile('index.js', parserDir)
     })
-    child.get('/ui', { schema: { hide: true } }, function consoleRedirectRoute (_request: FastifyRequest, reply: FastifyReply) {
+    child.get('/ui', { schema: { hide: true } }, function consoleRedirectRoute (_request: FastifyRequest,
+      reply: FastifyReply) {
       return reply.redirect('/ui/', 301)
     })
-    child.get('/', { schema: { hide: true } }, function consoleIndexRoute (_request: FastifyRequest, reply: FastifyReply) {
+    child.get('/', { schema: { hide: true } }, function consoleIndexRoute (_request: FastifyRequest,
+      reply: FastifyReply) {
       return reply.sendFile('index.html')
     })
   })

@@ -31,7 +31,8 @@ export interface DefinitionsBody {
  * `{ok: true, role, format, tools}` for the role and format, ready to stream. Throws 422
  * TP_ERR_LIMIT_EXCEEDED (details name `limits.maxDefinitionsBytes`) when it would be larger.
  */
-export async function definitionsBody (role: Role, format: DefinitionFormat, maxBytes: number): Promise<DefinitionsBody> {
+export async function definitionsBody (role: Role, format: DefinitionFormat,
+  maxBytes: number): Promise<DefinitionsBody> {
   const built = toolDefinitions(role, format)
   let items: readonly unknown[] = built
   let head = `{"ok":true,"role":${JSON.stringify(role.name)},"format":${JSON.stringify(format)},"tools":[`
@@ -84,6 +85,10 @@ function * pieces (head: string, items: readonly unknown[], tail: string): Gener
 function tooLarge (maxBytes: number): ToolportError {
   const message = `the definitions would be larger than ${maxBytes} bytes of JSON`
   const err = new LimitExceededError(`${message} (limits.maxDefinitionsBytes)`) as ToolportError
-  err.details = [{ path: 'limits.maxDefinitionsBytes', code: 'too_big', message: `${message}; ask for one role at a time or raise the limit` }]
+  err.details = [{
+    path: 'limits.maxDefinitionsBytes',
+    code: 'too_big',
+    message: `${message}; ask for one role at a time or raise the limit`
+  }]
   return err
 }

@@ -42,7 +42,13 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
       summary: 'Live events (Server-Sent Events): hello, registered, unregistered, cleared, evicted, sync, call, role-added, role-removed',
       tags: ['operations'],
       produces: ['text/event-stream'],
-      response: { 200: { type: 'string', description: 'text/event-stream' }, 401: errorBody, 403: errorBody, 422: errorBody, 503: errorBody }
+      response: {
+        200: { type: 'string', description: 'text/event-stream' },
+        401: errorBody,
+        403: errorBody,
+        422: errorBody,
+        503: errorBody
+      }
     }
   }, function eventsRoute (request: FastifyRequest, reply: FastifyReply) {
     const query = parseOrThrow(eventsQuerySchema, request.query ?? {})
@@ -77,7 +83,11 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
   })
 
   app.get('/api/console/stats', {
-    schema: { summary: 'The console\'s live numbers: pool, event stream, per-second call statistics', tags: ['operations'], hide: true }
+    schema: {
+      summary: 'The console\'s live numbers: pool, event stream, per-second call statistics',
+      tags: ['operations'],
+      hide: true
+    }
   }, function consoleStatsRoute () {
     return observer.liveStats()
   })

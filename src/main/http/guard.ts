@@ -16,7 +16,10 @@ import { createHash, timingSafeEqual } from 'node:crypto'
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify'
 import ipaddr from 'ipaddr.js'
 import { isLoopbackAddress } from '../../shared/loopback.js'
-import { HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnauthorizedError, UnsupportedMediaTypeError } from '../errors.js'
+import {
+  HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnauthorizedError,
+  UnsupportedMediaTypeError
+} from '../errors.js'
 
 export interface GuardOptions {
   checkHost: boolean

@@ -27,7 +27,8 @@ export function jsonDepthExceeds (text: string, limit: number): boolean {
 
 /** Builds fastify's content-type parser for application/json with the given depth limit. */
 export function buildJsonParser (maxDepth: number) {
-  return function parseJsonBody (request: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void): void {
+  return function parseJsonBody (request: FastifyRequest, body: string | Buffer, done: (err: Error | null,
+    body?: unknown) => void): void {
     const text = typeof body === 'string' ? body : body.toString('utf8')
     if (text.length === 0) {
       // GET and DELETE carry no body; some clients still label the empty one application/json

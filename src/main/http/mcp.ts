@@ -32,7 +32,8 @@ const RPC_INVALID_REQUEST = -32600
  * const sessions = registerMcpRoutes(app, tp)
  * sessions.on('session-opened', ({ role, sessionId }) => {})
  */
-export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, options: McpSessionsOptions = {}): McpSessions {
+export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
+  options: McpSessionsOptions = {}): McpSessions {
   const sessions = new McpSessions(runtime, options)
 
   // preClose, not onClose: event streams never end on their own, and the server waits for them.
@@ -53,7 +54,8 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, optio
     let session: McpSession | null | undefined
     if (sessionId === undefined) {
       if (request.method !== 'POST' || !isInitializeRequest(request.body)) {
-        sendRpcError(reply, 400, RPC_BAD_REQUEST, 'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
+        sendRpcError(reply, 400, RPC_BAD_REQUEST,
+          'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
         return
       }
       // The client is the connection that initializes (see sessions/mcp.ts).
@@ -101,9 +103,11 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime, optio
  * error; -32600 for one over the size or depth limit), with the TP_ERR_* code in `data`. Every
  * other error keeps the usual TP_ERR_* body.
  */
-function mcpErrorHandler (this: FastifyInstance, err: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
+function mcpErrorHandler (this: FastifyInstance, err: FastifyError, request: FastifyRequest,
+  reply: FastifyReply): void {
   const code = (err as { code?: unknown }).code
-  if (isToolportError(err) && (code === 'TP_ERR_BAD_JSON' || code === 'TP_ERR_JSON_TOO_DEEP' || code === 'TP_ERR_BODY_TOO_LARGE')) {
+  if (isToolportError(err) && (code === 'TP_ERR_BAD_JSON' || code === 'TP_ERR_JSON_TOO_DEEP' ||
+    code === 'TP_ERR_BODY_TOO_LARGE')) {
     const rpcCode = code === 'TP_ERR_BAD_JSON' ? RPC_PARSE_ERROR : RPC_INVALID_REQUEST
     const message = `${rpcCode === RPC_PARSE_ERROR ? 'Parse error' : 'Invalid Request'}: ${err.message}`
     reply.code(err.statusCode).type('application/json')
@@ -112,7 +116,15 @@ function mcpErrorHandler (this: FastifyInstance, err: FastifyError, request: Fas
   }
   if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
     reply.code(413).type('application/json')
-      .send({ jsonrpc: '2.0', error: { code: RPC_INVALID_REQUEST, message: 'Invalid Request: the body is too large', data: { code: 'TP_ERR_BODY_TOO_LARGE' } }, id: null })
+      .send({
+        jsonrpc: '2.0',
+        error: {
+          code: RPC_INVALID_REQUEST,
+          message: 'Invalid Request: the body is too large',
+          data: { code: 'TP_ERR_BODY_TOO_LARGE' }
+        },
+        id: null
+      })
     return
   }
   handleError.call(this, err, request, reply)

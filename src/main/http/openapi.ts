@@ -27,7 +27,12 @@ export const ERROR_BODY_JSON_SCHEMA = jsonSchema(errorBodySchema, 'output')
 /** The error statuses every route can answer, with the guard's 401/403 and body errors. */
 function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
-  for (const status of [401, 403, ...statuses]) out[status] = { ...ERROR_BODY_JSON_SCHEMA, description: ERROR_DESCRIPTIONS[status] }
+  for (const status of [401, 403, ...statuses]) {
+    out[status] = {
+      ...ERROR_BODY_JSON_SCHEMA,
+      description: ERROR_DESCRIPTIONS[status]
+    }
+  }
   return out
 }
 
@@ -119,7 +124,10 @@ export function registerDocs (app: FastifyInstance): void {
         version: VERSION,
         description: 'Runtime Tools API: local plugins register HTTP callbacks as tools a model can call. Loopback clients only.'
       },
-      tags: [{ name: 'tools', description: 'the Runtime Tools API' }, { name: 'operations', description: 'health and metrics' }]
+      tags: [{ name: 'tools', description: 'the Runtime Tools API' }, {
+        name: 'operations',
+        description: 'health and metrics'
+      }]
     }
   })
   app.register(swaggerUi, { routePrefix: '/docs' })

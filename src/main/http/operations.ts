@@ -24,7 +24,11 @@ export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime)
       summary: 'Prometheus metrics: calls, dispatch latency (queue and callback), evictions, syncs, registry sizes, pool',
       tags: ['operations'],
       produces: ['text/plain'],
-      response: { 200: { type: 'string', description: 'Prometheus text exposition format' }, 401: errorBody, 403: errorBody }
+      response: {
+        200: { type: 'string', description: 'Prometheus text exposition format' },
+        401: errorBody,
+        403: errorBody
+      }
     }
   }, async function metricsRoute (_request: FastifyRequest, reply: FastifyReply) {
     const text = await metrics.text()

@@ -79,7 +79,12 @@ export type ReplayKind = 'none' | 'complete' | 'partial'
 /** Flushes of pending frames are batched over this long: one write per subscriber per batch. */
 const FLUSH_MS = 10
 
-const REMOVAL_TYPES = { unregister: 'unregistered', local: 'unregistered', clear: 'cleared', evicted: 'evicted' } as const
+const REMOVAL_TYPES = {
+  unregister: 'unregistered',
+  local: 'unregistered',
+  clear: 'cleared',
+  evicted: 'evicted'
+} as const
 
 /**
  * The stream of one runtime. Subscribes to the runtime's events at construction; `close()`
@@ -246,7 +251,9 @@ export class EventHub {
 
   #frame (record: StreamRecord): string {
     if (record.frame === null) {
-      const json = record.type === 'call' ? this.#callJson(record.data as CallFinishedEvent) : JSON.stringify(record.data)
+      const json = record.type === 'call'
+        ? this.#callJson(record.data as CallFinishedEvent)
+        : JSON.stringify(record.data)
       record.frame = `id: ${this.#tag}-${record.seq}\nevent: ${record.type}\ndata: ${json}\n\n`
     }
     return record.frame

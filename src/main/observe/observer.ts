@@ -109,7 +109,13 @@ export class Observer {
     })
     runtime.on('role-removed', (e) => { this.#lastSync.delete(e.role) })
     runtime.on('origin-evicted', (e) => {
-      this.#evictions.unshift({ at: new Date().toISOString(), origin: e.origin, tools: e.tools, roles: e.roles, failures: e.failures })
+      this.#evictions.unshift({
+        at: new Date().toISOString(),
+        origin: e.origin,
+        tools: e.tools,
+        roles: e.roles,
+        failures: e.failures
+      })
       if (this.#evictions.length > RECENT_EVICTIONS) this.#evictions.length = RECENT_EVICTIONS
     })
   }
@@ -141,7 +147,12 @@ export class Observer {
         origin.roles.add(role.name)
         origin.tools++
       }
-      roles.push({ name: role.name, sessions: role.sessions().length, last_sync: this.#lastSync.get(role.name) ?? null, tools })
+      roles.push({
+        name: role.name,
+        sessions: role.sessions().length,
+        last_sync: this.#lastSync.get(role.name) ?? null,
+        tools
+      })
     }
     const calls: RecentCall[] = []
     for (let i = Math.max(0, this.#callCount - RECENT_CALLS); i < this.#callCount; i++) {

@@ -53,7 +53,10 @@ export class Role {
     this.#sync = new RoleSync({
       definitions: () => this.registry.definitions(),
       sessions: () => this.#sessionList
-    }, options.syncTimeoutMs, (outcome, durationMs, sessions) => { this.#onSyncFinished(outcome, durationMs, sessions) })
+    }, options.syncTimeoutMs, (outcome, durationMs, sessions) => {
+      this.#onSyncFinished(outcome, durationMs,
+        sessions)
+    })
   }
 
   /** Syncs started so far (sessions present); for tests and metrics. */
@@ -111,7 +114,14 @@ export class Role {
   #onSyncFinished (outcome: SyncOutcome, durationMs: number, sessions: number): void {
     if (this.#events.listenerCount('sync-finished') > 0) {
       const failures = outcome.ok ? 0 : outcome.failedSessions ?? sessions
-      this.#events.emit('sync-finished', { role: this.name, ok: outcome.ok, error: outcome.error, durationMs, sessions, failures })
+      this.#events.emit('sync-finished', {
+        role: this.name,
+        ok: outcome.ok,
+        error: outcome.error,
+        durationMs,
+        sessions,
+        failures
+      })
     }
     if (!outcome.ok && this.#events.listenerCount('sync-failed') > 0) {
       this.#events.emit('sync-failed', { role: this.name, error: outcome.error })
@@ -127,7 +137,13 @@ export class Role {
     const previous = this.registry.set(entry)
     if (previous !== undefined) this.emitRemoved(previous, 'replaced')
     if (this.#events.listenerCount('tool-registered') > 0) {
-      this.#events.emit('tool-registered', { role: this.name, name: entry.name, source: entry.source, isRemote: false, origin: '' })
+      this.#events.emit('tool-registered', {
+        role: this.name,
+        name: entry.name,
+        source: entry.source,
+        isRemote: false,
+        origin: ''
+      })
     }
     return await this.sync()
   }
@@ -149,7 +165,13 @@ export class Role {
   /** Emits `tool-removed` for an entry that left this role (only when someone listens). */
   emitRemoved (entry: ToolEntry, reason: RemovalReason): void {
     if (this.#events.listenerCount('tool-removed') > 0) {
-      this.#events.emit('tool-removed', { role: this.name, name: entry.name, source: entry.source, reason, origin: entry.origin })
+      this.#events.emit('tool-removed', {
+        role: this.name,
+        name: entry.name,
+        source: entry.source,
+        reason,
+        origin: entry.origin
+      })
     }
   }
 

@@ -33,7 +33,10 @@ export class RoleManager {
   /** Removes a role and its registry; true when it existed. Its sessions are simply dropped. */
   remove (name: string): boolean {
     if (!this.#roles.delete(name)) return false
-    if (this.#options.events.listenerCount('role-removed') > 0) this.#options.events.emit('role-removed', { role: name })
+    if (this.#options.events.listenerCount('role-removed') > 0) {
+      this.#options.events.emit('role-removed',
+        { role: name })
+    }
     return true
   }
 

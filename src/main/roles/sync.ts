@@ -134,10 +134,20 @@ export class RoleSync {
       if (result === 'timeout') {
         controller.abort(new Error(`sync timed out after ${this.#timeoutMs} ms`))
         const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
-        return { ok: false, error: `sync timed out after ${this.#timeoutMs} ms (session ${pending.join(', ')})`, failedSessions: pending.length }
+        return {
+          ok: false,
+          error: `sync timed out after ${this.#timeoutMs} ms (session ${pending.join(', ')})`,
+          failedSessions: pending.length
+        }
       }
       const failures = result.filter((r) => r !== '')
-      return failures.length === 0 ? SYNC_OK : { ok: false, error: failures.join('; '), failedSessions: failures.length }
+      return failures.length === 0
+        ? SYNC_OK
+        : {
+            ok: false,
+            error: failures.join('; '),
+            failedSessions: failures.length
+          }
     } finally {
       clearTimeout(timer)
     }

@@ -60,7 +60,9 @@ export interface DefinitionsByFormat {
 }
 
 /** Anything that can give a registry snapshot: a `Role`, or the definitions themselves. */
-export type DefinitionSource = readonly ToolDefinition[] | { readonly registry: { definitions (): readonly ToolDefinition[] } }
+export type DefinitionSource =
+  | readonly ToolDefinition[]
+  | { readonly registry: { definitions (): readonly ToolDefinition[] } }
 
 const BUILDERS: { [F in DefinitionFormat]: (tools: readonly ToolDefinition[]) => DefinitionsByFormat[F] } = {
   'openai-chat': (tools) => tools.map((t) => Object.freeze({
@@ -95,14 +97,19 @@ const cache = new WeakMap<readonly ToolDefinition[], Map<DefinitionFormat, unkno
  * const tools = toolDefinitions(tp.roles.get('Lanlan'), 'openai-chat')
  * await openai.chat.completions.create({ model, messages, tools })
  */
-export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionSource, format: F): DefinitionsByFormat[F] {
+export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionSource,
+  format: F): DefinitionsByFormat[F] {
   const tools = isDefinitionList(source) ? source : source.registry.definitions()
   // hasOwn: a format such as 'toString' must not reach Object.prototype.
   const build = Object.hasOwn(BUILDERS, format)
     ? BUILDERS[format] as (tools: readonly ToolDefinition[]) => DefinitionsByFormat[F]
     : undefined
   if (build === undefined) {
-    throw validationError([{ path: 'format', code: 'invalid_value', message: `must be one of ${DEFINITION_FORMATS.join(', ')}` }])
+    throw validationError([{
+      path: 'format',
+      code: 'invalid_value',
+      message: `must be one of ${DEFINITION_FORMATS.join(', ')}`
+    }])
   }
   let byFormat = cache.get(tools)
   if (byFormat === undefined) {

@@ -15,7 +15,10 @@ import type { JSONRPCMessage, RequestId } from '@modelcontextprotocol/sdk/types.
 
 /** The stream id the SDK gives the standalone GET stream. */
 const STANDALONE_STREAM = '_GET_stream'
-const LIST_CHANGED: JSONRPCMessage = Object.freeze({ jsonrpc: '2.0', method: 'notifications/tools/list_changed' }) as JSONRPCMessage
+const LIST_CHANGED: JSONRPCMessage = Object.freeze({
+  jsonrpc: '2.0',
+  method: 'notifications/tools/list_changed'
+}) as JSONRPCMessage
 
 export interface EventStoreLimits {
   /** Most events kept (default 512). */

@@ -21,9 +21,11 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Server } from '@modelcontextprotocol/sdk/server/index.js'
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import {
-  CallToolRequestSchema, ErrorCode, LATEST_PROTOCOL_VERSION, ListToolsRequestSchema, McpError, SUPPORTED_PROTOCOL_VERSIONS,
+  CallToolRequestSchema, ErrorCode, LATEST_PROTOCOL_VERSION, ListToolsRequestSchema, McpError,
+  SUPPORTED_PROTOCOL_VERSIONS,
   isInitializeRequest,
-  type CallToolRequest, type CallToolResult, type ListToolsRequest, type ListToolsResult, type ServerNotification, type ServerRequest
+  type CallToolRequest, type CallToolResult, type ListToolsRequest, type ListToolsResult, type ServerNotification,
+  type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import type { Runtime } from '../runtime.js'
@@ -190,7 +192,8 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
     let starting = 0
     for (const s of this.#starting) if (s.client === client) starting++
     if (mine.length + starting >= this.#options.maxSessionsPerClient && !(await this.#evictOne(mine))) return null
-    if (this.#sessions.size + this.#starting.size >= this.#options.maxSessions && !(await this.#evictOne(this.list()))) {
+    if (this.#sessions.size + this.#starting.size >= this.#options.maxSessions &&
+      !(await this.#evictOne(this.list()))) {
       return null
     }
     const session = new McpSession(this.#runtime, role, client, this.#options, this.#budget, {
@@ -229,7 +232,12 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
     this.#starting.delete(session)
     this.#sessions.set(session.sessionId, session)
     this.#runtime.log.info({ role: session.role, session: session.sessionId }, 'MCP session opened')
-    if (this.listenerCount('session-opened') > 0) this.emit('session-opened', { role: session.role, sessionId: session.sessionId })
+    if (this.listenerCount('session-opened') > 0) {
+      this.emit('session-opened', {
+        role: session.role,
+        sessionId: session.sessionId
+      })
+    }
   }
 
   #ended (session: McpSession, reason: McpCloseReason, wasInitialized: boolean): void {
@@ -291,7 +299,8 @@ export class McpSession implements ModelSession {
   #isInitialized = false
   #isClosed = false
 
-  constructor (runtime: Runtime, role: string, client: string, options: ResolvedOptions, budget: CallBudget, hooks: SessionHooks) {
+  constructor (runtime: Runtime, role: string, client: string, options: ResolvedOptions, budget: CallBudget,
+    hooks: SessionHooks) {
     this.sessionId = randomUUID()
     this.id = `mcp-${this.sessionId}`
     this.role = role
@@ -436,7 +445,8 @@ export class McpSession implements ModelSession {
     return listPage(all, request.params?.cursor)
   }
 
-  async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest, ServerNotification>): Promise<CallToolResult> {
+  async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest,
+    ServerNotification>): Promise<CallToolResult> {
     const { name } = request.params
     const args = request.params.arguments ?? {}
     const isKnown = this.#runtime.roles.find(this.role)?.registry.get(name) !== undefined
@@ -486,7 +496,13 @@ export class McpSession implements ModelSession {
 export function toCallToolResult (result: ToolResult): CallToolResult {
   const content: CallToolResult['content'] = [{ type: 'text', text: result.text }]
   if (result.images !== undefined) {
-    for (const image of result.images) content.push({ type: 'image', data: image.data_base64, mimeType: image.mime_type })
+    for (const image of result.images) {
+      content.push({
+        type: 'image',
+        data: image.data_base64,
+        mimeType: image.mime_type
+      })
+    }
   }
   const out: CallToolResult = { content, isError: result.is_error }
   if (!result.is_error && isPlainObject(result.output)) out.structuredContent = result.output
@@ -502,7 +518,8 @@ const MAX_STRUCTURED_DEPTH = 4096
  * as `POST /api/tools/call` does.
  */
 function sendableResult (result: CallToolResult): CallToolResult {
-  if (result.structuredContent === undefined || !isDeeperThan(result.structuredContent, MAX_STRUCTURED_DEPTH)) return result
+  if (result.structuredContent === undefined || !isDeeperThan(result.structuredContent,
+    MAX_STRUCTURED_DEPTH)) return result
   const error = `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`
   return { content: [{ type: 'text', text: JSON.stringify({ error }) }], isError: true }
 }
@@ -568,7 +585,8 @@ function listPage (all: ListToolsResult['tools'], cursor: string | undefined): L
  */
 function primeByNegotiatedVersion (transport: StreamableHTTPServerTransport, negotiated: () => string): void {
   type Prime = (controller: unknown, encoder: unknown, streamId: string, version: string) => Promise<void>
-  const inner = (transport as unknown as { _webStandardTransport?: { writePrimingEvent?: Prime } })._webStandardTransport
+  type Inner = { _webStandardTransport?: { writePrimingEvent?: Prime } }
+  const inner = (transport as unknown as Inner)._webStandardTransport
   const original = inner?.writePrimingEvent
   if (inner === undefined || typeof original !== 'function') return
   inner.writePrimingEvent = function writePrimingEvent (controller, encoder, streamId, version) {

@@ -181,10 +181,14 @@ class RealtimeAdapter implements RealtimeSession {
   syncTools (tools: readonly ToolDefinition[], signal: AbortSignal): Promise<void> {
     if (this.#isClosed) return Promise.reject(new Error('the realtime session is closed'))
     const eventId = `tp_${randomUUID()}`
-    const payload = this.#dialect === 'nested' ? toolDefinitions(tools, 'openai-chat') : toolDefinitions(tools, 'openai-realtime')
+    const payload = this.#dialect === 'nested'
+      ? toolDefinitions(tools, 'openai-chat')
+      : toolDefinitions(tools,
+        'openai-realtime')
     if (signal.aborted) return Promise.reject(abortError(signal))
     return new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => settle(new Error(`no session.updated within ${this.#ackTimeoutMs} ms`)), this.#ackTimeoutMs)
+      const timer = setTimeout(() => settle(new Error(`no session.updated within ${this.#ackTimeoutMs} ms`)),
+        this.#ackTimeoutMs)
       const onAbort = (): void => settle(abortError(signal))
       const update: PendingUpdate = {
         eventId,
@@ -319,7 +323,8 @@ class RealtimeAdapter implements RealtimeSession {
     this.#endResponse(id, isCancelled)
   }
 
-  #onFunctionCall (callId: string | undefined, name: string | undefined, args: string | undefined, responseId: string | undefined): void {
+  #onFunctionCall (callId: string | undefined, name: string | undefined, args: string | undefined,
+    responseId: string | undefined): void {
     if (callId === undefined || this.#seenCalls.has(callId)) return
     this.#seenCalls.add(callId)
     trim(this.#seenCalls)
@@ -329,7 +334,8 @@ class RealtimeAdapter implements RealtimeSession {
     if (!this.#admit()) {
       response.refused++
       const limit = this.#rateLimit as RealtimeRateLimit
-      this.#deliver(response, callId, errorResult(`tool call limit reached: ${limit.maxCalls} calls in ${limit.windowMs / 1000} s. ` +
+      this.#deliver(response, callId,
+        errorResult(`tool call limit reached: ${limit.maxCalls} calls in ${limit.windowMs / 1000} s. ` +
         'Do not call tools again now; answer the user without them.'))
       return
     }
@@ -339,7 +345,8 @@ class RealtimeAdapter implements RealtimeSession {
     const call: RunningCall = { callId, controller, response }
     this.#calls.set(callId, call)
     response.running++
-    this.#runtime.callTool(this.role, { name: name ?? '', call_id: callId, raw_arguments: args ?? '{}' }, { signal: controller.signal })
+    this.#runtime.callTool(this.role, { name: name ?? '', call_id: callId, raw_arguments: args ?? '{}' },
+      { signal: controller.signal })
       .catch((err: unknown) => errorResult(errorText(err)))
       .then((result) => this.#onCallFinished(call, result), noop)
   }
@@ -456,7 +463,8 @@ class RealtimeAdapter implements RealtimeSession {
   }
 
   #logSendFailure (err: unknown): void {
-    this.#runtime.log.warn({ role: this.role, session: this.id, message: errorText(err) }, 'realtime event could not be sent')
+    this.#runtime.log.warn({ role: this.role, session: this.id, message: errorText(err) },
+      'realtime event could not be sent')
   }
 }
 
@@ -465,7 +473,17 @@ function abortError (signal: AbortSignal): Error {
 }
 
 function newResponse (id: string): ResponseState {
-  return { id, isDone: false, isCancelled: false, running: 0, sent: 0, refused: 0, ran: 0, held: [], hasResponded: false }
+  return {
+    id,
+    isDone: false,
+    isCancelled: false,
+    running: 0,
+    sent: 0,
+    refused: 0,
+    ran: 0,
+    held: [],
+    hasResponded: false
+  }
 }
 
 function parseEvent (input: unknown): Record<string, unknown> | null {
@@ -482,7 +500,10 @@ function parseEvent (input: unknown): Record<string, unknown> | null {
 }
 
 function obj (value: unknown): Record<string, unknown> | undefined {
-  return typeof value === 'object' && value !== null && !Array.isArray(value) ? value as Record<string, unknown> : undefined
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+    ? value as Record<string,
+    unknown>
+    : undefined
 }
 
 function str (value: unknown): string | undefined {

@@ -60,7 +60,8 @@ export interface ResultBlocksByFormat {
  * const result = await tp.callTool('Lanlan', { name: block.name, call_id: block.id, arguments: block.input })
  * messages.push({ role: 'user', content: [toolResultBlock(result, 'anthropic', block.id)] })
  */
-export function toolResultBlock<F extends ResultFormat> (result: ToolResult, format: F, callId: string): ResultBlocksByFormat[F] {
+export function toolResultBlock<F extends ResultFormat> (result: ToolResult, format: F,
+  callId: string): ResultBlocksByFormat[F] {
   switch (format) {
     case 'anthropic':
       return anthropicBlock(result, callId) as ResultBlocksByFormat[F]
@@ -69,7 +70,11 @@ export function toolResultBlock<F extends ResultFormat> (result: ToolResult, for
     case 'openai-chat':
       return { role: 'tool', tool_call_id: callId, content: textOnlyOutput(result) } as ResultBlocksByFormat[F]
   }
-  throw validationError([{ path: 'format', code: 'invalid_value', message: `must be one of ${RESULT_FORMATS.join(', ')}` }])
+  throw validationError([{
+    path: 'format',
+    code: 'invalid_value',
+    message: `must be one of ${RESULT_FORMATS.join(', ')}`
+  }])
 }
 
 function anthropicBlock (result: ToolResult, callId: string): AnthropicToolResultBlock {
