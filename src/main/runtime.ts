@@ -23,6 +23,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
+import { kDispatchMode, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
@@ -179,14 +180,14 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
-  /** The dispatch mode in use. */
-  get dispatchMode (): 'pool' | 'inline' { return this.#dispatcher.mode }
+  /** The dispatch mode in use (the CLI prints it; `health()` reports it to users). */
+  get [kDispatchMode] (): 'pool' | 'inline' { return this.#dispatcher.mode }
 
   /** The dispatch pool's worker threads (empty in inline mode). */
-  get workerThreads (): readonly Worker[] { return this.#dispatcher.threads }
+  get [kWorkerThreads] (): readonly Worker[] { return this.#dispatcher.threads }
 
   /** Calls admitted and not yet answered by a callback. */
-  get pendingCalls (): number { return this.#dispatcher.pending }
+  get [kPendingCalls] (): number { return this.#dispatcher.pending }
 
   /** Liveness and readiness: ready while open and (pool mode) with a worker thread. */
   health (): HealthReport {
@@ -212,8 +213,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
-  /** Consecutive connection failures currently counted at an origin (for operators and tests). */
-  originFailures (origin: string): number {
+  /** Consecutive connection failures currently counted at an origin (the console's origins view). */
+  [kOriginFailures] (origin: string): number {
     return this.#health.failures(origin)
   }
 

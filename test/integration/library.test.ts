@@ -5,6 +5,7 @@ import assert from 'node:assert/strict'
 import fastify from 'fastify'
 import { createToolport, isToolportError, toolportPlugin, type Toolport } from '../../src/main/index.js'
 import { assertError, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
+import { kDispatchMode } from '../../src/main/symbols.js'
 
 /** The JSON value of a result (list() keys tools_by_role on a null-prototype object). */
 function plain (value: unknown): unknown {
@@ -184,7 +185,7 @@ test('library: close() stops the server, can be called twice, and later mutation
 
 test('library: the default dispatch pool starts and closes cleanly', async () => {
   const tp = await createToolport({ roles: ['Lanlan'] })
-  assert.equal(tp.dispatchMode, 'pool')
+  assert.equal(tp[kDispatchMode], 'pool')
   await tp.register(tool('x'))
   await tp.close()
 })
