@@ -79,7 +79,7 @@ class SlotListener {
 export type DispatchObserver = (queueMs: number, callbackMs: number, kind: OutcomeKind) => void
 
 /** Everything the dispatcher needs to build a call; `id` is assigned by the dispatcher. */
-export type CallRequest = Omit<CallTask, 'id'>
+export type DispatchRequest = Omit<CallTask, 'id'>
 
 export class Dispatcher {
   readonly #options: DispatchOptions
@@ -90,7 +90,7 @@ export class Dispatcher {
   readonly #space: number
   readonly #ids: Float64Array
   readonly #state: Uint8Array
-  readonly #requests: (CallRequest | null)[]
+  readonly #requests: (DispatchRequest | null)[]
   readonly #resolves: (((outcome: CallOutcome) => void) | null)[]
   readonly #signals: (AbortSignal | undefined)[]
   readonly #listeners: (SlotListener | undefined)[]
@@ -124,7 +124,7 @@ export class Dispatcher {
     this.#space = space
     this.#ids = new Float64Array(space)
     this.#state = new Uint8Array(space)
-    this.#requests = new Array<CallRequest | null>(space).fill(null)
+    this.#requests = new Array<DispatchRequest | null>(space).fill(null)
     this.#resolves = new Array<((outcome: CallOutcome) => void) | null>(space).fill(null)
     this.#signals = new Array<AbortSignal | undefined>(space).fill(undefined)
     this.#listeners = new Array<SlotListener | undefined>(space).fill(undefined)
@@ -223,7 +223,7 @@ export class Dispatcher {
    * Performs one callback call. Never rejects: every failure is an outcome. An aborted `signal`
    * answers `cancelled` at once and tells the worker to stop the request.
    */
-  dispatch (request: CallRequest, signal?: AbortSignal): Promise<CallOutcome> {
+  dispatch (request: DispatchRequest, signal?: AbortSignal): Promise<CallOutcome> {
     if (this.#closing) return Promise.resolve(failure(0, 'busy', 'Toolport is closing'))
     if (this.#freeTop === 0 || this.#pending >= this.#options.maxPending) {
       return Promise.resolve(failure(0, 'busy', `${this.#options.maxPending} calls in flight`))
@@ -369,7 +369,7 @@ export class Dispatcher {
   }
 
   #send (slot: number, id: number): void {
-    const request = this.#requests[slot] as CallRequest
+    const request = this.#requests[slot] as DispatchRequest
     if (this.#client !== null) {
       this.#state[slot] = SENT
       this.#sentAt[slot] = this.#admittedAt[slot] as number
@@ -424,7 +424,7 @@ export class Dispatcher {
         message = [LANE_CALLS]
         count = 0
       }
-      pushTask(message, id, this.#requests[slot] as CallRequest)
+      pushTask(message, id, this.#requests[slot] as DispatchRequest)
       this.#state[slot] = SENT
       this.#lanesOf[slot] = lane.index
       this.#sentAt[slot] = now
@@ -486,7 +486,7 @@ export class Dispatcher {
     for (let slot = 0; slot < this.#space; slot++) {
       const state = this.#state[slot]
       if (state === FREE) continue
-      const request = this.#requests[slot] as CallRequest
+      const request = this.#requests[slot] as DispatchRequest
       const id = this.#ids[slot] as number
       if (state === QUEUED && now >= request.deadline) {
         this.#settle(failure(id, 'timeout',
