@@ -12,7 +12,7 @@ import {
   type CallToolResult
 } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
-import { registerMcpRoutes } from '../../src/main/http/mcp.js'
+import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
 import { assertError, callbackServer as callbacks, httpJson } from '../helpers.js'
 import { kSyncCount } from '../../src/main/symbols.js'
