@@ -12,6 +12,9 @@ import type { Role } from './roles/role.js'
 import { ToolEntry, type ToolListing } from './roles/tool-registry.js'
 import type { SyncOutcome } from './roles/sync.js'
 import { clearSchema, parseOrThrow, registerSchema, registrationProblems, unregisterSchema } from './schemas.js'
+import type {
+  ClearResult, FailedRole, HealthReport, RefusedRole, RegisterResult, UnregisterResult
+} from './schemas.js'
 import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
@@ -30,55 +33,15 @@ const HEALTH_SWEEP_MS = 60_000
 /** Names listed in an "unknown tool" error (a role may hold thousands). */
 const UNKNOWN_TOOL_NAMES = 20
 
-/**
- * A role that did not take a change (docs/protocol.md R8: objects): its sessions failed to sync, or (ownership
- * mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
- */
-export interface FailedRole { role: string, error: string, owned_by?: string }
-/** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
-export interface RefusedRole { role: string, owned_by: string }
+export type { ClearResult, FailedRole, HealthReport, RefusedRole, RegisterResult, UnregisterResult }
 
-/** Result of `register` (docs/protocol.md R8). */
-export interface RegisterResult {
-  ok: boolean
-  registered: string
-  affected_roles: string[]
-  failed_roles: FailedRole[]
-  /** Set when `ok` is false: why nothing accepted it. */
-  error?: string
-}
-/** Result of `unregister` (docs/protocol.md R15, R17). */
-export interface UnregisterResult {
-  ok: boolean
-  removed: boolean
-  affected_roles: string[]
-  failed_roles: FailedRole[]
-  refused_roles: RefusedRole[]
-}
-/** Result of `clear` (docs/protocol.md R16, R17). */
-export interface ClearResult {
-  ok: boolean
-  removed: number
-  affected_roles: string[]
-  failed_roles: FailedRole[]
-}
-/** Result of `list` (docs/protocol.md R18). */
+/**
+ * Result of `list` (docs/protocol.md R18). Not inferred from `listResultSchema`: the listings are
+ * the registry's own read-only objects, handed out without a copy.
+ */
 export interface ListResult {
   ok: true
   tools_by_role: Record<string, readonly ToolListing[]>
-}
-
-/** GET /api/health. */
-export interface HealthReport {
-  ok: boolean
-  status: 'ready' | 'starting' | 'closed'
-  version: string
-  /** Random per process start: a client that sees it change knows Toolport restarted. */
-  instance_id: string
-  uptime_seconds: number
-  roles: number
-  tools: number
-  dispatch: { mode: 'pool' | 'inline', threads: number, in_flight: number, queued: number, utilization: number }
 }
 
 /** A model's tool call (`raw_arguments` wins over `arguments`: docs/protocol.md R9). */
