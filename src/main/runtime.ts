@@ -19,7 +19,8 @@ import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { compileValidator, warmUpSchemaCompiler } from './dispatch/validators.js'
-import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
+import { errorResult, outcomeToResult, type ToolResult } from './dispatch/result.js'
+import { runLocalTool } from './dispatch/local-tool.js'
 import { errorText, noop } from '../shared/util.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
@@ -517,45 +518,4 @@ async function syncAll (roles: Role[], failed: FailedRole[]): Promise<string[]> 
 
 function syncRole (role: Role): Promise<SyncOutcome> {
   return role.sync()
-}
-
-/**
- * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
- * runs, its cancel function sits in `running`, so that `close()` can answer it as cancelled (which
- * also clears its deadline timer, the one handle a stuck handler would otherwise keep alive).
- */
-async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
-  signal: AbortSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
-  const handler = entry.handler
-  if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
-  if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
-  const controller = new AbortController()
-  let timer: NodeJS.Timeout | undefined
-  let cancel: () => void = noop
-  const stopped = new Promise<ToolResult>((resolve) => {
-    timer = setTimeout(() => {
-      controller.abort(new Error('deadline'))
-      resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
-    }, entry.timeoutMs)
-    cancel = () => {
-      controller.abort(new Error('cancelled'))
-      resolve(errorResult(`tool '${entry.name}' call was cancelled`))
-    }
-  })
-  running.add(cancel)
-  signal?.addEventListener('abort', cancel, { once: true })
-  const ran = (async (): Promise<ToolResult> => {
-    try {
-      return outputResult(await handler(args, { role, callId, signal: controller.signal }))
-    } catch (err) {
-      return errorResult(errorText(err))
-    }
-  })()
-  try {
-    return await Promise.race([ran, stopped])
-  } finally {
-    clearTimeout(timer)
-    running.delete(cancel)
-    signal?.removeEventListener('abort', cancel)
-  }
 }
