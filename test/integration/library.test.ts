@@ -108,6 +108,26 @@ test('library: registerLocalTool with an invalid name or handler throws a typed 
   assert.deepEqual(names(tp, 'Lanlan'), [])
 })
 
+test('library: a local tool\'s signal aborts with a TimeoutError at its deadline and an AbortError when the call is cancelled', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const reasons: unknown[] = []
+  await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'wait',
+    timeoutSeconds: 0.2,
+    handler: (_args, ctx) => new Promise((resolve) => {
+      ctx.signal.addEventListener('abort', () => { reasons.push(ctx.signal.reason); resolve(null) })
+    })
+  })
+  const timedOut = await tp.callTool('Lanlan', { name: 'wait' })
+  assert.match(timedOut.error ?? '', /timed out/)
+  const caller = new AbortController()
+  const cancelled = tp.callTool('Lanlan', { name: 'wait' }, { signal: caller.signal })
+  caller.abort()
+  assert.match((await cancelled).error ?? '', /cancelled/)
+  assert.deepEqual(reasons.map((r) => [r instanceof DOMException, (r as DOMException).name]),
+    [[true, 'TimeoutError'], [true, 'AbortError']])
+})
+
 /** Runs the same steps through the library on one Toolport and through the routes on another. */
 test('library: register, unregister, clear and list give the same result objects as the routes', async (t) => {
   const viaLibrary = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })

@@ -8,6 +8,8 @@ import { errorText, noop } from '../../shared/util.js'
  * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
  * runs, its cancel function sits in `running`, so that `close()` can answer it as cancelled (which
  * also clears its deadline timer, the one handle a stuck handler would otherwise keep alive).
+ * The handler's signal aborts with the reasons fetch, timers and the plugin SDK's handlers use: a
+ * `TimeoutError` DOMException at the deadline, an `AbortError` one when the call is cancelled.
  */
 export async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
   signal: AbortSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
@@ -19,11 +21,11 @@ export async function runLocalTool (entry: ToolEntry, args: unknown, role: strin
   let cancel: () => void = noop
   const stopped = new Promise<ToolResult>((resolve) => {
     timer = setTimeout(() => {
-      controller.abort(new Error('deadline'))
+      controller.abort(new DOMException(`the tool's deadline of ${entry.timeoutMs} ms passed`, 'TimeoutError'))
       resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
     }, entry.timeoutMs)
     cancel = () => {
-      controller.abort(new Error('cancelled'))
+      controller.abort(new DOMException('the call was cancelled', 'AbortError'))
       resolve(errorResult(`tool '${entry.name}' call was cancelled`))
     }
   })
