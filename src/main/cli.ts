@@ -14,6 +14,7 @@ import { optionsFromEnv, parseOptions, ENVIRONMENT } from './config.js'
 import { isToolportError } from './errors.js'
 import { startBridge } from './cli-bridge.js'
 import { errorText, isPlainObject, noop } from '../shared/util.js'
+import { kDispatchMode } from './symbols.js'
 
 const USAGE = `Usage: toolport <command> [options]
 
@@ -189,7 +190,7 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   }))
   try {
     const { url } = await tp.listen()
-    io.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp.dispatchMode})\n`)
+    io.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp[kDispatchMode]})\n`)
     io.stdout.write(`Toolport stopping (${String(await stopped(io.stop))})\n`)
   } finally {
     await tp.close()

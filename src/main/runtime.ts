@@ -12,72 +12,37 @@ import type { Role } from './roles/role.js'
 import { ToolEntry, type ToolListing } from './roles/tool-registry.js'
 import type { SyncOutcome } from './roles/sync.js'
 import { clearSchema, parseOrThrow, registerSchema, registrationProblems, unregisterSchema } from './schemas.js'
+import type {
+  ClearResult, FailedRole, HealthReport, RefusedRole, RegisterResult, UnregisterResult
+} from './schemas.js'
 import { Dispatcher } from './dispatch/dispatcher.js'
 import { OriginHealth } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { compileValidator, warmUpSchemaCompiler } from './dispatch/validators.js'
-import { errorResult, outcomeToResult, outputResult, type ToolResult } from './dispatch/result.js'
+import { errorResult, outcomeToResult, type ToolResult } from './dispatch/result.js'
+import { runLocalTool } from './dispatch/local-tool.js'
 import { errorText, noop } from '../shared/util.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
+import { kDispatchMode, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
 /** Names listed in an "unknown tool" error (a role may hold thousands). */
 const UNKNOWN_TOOL_NAMES = 20
 
-/**
- * A role that did not take a change (docs/protocol.md R8: objects): its sessions failed to sync, or (ownership
- * mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
- */
-export interface FailedRole { role: string, error: string, owned_by?: string }
-/** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
-export interface RefusedRole { role: string, owned_by: string }
+export type { ClearResult, FailedRole, HealthReport, RefusedRole, RegisterResult, UnregisterResult }
 
-/** Result of `register` (docs/protocol.md R8). */
-export interface RegisterResult {
-  ok: boolean
-  registered: string
-  affected_roles: string[]
-  failed_roles: FailedRole[]
-  /** Set when `ok` is false: why nothing accepted it. */
-  error?: string
-}
-/** Result of `unregister` (docs/protocol.md R15, R17). */
-export interface UnregisterResult {
-  ok: boolean
-  removed: boolean
-  affected_roles: string[]
-  failed_roles: FailedRole[]
-  refused_roles: RefusedRole[]
-}
-/** Result of `clear` (docs/protocol.md R16, R17). */
-export interface ClearResult {
-  ok: boolean
-  removed: number
-  affected_roles: string[]
-  failed_roles: FailedRole[]
-}
-/** Result of `list` (docs/protocol.md R18). */
+/**
+ * Result of `list` (docs/protocol.md R18). Not inferred from `listResultSchema`: the listings are
+ * the registry's own read-only objects, handed out without a copy.
+ */
 export interface ListResult {
   ok: true
   tools_by_role: Record<string, readonly ToolListing[]>
-}
-
-/** GET /api/health. */
-export interface HealthReport {
-  ok: boolean
-  status: 'ready' | 'starting' | 'closed'
-  version: string
-  /** Random per process start: a client that sees it change knows Toolport restarted. */
-  instance_id: string
-  uptime_seconds: number
-  roles: number
-  tools: number
-  dispatch: { mode: 'pool' | 'inline', threads: number, in_flight: number, queued: number, utilization: number }
 }
 
 /** A model's tool call (`raw_arguments` wins over `arguments`: docs/protocol.md R9). */
@@ -179,14 +144,14 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
-  /** The dispatch mode in use. */
-  get dispatchMode (): 'pool' | 'inline' { return this.#dispatcher.mode }
+  /** The dispatch mode in use (the CLI prints it; `health()` reports it to users). */
+  get [kDispatchMode] (): 'pool' | 'inline' { return this.#dispatcher.mode }
 
   /** The dispatch pool's worker threads (empty in inline mode). */
-  get workerThreads (): readonly Worker[] { return this.#dispatcher.threads }
+  get [kWorkerThreads] (): readonly Worker[] { return this.#dispatcher.threads }
 
   /** Calls admitted and not yet answered by a callback. */
-  get pendingCalls (): number { return this.#dispatcher.pending }
+  get [kPendingCalls] (): number { return this.#dispatcher.pending }
 
   /** Liveness and readiness: ready while open and (pool mode) with a worker thread. */
   health (): HealthReport {
@@ -212,8 +177,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
-  /** Consecutive connection failures currently counted at an origin (for operators and tests). */
-  originFailures (origin: string): number {
+  /** Consecutive connection failures currently counted at an origin (the console's origins view). */
+  [kOriginFailures] (origin: string): number {
     return this.#health.failures(origin)
   }
 
@@ -553,45 +518,4 @@ async function syncAll (roles: Role[], failed: FailedRole[]): Promise<string[]> 
 
 function syncRole (role: Role): Promise<SyncOutcome> {
   return role.sync()
-}
-
-/**
- * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
- * runs, its cancel function sits in `running`, so that `close()` can answer it as cancelled (which
- * also clears its deadline timer, the one handle a stuck handler would otherwise keep alive).
- */
-async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
-  signal: AbortSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
-  const handler = entry.handler
-  if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
-  if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
-  const controller = new AbortController()
-  let timer: NodeJS.Timeout | undefined
-  let cancel: () => void = noop
-  const stopped = new Promise<ToolResult>((resolve) => {
-    timer = setTimeout(() => {
-      controller.abort(new Error('deadline'))
-      resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
-    }, entry.timeoutMs)
-    cancel = () => {
-      controller.abort(new Error('cancelled'))
-      resolve(errorResult(`tool '${entry.name}' call was cancelled`))
-    }
-  })
-  running.add(cancel)
-  signal?.addEventListener('abort', cancel, { once: true })
-  const ran = (async (): Promise<ToolResult> => {
-    try {
-      return outputResult(await handler(args, { role, callId, signal: controller.signal }))
-    } catch (err) {
-      return errorResult(errorText(err))
-    }
-  })()
-  try {
-    return await Promise.race([ran, stopped])
-  } finally {
-    clearTimeout(timer)
-    running.delete(cancel)
-    signal?.removeEventListener('abort', cancel)
-  }
 }

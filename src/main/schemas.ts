@@ -174,14 +174,15 @@ export function toValidationError (error: z.ZodError): ToolportError {
   return validationError(details)
 }
 
-// Response shapes. They document the API (OpenAPI at /openapi.json) and give fastify the JSON
-// Schemas it compiles into fast serializers; the Runtime's result types are the source of truth
-// for the code, and a test checks that real answers match these.
+// Response shapes. They document the API (OpenAPI at /openapi.json), give fastify the JSON
+// Schemas it compiles into fast serializers, and are the Runtime's result types (inferred below,
+// so each shape is written once); a test checks that real answers match these.
 const failedRole = z.object({
   role: z.string(),
   error: z.string(),
   owned_by: z.string().optional().describe('the source that owns the tool, when the role refused the change')
 })
+const refusedRole = z.object({ role: z.string(), owned_by: z.string() })
 const roleNames = z.array(z.string())
 
 export const registerResultSchema = z.object({
@@ -197,7 +198,7 @@ export const unregisterResultSchema = z.object({
   removed: z.boolean(),
   affected_roles: roleNames,
   failed_roles: z.array(failedRole),
-  refused_roles: z.array(z.object({ role: z.string(), owned_by: z.string() }))
+  refused_roles: z.array(refusedRole)
     .describe('roles skipped because the tool belongs to another source (expected_source) or is local')
 })
 
@@ -260,3 +261,22 @@ export const healthSchema = z.object({
     utilization: z.number()
   })
 })
+
+/**
+ * A role that did not take a change (docs/protocol.md R8: objects): its sessions failed to sync, or
+ * (ownership mode, local tools) it refused the registration; `owned_by` then names the tool's owner.
+ */
+export type FailedRole = z.output<typeof failedRole>
+/** A role skipped because its tool belongs to another source (`expected_source`, local tools). */
+export type RefusedRole = z.output<typeof refusedRole>
+/** Result of `register` (docs/protocol.md R8); `error` is set when `ok` is false: why nothing accepted it. */
+export type RegisterResult = z.output<typeof registerResultSchema>
+/** Result of `unregister` (docs/protocol.md R15, R17). */
+export type UnregisterResult = z.output<typeof unregisterResultSchema>
+/** Result of `clear` (docs/protocol.md R16, R17). */
+export type ClearResult = z.output<typeof clearResultSchema>
+/**
+ * GET /api/health: liveness and readiness. `instance_id` is random per process start: a client
+ * that sees it change knows Toolport restarted.
+ */
+export type HealthReport = z.output<typeof healthSchema>

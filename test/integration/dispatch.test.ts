@@ -7,6 +7,7 @@ import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
 import { createTestToolport } from '../helpers.js'
+import { kOriginFailures, kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
 
 const MODES = ['pool', 'inline'] as const
 
@@ -380,7 +381,7 @@ for (const mode of MODES) {
       assert.equal(result.is_error, true)
       assert.match(result.error ?? '', /cancelled/)
       assert.equal((await tp.callTool('Lanlan', { name: 'echo' })).is_error, false)
-      assert.equal(tp.pendingCalls, 0)
+      assert.equal(tp[kPendingCalls], 0)
     })
 
     test('a fast call is not held back by a slow call dispatched in the same turn', async (t) => {
@@ -540,18 +541,18 @@ for (const mode of MODES) {
       await register(tp, { name: 'flaky', callback_url: `${origin}/x`, source: 'plugin:flaky' })
       await tp.callTool('Lanlan', { name: 'flaky' })
       await tp.callTool('Lanlan', { name: 'flaky' })
-      assert.equal(tp.originFailures(origin), 2)
+      assert.equal(tp[kOriginFailures](origin), 2)
       const revived = await startCallbackServerOnPort(port)
       if (revived === null) {
         t.skip('the freed port was taken by another process')
         return
       }
       assert.equal((await tp.callTool('Lanlan', { name: 'flaky' })).is_error, false)
-      assert.equal(tp.originFailures(origin), 0)
+      assert.equal(tp[kOriginFailures](origin), 0)
       await revived.close()
       assert.equal((await tp.callTool('Lanlan', { name: 'flaky' })).is_error, true)
       assert.equal((await tp.callTool('Lanlan', { name: 'flaky' })).is_error, true)
-      assert.equal(tp.originFailures(origin), 2)
+      assert.equal(tp[kOriginFailures](origin), 2)
       assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['flaky'])
     })
 
@@ -563,7 +564,7 @@ for (const mode of MODES) {
       await tp.callTool('Lanlan', { name: 'p' })
       await tp.callTool('Lanlan', { name: 'p' })
       await register(tp, { name: 'q', callback_url: `${origin}/b`, source: 'plugin:p' })
-      assert.equal(tp.originFailures(origin), 0)
+      assert.equal(tp[kOriginFailures](origin), 0)
       await tp.callTool('Lanlan', { name: 'p' })
       assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['p', 'q'])
     })
@@ -586,7 +587,7 @@ describe('pool mode workers', () => {
     await register(tp, { name: 'echo', callback_url: `${s.url}/echo`, source: 'plugin:p' })
     const pending = tp.callTool('Lanlan', { name: 'slow' })
     await once(s.events, 'request')
-    const threads = tp.workerThreads
+    const threads = tp[kWorkerThreads]
     assert.equal(threads.length, 1)
     await threads[0]!.terminate()
     const result = await pending

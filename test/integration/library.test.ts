@@ -5,6 +5,7 @@ import assert from 'node:assert/strict'
 import fastify from 'fastify'
 import { createToolport, isToolportError, toolportPlugin, type Toolport } from '../../src/main/index.js'
 import { assertError, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
+import { kDispatchMode } from '../../src/main/symbols.js'
 
 /** The JSON value of a result (list() keys tools_by_role on a null-prototype object). */
 function plain (value: unknown): unknown {
@@ -107,6 +108,26 @@ test('library: registerLocalTool with an invalid name or handler throws a typed 
   assert.deepEqual(names(tp, 'Lanlan'), [])
 })
 
+test('library: a local tool\'s signal aborts with a TimeoutError at its deadline and an AbortError when the call is cancelled', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const reasons: unknown[] = []
+  await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'wait',
+    timeoutSeconds: 0.2,
+    handler: (_args, ctx) => new Promise((resolve) => {
+      ctx.signal.addEventListener('abort', () => { reasons.push(ctx.signal.reason); resolve(null) })
+    })
+  })
+  const timedOut = await tp.callTool('Lanlan', { name: 'wait' })
+  assert.match(timedOut.error ?? '', /timed out/)
+  const caller = new AbortController()
+  const cancelled = tp.callTool('Lanlan', { name: 'wait' }, { signal: caller.signal })
+  caller.abort()
+  assert.match((await cancelled).error ?? '', /cancelled/)
+  assert.deepEqual(reasons.map((r) => [r instanceof DOMException, (r as DOMException).name]),
+    [[true, 'TimeoutError'], [true, 'AbortError']])
+})
+
 /** Runs the same steps through the library on one Toolport and through the routes on another. */
 test('library: register, unregister, clear and list give the same result objects as the routes', async (t) => {
   const viaLibrary = await createTestToolport(t, { roles: ['Lanlan', 'Mochi'] })
@@ -184,7 +205,7 @@ test('library: close() stops the server, can be called twice, and later mutation
 
 test('library: the default dispatch pool starts and closes cleanly', async () => {
   const tp = await createToolport({ roles: ['Lanlan'] })
-  assert.equal(tp.dispatchMode, 'pool')
+  assert.equal(tp[kDispatchMode], 'pool')
   await tp.register(tool('x'))
   await tp.close()
 })

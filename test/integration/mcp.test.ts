@@ -12,9 +12,10 @@ import {
   type CallToolResult
 } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
-import { registerMcpRoutes } from '../../src/main/http/mcp.js'
+import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
 import { assertError, callbackServer as callbacks, httpJson } from '../helpers.js'
+import { kSyncCount } from '../../src/main/symbols.js'
 
 const WEATHER_PARAMS = {
   type: 'object',
@@ -265,12 +266,12 @@ test('MCP: sessions of two roles are isolated: each lists, calls and is notified
   const lanlanChanged = once(lanlan.notices, 'list-changed')
   await register(url, { name: 'lanlan_tool', role: 'Lanlan', callback_url: `${server.url}/raw-output` })
   await lanlanChanged
-  const lanlanSyncs = tp.roles.get('Lanlan').syncCount
+  const lanlanSyncs = tp.roles.get('Lanlan')[kSyncCount]
   const mochiChanged = once(mochi.notices, 'list-changed')
   await register(url, { name: 'mochi_tool', role: 'Mochi', callback_url: `${server.url}/raw-output` })
   await mochiChanged
 
-  assert.equal(tp.roles.get('Lanlan').syncCount, lanlanSyncs, "Mochi's registration does not sync Lanlan's sessions")
+  assert.equal(tp.roles.get('Lanlan')[kSyncCount], lanlanSyncs, "Mochi's registration does not sync Lanlan's sessions")
   assert.deepEqual((await lanlan.client.listTools()).tools.map((tool) => tool.name), ['lanlan_tool'])
   assert.deepEqual((await mochi.client.listTools()).tools.map((tool) => tool.name), ['mochi_tool'])
   await assert.rejects(mochi.client.callTool({ name: 'lanlan_tool', arguments: {} }),

@@ -7,6 +7,7 @@ import { createToolport, type Toolport, type ToolDefinition } from '../../src/ma
 import type { ToolportOptions } from '../../src/main/config.js'
 import { closedPort } from '../fixtures/callback-server.js'
 import { createTestToolport } from '../helpers.js'
+import { kOriginFailures } from '../../src/main/symbols.js'
 
 const CALLBACK = 'http://127.0.0.1:9/x'
 
@@ -82,7 +83,7 @@ test('R13: failures of calls sent before a re-registration do not count against 
   await tp.register({ name: 'q', callback_url: `${origin}/q`, source: 'plugin:p' })
   await Promise.all(stale)
   assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['p', 'q'])
-  assert.equal(tp.originFailures(origin), 0)
+  assert.equal(tp[kOriginFailures](origin), 0)
 })
 
 test('close() answers a local call that is still running as cancelled instead of waiting for it', async () => {

@@ -60,15 +60,15 @@ interface Lane {
 
 /** The abort listener of one slot, created once per slot and reused by every call in it. */
 class SlotListener {
-  readonly dispatcher: Dispatcher
+  readonly abortSlot: (slot: number) => void
   readonly slot: number
-  constructor (dispatcher: Dispatcher, slot: number) {
-    this.dispatcher = dispatcher
+  constructor (abortSlot: (slot: number) => void, slot: number) {
+    this.abortSlot = abortSlot
     this.slot = slot
   }
 
   handleEvent (): void {
-    this.dispatcher.abortSlot(this.slot)
+    this.abortSlot(this.slot)
   }
 }
 
@@ -79,7 +79,7 @@ class SlotListener {
 export type DispatchObserver = (queueMs: number, callbackMs: number, kind: OutcomeKind) => void
 
 /** Everything the dispatcher needs to build a call; `id` is assigned by the dispatcher. */
-export type CallRequest = Omit<CallTask, 'id'>
+export type DispatchRequest = Omit<CallTask, 'id'>
 
 export class Dispatcher {
   readonly #options: DispatchOptions
@@ -90,7 +90,7 @@ export class Dispatcher {
   readonly #space: number
   readonly #ids: Float64Array
   readonly #state: Uint8Array
-  readonly #requests: (CallRequest | null)[]
+  readonly #requests: (DispatchRequest | null)[]
   readonly #resolves: (((outcome: CallOutcome) => void) | null)[]
   readonly #signals: (AbortSignal | undefined)[]
   readonly #listeners: (SlotListener | undefined)[]
@@ -124,7 +124,7 @@ export class Dispatcher {
     this.#space = space
     this.#ids = new Float64Array(space)
     this.#state = new Uint8Array(space)
-    this.#requests = new Array<CallRequest | null>(space).fill(null)
+    this.#requests = new Array<DispatchRequest | null>(space).fill(null)
     this.#resolves = new Array<((outcome: CallOutcome) => void) | null>(space).fill(null)
     this.#signals = new Array<AbortSignal | undefined>(space).fill(undefined)
     this.#listeners = new Array<SlotListener | undefined>(space).fill(undefined)
@@ -223,7 +223,7 @@ export class Dispatcher {
    * Performs one callback call. Never rejects: every failure is an outcome. An aborted `signal`
    * answers `cancelled` at once and tells the worker to stop the request.
    */
-  dispatch (request: CallRequest, signal?: AbortSignal): Promise<CallOutcome> {
+  dispatch (request: DispatchRequest, signal?: AbortSignal): Promise<CallOutcome> {
     if (this.#closing) return Promise.resolve(failure(0, 'busy', 'Toolport is closing'))
     if (this.#freeTop === 0 || this.#pending >= this.#options.maxPending) {
       return Promise.resolve(failure(0, 'busy', `${this.#options.maxPending} calls in flight`))
@@ -248,7 +248,7 @@ export class Dispatcher {
         this.#signals[slot] = signal
         let listener = this.#listeners[slot]
         if (listener === undefined) {
-          listener = new SlotListener(this, slot)
+          listener = new SlotListener(this.#abortSlotNow, slot)
           this.#listeners[slot] = listener
         }
         signal.addEventListener('abort', listener, { once: true })
@@ -279,7 +279,7 @@ export class Dispatcher {
       ])
       clearTimeout(timer)
       for (let slot = 0; slot < this.#space; slot++) {
-        if (this.#state[slot] !== FREE) this.abortSlot(slot)
+        if (this.#state[slot] !== FREE) this.#abortSlot(slot)
       }
     }
     if (this.#sweep !== null) clearInterval(this.#sweep)
@@ -293,7 +293,7 @@ export class Dispatcher {
   }
 
   /** Answers the call in `slot` as cancelled at once and tells whoever runs it to stop. */
-  abortSlot (slot: number): void {
+  #abortSlot (slot: number): void {
     const state = this.#state[slot]
     if (state === FREE) return
     const id = this.#ids[slot] as number
@@ -302,11 +302,11 @@ export class Dispatcher {
       if (lane !== undefined && lane.isOpen) lane.port.postMessage([LANE_CANCEL, id])
     }
     // Inline: the client listens to the caller's signal; on close() the client's pools are destroyed.
-    this.settle(failure(id, 'cancelled', 'the caller aborted the call'))
+    this.#settle(failure(id, 'cancelled', 'the caller aborted the call'))
   }
 
   /** Answers a pending call once; outcomes for a call already answered (or a reused slot) are ignored. */
-  settle (outcome: CallOutcome): void {
+  #settle (outcome: CallOutcome): void {
     const slot = outcome.id % this.#space
     const state = this.#state[slot]
     if (state === FREE || this.#ids[slot] !== outcome.id) return
@@ -369,7 +369,7 @@ export class Dispatcher {
   }
 
   #send (slot: number, id: number): void {
-    const request = this.#requests[slot] as CallRequest
+    const request = this.#requests[slot] as DispatchRequest
     if (this.#client !== null) {
       this.#state[slot] = SENT
       this.#sentAt[slot] = this.#admittedAt[slot] as number
@@ -384,7 +384,7 @@ export class Dispatcher {
         timeoutMs: request.timeoutMs,
         maxResponseBytes: request.maxResponseBytes
       }
-      // The client stops the request on the caller's signal itself; `abortSlot()` answers at once.
+      // The client stops the request on the caller's signal itself; `#abortSlot()` answers at once.
       this.#client.start(task, this.#onOutcome, this.#signals[slot])
       return
     }
@@ -393,14 +393,18 @@ export class Dispatcher {
     this.#outboxCalls++
     if (!this.#isFlushScheduled) {
       this.#isFlushScheduled = true
-      setImmediate(flushDispatcher, this)
+      setImmediate(this.#flushNow)
     }
   }
 
-  readonly #onOutcome = (outcome: CallOutcome): void => { this.settle(outcome) }
+  // Bound once per dispatcher: the slot listeners and timers call these without a closure per call.
+  readonly #onOutcome = (outcome: CallOutcome): void => { this.#settle(outcome) }
+  readonly #abortSlotNow = (slot: number): void => { this.#abortSlot(slot) }
+  readonly #flushNow = (): void => { this.#flush() }
+  readonly #sweepNow = (): void => { this.#sweepLost() }
 
   /** Posts this turn's calls on the lanes, in batches of at most `maxBatch`, each on the least busy lane. */
-  flush (): void {
+  #flush (): void {
     this.#isFlushScheduled = false
     const outbox = this.#outbox
     if (outbox.length === 0) return
@@ -420,7 +424,7 @@ export class Dispatcher {
         message = [LANE_CALLS]
         count = 0
       }
-      pushTask(message, id, this.#requests[slot] as CallRequest)
+      pushTask(message, id, this.#requests[slot] as DispatchRequest)
       this.#state[slot] = SENT
       this.#lanesOf[slot] = lane.index
       this.#sentAt[slot] = now
@@ -446,12 +450,12 @@ export class Dispatcher {
     port.on('close', () => { this.#onLaneClosed(lane) })
     // The sweep timer keeps the process alive while calls are pending; the lane itself must not.
     port.unref()
-    if (this.#outbox.length > 0) this.flush()
+    if (this.#outbox.length > 0) this.#flush()
   }
 
   #onOutcomes (message: unknown): void {
     if (!Array.isArray(message)) return
-    for (let i = 0; i + OUTCOME_STRIDE <= message.length; i += OUTCOME_STRIDE) this.settle(readOutcome(message, i))
+    for (let i = 0; i + OUTCOME_STRIDE <= message.length; i += OUTCOME_STRIDE) this.#settle(readOutcome(message, i))
   }
 
   /** A worker exited (crash or destroy): its calls may or may not have reached their plugins. */
@@ -462,33 +466,33 @@ export class Dispatcher {
     setImmediate(() => {
       for (let slot = 0; slot < this.#space; slot++) {
         if (this.#state[slot] === SENT && this.#lanesOf[slot] === lane.index) {
-          this.settle(failure(this.#ids[slot] as number, 'internal', 'worker failed: its thread exited'))
+          this.#settle(failure(this.#ids[slot] as number, 'internal', 'worker failed: its thread exited'))
         }
       }
     })
   }
 
   #armSweep (): void {
-    if (this.#sweep === null) this.#sweep = setInterval(sweepDispatcher, SWEEP_MS, this)
+    if (this.#sweep === null) this.#sweep = setInterval(this.#sweepNow, SWEEP_MS)
     // Ref'd while calls are pending: a script awaiting a call stays alive even though piscina
     // unrefs its idle workers and the lanes are unref'd.
     this.#sweep.ref()
   }
 
   /** Answers calls whose deadline passed by more than the grace without an outcome. */
-  sweep (): void {
+  #sweepLost (): void {
     if (this.#pending === 0) return
     const now = Date.now()
     for (let slot = 0; slot < this.#space; slot++) {
       const state = this.#state[slot]
       if (state === FREE) continue
-      const request = this.#requests[slot] as CallRequest
+      const request = this.#requests[slot] as DispatchRequest
       const id = this.#ids[slot] as number
       if (state === QUEUED && now >= request.deadline) {
-        this.settle(failure(id, 'timeout',
+        this.#settle(failure(id, 'timeout',
           'the deadline passed while the call waited behind its callback\'s other calls'))
       } else if (now >= request.deadline + DEADLINE_GRACE_MS) {
-        this.settle(failure(id, 'timeout', 'no answer from the worker by the deadline'))
+        this.#settle(failure(id, 'timeout', 'no answer from the worker by the deadline'))
       }
     }
   }
@@ -520,14 +524,6 @@ function leastBusy (lanes: readonly Lane[]): Lane {
     if (lane.isOpen && (best === null || lane.inFlight < best.inFlight)) best = lane
   }
   return best as Lane
-}
-
-function flushDispatcher (dispatcher: Dispatcher): void {
-  dispatcher.flush()
-}
-
-function sweepDispatcher (dispatcher: Dispatcher): void {
-  dispatcher.sweep()
 }
 
 /** A flat outcome for a failure decided on the main thread. */

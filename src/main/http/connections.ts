@@ -13,7 +13,7 @@
 // - idle sockets are closed after `limits.pressureIdleTimeoutMs` instead of the usual keep-alive
 //   timeout.
 // A request in flight is never cut. Answers 401 and 403 carry `Connection: close` (see
-// errors.ts), so a refused client holds no socket either.
+// error-handler.ts), so a refused client holds no socket either.
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 

@@ -4,6 +4,7 @@
 import type { Runtime } from '../runtime.js'
 import { CallStats, type StatsSnapshot } from './call-stats.js'
 import { EventHub } from './event-hub.js'
+import { kOriginFailures } from '../symbols.js'
 
 /** Recent calls kept for the console's table (metadata only). */
 const RECENT_CALLS = 100
@@ -170,7 +171,7 @@ export class Observer {
         sources: [...o.sources],
         roles: [...o.roles],
         tools: o.tools,
-        failures: runtime.originFailures(origin)
+        failures: runtime[kOriginFailures](origin)
       })),
       evictions: this.#evictions,
       calls

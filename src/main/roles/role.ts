@@ -6,6 +6,7 @@ import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
+import { kSyncCount } from '../symbols.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
@@ -59,8 +60,8 @@ export class Role {
     })
   }
 
-  /** Syncs started so far (sessions present); for tests and metrics. */
-  get syncCount (): number { return this.#sync.count }
+  /** Syncs started so far (sessions present); for tests. */
+  get [kSyncCount] (): number { return this.#sync.count }
 
   /**
    * Attaches a live model session; returns a function that detaches it. The session is sent the

@@ -26,7 +26,10 @@ export interface ToolListing {
 export interface LocalToolContext {
   role: string
   callId: string
-  /** Aborted at the tool's deadline or when the caller cancels. */
+  /**
+   * Aborted at the tool's deadline (reason: a `TimeoutError` DOMException) or when the call is
+   * cancelled or Toolport closes (reason: an `AbortError`), as the plugin SDK's handlers are.
+   */
   signal: AbortSignal
 }
 

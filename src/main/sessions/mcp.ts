@@ -131,7 +131,7 @@ class CallBudget {
 }
 
 /**
- * The MCP sessions of one server, keyed by `Mcp-Session-Id`. The HTTP routes (http/mcp.ts) route
+ * The MCP sessions of one server, keyed by `Mcp-Session-Id`. The HTTP routes (http/mcp-routes.ts) route
  * each request to its session; this class owns their lifecycle.
  *
  * @example

@@ -1,6 +1,6 @@
-// The per-role MCP endpoint (`/mcp/:role`, MCP Streamable HTTP) and `GET /api/tools/definitions`.
+// The per-role MCP endpoint (`/mcp/:role`, MCP Streamable HTTP).
 //
-// Both sit behind the plugin's guard (loopback peer, Host, Origin; Origin validation is a MUST
+// It sits behind the plugin's guard (loopback peer, Host, Origin; Origin validation is a MUST
 // of MCP's Streamable HTTP transport), and POST bodies arrive already parsed by the plugin's
 // JSON parser (application/json only, size and depth capped). An unknown role is a 404 in the
 // TP_ERR_* shape; errors of the MCP protocol itself (no or unknown session, a body that is not
@@ -8,15 +8,11 @@
 // react as they should (a 404 for a session makes them start a new one).
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js'
-import { z } from 'zod'
 import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError, isToolportError } from '../errors.js'
-import { parseOrThrow } from '../schemas.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
-import { DEFINITION_FORMATS } from '../sessions/definitions.js'
-import { definitionsBody } from './definitions-body.js'
 import { errorText } from '../../shared/util.js'
-import { handleError } from './errors.js'
+import { handleError } from './error-handler.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
 const RPC_BAD_REQUEST = -32000
@@ -128,25 +124,6 @@ function mcpErrorHandler (this: FastifyInstance, err: FastifyError, request: Fas
     return
   }
   handleError.call(this, err, request, reply)
-}
-
-const definitionsQuerySchema = z.object({
-  role: z.string().min(1),
-  format: z.enum(DEFINITION_FORMATS).default('openai-chat')
-})
-
-/**
- * Registers `GET /api/tools/definitions?role=NAME&format=…`: a role's tools in a provider's
- * format, for a host's own LLM loop. Unknown role → 404; a bad format → 422; an answer larger
- * than `limits.maxDefinitionsBytes` → 422 TP_ERR_LIMIT_EXCEEDED. The answer is streamed.
- */
-export function registerDefinitionRoutes (app: FastifyInstance, runtime: Runtime): void {
-  app.get('/api/tools/definitions', async function definitionsRoute (request: FastifyRequest, reply: FastifyReply) {
-    const query = parseOrThrow(definitionsQuerySchema, request.query ?? {})
-    const role = runtime.roles.get(query.role)
-    const body = await definitionsBody(role, query.format, runtime.options.limits.maxDefinitionsBytes)
-    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes).send(body.stream())
-  })
 }
 
 function sendRpcError (reply: FastifyReply, statusCode: number, code: number, message: string): void {

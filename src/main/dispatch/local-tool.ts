@@ -1,0 +1,48 @@
+// Local (in-process) tools: the handler runs on the main thread, held to the tool's deadline and
+// to the caller's cancellation like a callback call is, and never throws into the Runtime.
+import type { ToolEntry } from '../roles/tool-registry.js'
+import { errorResult, outputResult, type ToolResult } from './result.js'
+import { errorText, noop } from '../../shared/util.js'
+
+/**
+ * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
+ * runs, its cancel function sits in `running`, so that `close()` can answer it as cancelled (which
+ * also clears its deadline timer, the one handle a stuck handler would otherwise keep alive).
+ * The handler's signal aborts with the reasons fetch, timers and the plugin SDK's handlers use: a
+ * `TimeoutError` DOMException at the deadline, an `AbortError` one when the call is cancelled.
+ */
+export async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
+  signal: AbortSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
+  const handler = entry.handler
+  if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
+  if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
+  const controller = new AbortController()
+  let timer: NodeJS.Timeout | undefined
+  let cancel: () => void = noop
+  const stopped = new Promise<ToolResult>((resolve) => {
+    timer = setTimeout(() => {
+      controller.abort(new DOMException(`the tool's deadline of ${entry.timeoutMs} ms passed`, 'TimeoutError'))
+      resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
+    }, entry.timeoutMs)
+    cancel = () => {
+      controller.abort(new DOMException('the call was cancelled', 'AbortError'))
+      resolve(errorResult(`tool '${entry.name}' call was cancelled`))
+    }
+  })
+  running.add(cancel)
+  signal?.addEventListener('abort', cancel, { once: true })
+  const ran = (async (): Promise<ToolResult> => {
+    try {
+      return outputResult(await handler(args, { role, callId, signal: controller.signal }))
+    } catch (err) {
+      return errorResult(errorText(err))
+    }
+  })()
+  try {
+    return await Promise.race([ran, stopped])
+  } finally {
+    clearTimeout(timer)
+    running.delete(cancel)
+    signal?.removeEventListener('abort', cancel)
+  }
+}

@@ -1,0 +1,15 @@
+// Keys of the internals that other modules of Toolport (the CLI, the observer) and the tests reach
+// on the public classes. Symbol keys keep them off the documented surface and out of autocomplete,
+// as fastify's lib/symbols.js and undici's lib/core/symbols.js do; they are not exported from the
+// library entry, so they may change in any release.
+
+/** `Runtime[kOriginFailures](origin)`: consecutive connection failures counted at an origin now. */
+export const kOriginFailures = Symbol('toolport.originFailures')
+/** `Runtime[kWorkerThreads]`: the dispatch pool's worker threads (empty in inline mode). */
+export const kWorkerThreads = Symbol('toolport.workerThreads')
+/** `Runtime[kPendingCalls]`: calls admitted and not yet answered by a callback. */
+export const kPendingCalls = Symbol('toolport.pendingCalls')
+/** `Runtime[kDispatchMode]`: the dispatch mode in use, `'pool'` or `'inline'`. */
+export const kDispatchMode = Symbol('toolport.dispatchMode')
+/** `Role[kSyncCount]`: syncs the role started so far (sessions present). */
+export const kSyncCount = Symbol('toolport.syncCount')
