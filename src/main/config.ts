@@ -127,7 +127,9 @@ const eventsSchema = z.strictObject({
   /** Bytes an event-stream subscriber may leave unread before it is dropped (never slows dispatch). */
   maxSubscriberBufferBytes: z.number().int().min(1024).max(256 * 1024 * 1024).default(1024 * 1024),
   /** Simultaneous event-stream subscribers; one more is answered 503. */
-  maxSubscribers: z.number().int().min(1).max(10_000).default(64)
+  maxSubscribers: z.number().int().min(1).max(10_000).default(64),
+  /** `call` events streamed per second at most; every call is still counted in the console's stats. */
+  maxCallEventsPerSecond: z.number().int().min(0).max(1_000_000).default(500)
 })
 
 /** Every option of `createToolport` and `toolport serve`. */

@@ -180,6 +180,30 @@ test('R14: a call event carries metadata only, never arguments, replies or a fre
   assert.ok(!reader.raw.includes(secret), 'the secret never appears in the stream')
 })
 
+test('call events carry no id, are never replayed, and at most maxCallEventsPerSecond stream per second', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan'], events: { maxCallEventsPerSecond: 5 } })
+  await tp.roles.get('Lanlan').registerLocalTool({ name: 'noop', handler: () => 'ok' })
+  const reader = await openStream(t, `${url}/api/events?types=call,registered`)
+  await reader.next('hello')
+  const started = performance.now()
+  for (let i = 0; i < 50; i++) await tp.callTool('Lanlan', { name: 'noop', arguments: {} })
+  const seconds = Math.floor((performance.now() - started) / 1000) + 1
+  await tp.register({ name: 'marker', callback_url: 'http://127.0.0.1:9333/marker' })
+  const marker = await reader.next('registered')
+  const calls = reader.events.filter((e) => e.event === 'call')
+  assert.ok(calls.length >= 5, `the first calls of the second are streamed (${calls.length})`)
+  assert.ok(calls.length <= 5 * (seconds + 1), `${calls.length} call events for 50 calls in ${seconds} s`)
+  assert.ok(calls.every((e) => e.id === undefined), 'call events carry no id')
+  // A reconnect from before the calls replays the registry change only.
+  const first = reader.events.find((e) => e.event === 'hello')
+  assert.ok(marker.id !== undefined && first?.id !== undefined)
+  const again = await openStream(t, `${url}/api/events?types=call,registered`, { 'last-event-id': first.id })
+  const hello = await again.next('hello')
+  assert.equal(hello.data.replayed, 1)
+  assert.equal((await again.next('registered')).data.tools[0].name, 'marker')
+  assert.equal(again.events.filter((e) => e.event === 'call').length, 0)
+})
+
 test('R13: an evicted origin is announced with its tools, roles and failures', async (t) => {
   const port = await closedPort()
   const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
@@ -263,7 +287,9 @@ test('a subscriber that stops reading is dropped, and calls keep being answered 
     roles: ['Lanlan'],
     events: {
       maxSubscriberBufferBytes: 1024,
-      heartbeatMs: 100
+      heartbeatMs: 100,
+      // Every call streamed, so the calls below fill the unread buffer quickly.
+      maxCallEventsPerSecond: 1_000_000
     }
   })
   await tp.roles.get('Lanlan').registerLocalTool({ name: 'noop', handler: () => 'ok' })

@@ -26,6 +26,8 @@ export interface EventHubOptions {
   heartbeatMs: number
   maxSubscriberBufferBytes: number
   maxSubscribers: number
+  /** `call` events streamed per second at most (beyond it they are not streamed that second). */
+  maxCallEventsPerSecond: number
 }
 
 /** Where a subscriber's frames go: a `ServerResponse` fits. */
@@ -43,7 +45,10 @@ export interface EventFilter {
 
 /** One event as it sits in the ring. */
 interface StreamRecord {
+  /** The event id's number; 0 for a `call` event, which has no id and is never replayed. */
   readonly seq: number
+  /** Publication order of every record, `call` events included. */
+  readonly order: number
   readonly type: StreamEventType
   /** Roles the event concerns, for the `?role=` filter. */
   readonly roles: readonly string[]
@@ -59,8 +64,8 @@ interface CallPrefix { source: string, outcome: string, json: string }
 interface Subscriber {
   readonly sink: EventSink
   readonly filter: EventFilter
-  /** The newest event when it subscribed: older ones reach it only through the replay. */
-  readonly afterSeq: number
+  /** The newest record when it subscribed: older ones reach it only through the replay. */
+  readonly afterOrder: number
 }
 
 /** A tool change of one origin and source, collected over one synchronous run of the runtime. */
@@ -100,6 +105,10 @@ export class EventHub {
   readonly #options: EventHubOptions
   readonly #ring: Array<StreamRecord | undefined>
   #seq = 0
+  #order = 0
+  /** `call` events streamed in the current second, and the second it is. */
+  #callsThisSecond = 0
+  #callSecond = 0
   readonly #subscribers = new Set<Subscriber>()
   /** Records published since the last flush (only while someone subscribes). */
   #pending: StreamRecord[] = []
@@ -143,7 +152,7 @@ export class EventHub {
       })
     })
     // The hot path: no copy of the event, no encoding until a subscriber needs the frame.
-    events.on('call-finished', (e) => { this.#publishRecord('call', e.role, e) })
+    events.on('call-finished', (e) => { this.#publishCall(e) })
     events.on('role-added', (e) => { this.publish('role-added', [e.role], { role: e.role }) })
     events.on('role-removed', (e) => { this.publish('role-removed', [e.role], { role: e.role }) })
   }
@@ -165,7 +174,7 @@ export class EventHub {
    * ring still has it), then live events. Returns the function that removes it.
    */
   subscribe (sink: EventSink, filter: EventFilter, lastEventId?: string): () => void {
-    const subscriber: Subscriber = { sink, filter, afterSeq: this.#seq }
+    const subscriber: Subscriber = { sink, filter, afterOrder: this.#order }
     const after = this.#parseId(lastEventId)
     const replay: StreamRecord[] = []
     let kind: ReplayKind = 'none'
@@ -202,9 +211,33 @@ export class EventHub {
   #publishRecord (type: StreamEventType, roles: readonly string[] | string, data: object): void {
     if (this.#closed) return
     const seq = ++this.#seq
-    const record: StreamRecord = { seq, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null }
+    const record: StreamRecord = {
+      seq, order: ++this.#order, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null
+    }
     this.#ring[seq % this.#options.replaySize] = record
     if (this.#subscribers.size === 0) return
+    this.#queue(record)
+  }
+
+  /**
+   * `call` events are live telemetry: no id, not kept in the replay ring (a burst of calls must
+   * never push out the registry changes a reconnecting plugin needs), and at most
+   * `maxCallEventsPerSecond` of them streamed per second. The console's per-second stats
+   * (`/api/console/stats`) count every call either way.
+   */
+  #publishCall (e: CallFinishedEvent): void {
+    if (this.#closed || this.#subscribers.size === 0) return
+    const second = Math.floor(performance.now() / 1000)
+    if (second !== this.#callSecond) {
+      this.#callSecond = second
+      this.#callsThisSecond = 0
+    }
+    if (this.#callsThisSecond >= this.#options.maxCallEventsPerSecond) return
+    this.#callsThisSecond++
+    this.#queue({ seq: 0, order: ++this.#order, type: 'call', roles: [e.role], data: e, frame: null })
+  }
+
+  #queue (record: StreamRecord): void {
     this.#pending.push(record)
     if (this.#flushTimer === null) this.#flushTimer = setTimeout(this.#flush, FLUSH_MS)
   }
@@ -231,7 +264,7 @@ export class EventHub {
       let text = ''
       for (const record of records) {
         // A record queued before this subscriber came was in its hello/replay already (or not wanted).
-        if (record.seq > subscriber.afterSeq && passes(record, subscriber.filter)) text += this.#frame(record)
+        if (record.order > subscriber.afterOrder && passes(record, subscriber.filter)) text += this.#frame(record)
       }
       if (text !== '') this.#send(subscriber, text)
     }
@@ -254,7 +287,8 @@ export class EventHub {
       const json = record.type === 'call'
         ? this.#callJson(record.data as CallFinishedEvent)
         : JSON.stringify(record.data)
-      record.frame = `id: ${this.#tag}-${record.seq}\nevent: ${record.type}\ndata: ${json}\n\n`
+      const id = record.seq === 0 ? '' : `id: ${this.#tag}-${record.seq}\n`
+      record.frame = `${id}event: ${record.type}\ndata: ${json}\n\n`
     }
     return record.frame
   }
