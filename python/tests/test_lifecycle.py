@@ -221,3 +221,33 @@ async def test_a_named_role_gets_the_tools_alone_and_only_its_registrations_are_
 
 async def _echo(text: str) -> str:
     return text
+
+
+async def test_ownership_mode_binds_the_source_to_the_plugin_key(tmp_path: os.PathLike[str]) -> None:
+    config = os.path.join(tmp_path, "config.json")
+    with open(config, "w") as f:
+        f.write('{"security": {"enforceOwnership": true}}')
+    tp = await asyncio.to_thread(start_toolport, ["default"], ["--config", config])
+    try:
+        with pytest.raises(PluginError) as bad_key:
+            Plugin("owned", toolport_url=tp.url, plugin_key="short")
+        assert bad_key.value.code == "TP_ERR_PLUGIN_OPTIONS"
+
+        owner = Plugin("owned", toolport_url=tp.url, poll_interval=0.3)
+        owner.tool(_echo)
+        async with owner:
+            # Another plugin claiming the same source (its own random key) is refused.
+            thief = Plugin("owned", toolport_url=tp.url, start_timeout=0)
+            thief.tool(_echo)
+            with pytest.raises(PluginError) as info:
+                await thief.start()
+            assert (info.value.status, info.value.toolport_code) == (403, "TP_ERR_NOT_OWNER")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(tp.url + "/api/tools?role=default") as res:
+                    assert [t["name"] for t in (await res.json())["tools_by_role"]["default"]] == ["_echo"]
+        # The owner's clean stop was allowed to clear its source.
+        async with aiohttp.ClientSession() as session:
+            async with session.get(tp.url + "/api/tools?role=default") as res:
+                assert (await res.json())["tools_by_role"]["default"] == []
+    finally:
+        await asyncio.to_thread(tp.stop)

@@ -33,9 +33,10 @@ class NoEventStream(Exception):
 
 
 class ToolportClient:
-    def __init__(self, base_url: str, token: str | None, request_timeout: float) -> None:
+    def __init__(self, base_url: str, token: str | None, request_timeout: float, plugin_key: str | None = None) -> None:
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
         self._token = token
+        self._plugin_key = plugin_key
         self._timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
 
@@ -43,6 +44,9 @@ class ToolportClient:
         headers = {"accept": "application/json", "user-agent": "toolport-plugin-python"}
         if self._token is not None:
             headers["authorization"] = f"Bearer {self._token}"
+        if self._plugin_key is not None:
+            # Ownership mode binds our source to this key; Toolport ignores it otherwise.
+            headers["x-toolport-plugin-key"] = self._plugin_key
         if json_body:
             headers["content-type"] = "application/json"
         return headers

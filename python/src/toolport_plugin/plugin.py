@@ -20,6 +20,7 @@ lacks. While Toolport is down, checks and reconnections back off exponentially w
 from __future__ import annotations
 
 import asyncio
+import secrets
 import inspect
 import logging
 import random
@@ -110,6 +111,7 @@ class Plugin:
         role: str | None = None,
         token: str | None = None,
         token_file: str | None = None,
+        plugin_key: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         poll_interval: float = 2.0,
@@ -136,7 +138,17 @@ class Plugin:
         self._start_timeout = float(start_timeout)
         self._log = logger or logging.getLogger("toolport_plugin")
         self._tools: dict[str, Tool] = {}
-        self._client = ToolportClient(url, token, float(request_timeout))
+        if plugin_key is None:
+            # Random per plugin: in ownership mode the source is ours while our tools are registered.
+            plugin_key = secrets.token_urlsafe(32)
+        elif not isinstance(plugin_key, str) or not 32 <= len(plugin_key) <= 512 or any(
+            not "!" <= c <= "~" for c in plugin_key
+        ):
+            raise PluginError(
+                "TP_ERR_PLUGIN_OPTIONS", "plugin_key must be 32-512 visible ASCII characters (e.g. secrets.token_urlsafe(32))"
+            )
+        self.plugin_key = plugin_key
+        self._client = ToolportClient(url, token, float(request_timeout), plugin_key)
         self._server = CallbackServer(host, port, max_body_bytes, self._tools, self._log)
         self._listeners: dict[str, list[Callable[[Any], Any]]] = {"registered": [], "error": []}
         self._state = "idle"  # idle → starting → running → stopping → stopped
