@@ -35,7 +35,7 @@ export function workerModule (name: string): WorkerModule {
 }
 
 /** True when dist/ holds a compiled file at least as new as each source file under src/ (checked once). */
-function distIsFresh (root: string): boolean {
+export function distIsFresh (root: string): boolean {
   if (isDistFresh !== null) return isDistFresh
   const src = join(root, 'src')
   const dist = join(root, 'dist')
