@@ -5,16 +5,30 @@
 // or a real socket on 127.0.0.1.
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
+import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { fileURLToPath } from 'node:url'
 import type { TestContext } from 'node:test'
 import { request as httpRequest } from 'undici'
 import { createToolport, type Toolport, type ToolportOptions } from '../src/main/index.js'
 import type { ModelSession } from '../src/main/roles/sync.js'
 import type { ToolDefinition } from '../src/main/roles/tool-registry.js'
 import { startCallbackServer, type CallbackServer } from './fixtures/callback-server.js'
+import { distIsFresh } from '../src/main/dispatch/worker-module.js'
 
 /** A callback URL on loopback; registration never calls it (dispatch is not exercised here). */
 export const CALLBACK = 'http://127.0.0.1:9333/tools/get_weather'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+
+/**
+ * Node's arguments that run the `toolport` command: the compiled dist/main/cli.js when dist/ is at
+ * least as new as every source file (the same code, without tsx's start-up cost per process),
+ * else src/main/cli.ts under tsx.
+ */
+export function toolportCliArgs (): string[] {
+  return distIsFresh(ROOT) ? [join(ROOT, 'dist/main/cli.js')] : ['--import', 'tsx', join(ROOT, 'src/main/cli.ts')]
+}
 
 /** Options every test Toolport starts from: silent, inline dispatch (no worker threads needed). */
 function testOptions (options: ToolportOptions): ToolportOptions {

@@ -11,10 +11,9 @@ import { createInterface } from 'node:readline'
 import { PassThrough } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { main } from '../../src/main/cli.js'
-import { httpJson, tool } from '../helpers.js'
+import { httpJson, tool, toolportCliArgs } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
-const CLI = join(ROOT, 'src/main/cli.ts')
 const URL_LINE = /(http:\/\/127\.0\.0\.1:(\d+))/
 const SLOW = { timeout: 60_000 }
 
@@ -37,9 +36,9 @@ function cleanEnv (extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   return { ...env, ...extra }
 }
 
-/** Spawns `toolport <args>` under tsx; killed in t.after if still running. */
+/** Spawns `toolport <args>` (see toolportCliArgs); killed in t.after if still running. */
 function runCli (t: TestContext, args: string[], env: Record<string, string> = {}): Cli {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], {
+  const child = spawn(process.execPath, [...toolportCliArgs(), ...args], {
     cwd: ROOT,
     env: cleanEnv(env),
     stdio: ['ignore', 'pipe', 'pipe']

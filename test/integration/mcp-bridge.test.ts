@@ -12,10 +12,9 @@ import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelco
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { closedPort } from '../fixtures/callback-server.js'
 import { main } from '../../src/main/cli.js'
-import { callbackServer as callbacks, registerOverHttp as register } from '../helpers.js'
+import { callbackServer as callbacks, registerOverHttp as register, toolportCliArgs } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
-const CLI = fileURLToPath(new URL('../../src/main/cli.ts', import.meta.url))
 
 interface Bridged {
   client: Client
@@ -35,7 +34,7 @@ async function startTp (t: TestContext, port = 0): Promise<{ tp: Toolport, url: 
 async function bridge (t: TestContext, role: string, url: string): Promise<Bridged> {
   const transport = new StdioClientTransport({
     command: process.execPath,
-    args: ['--import', 'tsx', CLI, 'mcp', '--role', role, '--url', url],
+    args: [...toolportCliArgs(), 'mcp', '--role', role, '--url', url],
     cwd: ROOT,
     stderr: 'pipe'
   })

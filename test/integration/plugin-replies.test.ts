@@ -3,7 +3,7 @@
 // (test/fixtures/neko_plugin.py), through every way a model reaches a tool: callTool,
 // POST /api/tools/call, MCP (the official SDK Client over Streamable HTTP) and the Realtime
 // adapter (a local `ws` provider). Both dispatch modes.
-import { describe, test, type TestContext } from 'node:test'
+import { after, describe, test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
 import { once } from 'node:events'
@@ -81,8 +81,18 @@ const NO_DATA_TEXT = '{"error":"NO_DATA","output":{"reason":"no_data"}}'
 
 for (const mode of ['pool', 'inline'] as const) {
   describe(`plugin replies like the originating application's (${mode} mode)`, { skip: SKIP }, () => {
+    // One plugin process and one Toolport for the whole suite: the tests only call the tools, and
+    // each closes what it opens (MCP clients, realtime sessions).
+    let shared: Promise<Setup> | undefined
+    const cleanups: Array<() => unknown> = []
+    const suiteScope = { after: (fn: () => unknown) => { cleanups.push(fn) } } as unknown as TestContext
+    const setupOnce = (): Promise<Setup> => (shared ??= setup(suiteScope, mode))
+    after(async () => {
+      for (const cleanup of cleanups.reverse()) await cleanup()
+    })
+
     test('R11: an error reply keeps error and output; the model text carries both, or only the error when output is null', async (t) => {
-      const { tp } = await setup(t, mode)
+      const { tp } = await setupOnce()
       const noData = await tp.callTool('Lanlan', { name: 'no_data', arguments: {} })
       assert.equal(noData.is_error, true)
       assert.equal(noData.error, 'NO_DATA')
@@ -106,7 +116,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('R11: POST /api/tools/call answers the error with its output', async (t) => {
-      const { url } = await setup(t, mode)
+      const { url } = await setupOnce()
       const reply = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'Lanlan', name: 'no_data', arguments: {} })
       assert.equal(reply.statusCode, 200)
       assert.deepEqual(reply.body, {
@@ -125,7 +135,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('R11: MCP tools/call answers isError with the error and output as text (SDK client)', async (t) => {
-      const { url } = await setup(t, mode)
+      const { url } = await setupOnce()
       const client = await mcpClient(t, url)
       const result = await client.callTool({ name: 'no_data', arguments: {} }) as CallToolResult
       assert.equal(result.isError, true)
@@ -134,7 +144,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('images: checked images reach the ToolResult with their prompt, and the output stays as sent', async (t) => {
-      const { tp, plugin } = await setup(t, mode)
+      const { tp, plugin } = await setupOnce()
       const result = await tp.callTool('Lanlan', { name: 'picture', arguments: { location: 'Oslo' } })
       assert.equal(result.is_error, false)
       assert.deepEqual(result.output, { caption: '天气图', location: 'Oslo' })
@@ -146,7 +156,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('images: POST /api/tools/call and MCP answer them (MCP as image content items beside the text)', async (t) => {
-      const { url, plugin } = await setup(t, mode)
+      const { url, plugin } = await setupOnce()
       const reply = await httpJson(`${url}/api/tools/call`, 'POST', {
         role: 'Lanlan',
         name: 'picture',
@@ -170,7 +180,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('images: bad base64, a mime mismatch, an image over the size cap and one over the count cap become _image_warnings; the call is answered', async (t) => {
-      const { tp } = await setup(t, mode)
+      const { tp } = await setupOnce()
       const result = await tp.callTool('Lanlan', { name: 'bad_images', arguments: {} })
       assert.equal(result.is_error, false)
       assert.equal(result.images, undefined)
@@ -186,7 +196,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('images: past the count cap the first ones still pass; a string output is wrapped beside its warnings', async (t) => {
-      const { tp, plugin } = await setup(t, mode)
+      const { tp, plugin } = await setupOnce()
       const result = await tp.callTool('Lanlan', { name: 'too_many', arguments: {} })
       assert.deepEqual(result.images?.map((image) => image.data_base64), [plugin.red, plugin.blue, plugin.red])
       const output = result.output as { output: string, _image_warnings: string[] }
@@ -196,7 +206,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('images: with no output, the good image passes and the model reads only the warnings', async (t) => {
-      const { tp, plugin, url } = await setup(t, mode)
+      const { tp, plugin, url } = await setupOnce()
       const result = await tp.callTool('Lanlan', { name: 'images_only', arguments: {} })
       assert.deepEqual(result.images, [{ mime_type: 'image/png', data_base64: plugin.blue }])
       assert.deepEqual(Object.keys(result.output as object), ['_image_warnings'])
@@ -210,7 +220,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('images: toolResultBlock shapes Anthropic tool_result and OpenAI Responses function_call_output with the images', async (t) => {
-      const { tp, plugin } = await setup(t, mode)
+      const { tp, plugin } = await setupOnce()
       const result = await tp.callTool('Lanlan', { name: 'picture', arguments: { location: 'Oslo' } })
       const text = '{"caption":"天气图","location":"Oslo"}'
       assert.deepEqual(toolResultBlock(result, 'anthropic', 'toolu_1'), {
@@ -248,7 +258,7 @@ for (const mode of ['pool', 'inline'] as const) {
     })
 
     test('Realtime: function_call_output carries the error with its output, and says how many images were omitted', async (t) => {
-      const { tp } = await setup(t, mode)
+      const { tp } = await setupOnce()
       const server = new WebSocketServer({ host: '127.0.0.1', port: 0 })
       await once(server, 'listening')
       const received: Json[] = []

@@ -25,6 +25,7 @@ import type { CallOutcome, CallTask, LaneHello, OutcomeKind, WorkerOptions } fro
 import { CallbackClient } from '../../shared/callback-client.js'
 import { ReplyBudget } from '../../shared/reply-budget.js'
 import type { DispatchOptions } from '../config.js'
+import { workerModule } from './worker-module.js'
 
 /** How long past a call's deadline the main thread waits for its outcome before declaring it lost. */
 const DEADLINE_GRACE_MS = 1_000
@@ -159,8 +160,10 @@ export class Dispatcher {
       maxImages: options.maxImages,
       maxImageBytes: options.maxImageBytes
     }
+    const worker = workerModule('call-task')
     this.#pool = new Piscina({
-      filename: workerFile(),
+      filename: worker.url,
+      execArgv: worker.execArgv,
       workerData,
       minThreads: options.threads,
       maxThreads: options.threads,
@@ -532,9 +535,3 @@ export function failure (id: number, kind: OutcomeKind, message: string): CallOu
 }
 
 function noop (): void {}
-
-/** The worker file next to this module, with this module's extension (`.ts` under tsx). */
-function workerFile (): string {
-  const extension = import.meta.url.endsWith('.ts') ? '.ts' : '.js'
-  return new URL(`../../workers/call-task${extension}`, import.meta.url).href
-}

@@ -28,6 +28,7 @@ import {
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
 import type { CompileJob, CompileReply } from '../../workers/schema-compiler.js'
+import { workerModule, type WorkerModule } from './worker-module.js'
 
 /** The compile budgets (the `limits` options of the same names). */
 export interface SchemaBudgets {
@@ -261,8 +262,10 @@ class SchemaCompiler {
   }
 
   #start (): Worker {
-    const worker = new Worker(compilerBootstrap(), {
+    const module = workerModule('schema-compiler')
+    const worker = new Worker(compilerBootstrap(module), {
       eval: true,
+      execArgv: module.execArgv,
       resourceLimits: { maxOldGenerationSizeMb: COMPILER_HEAP_MB },
       stdout: false,
       stderr: false
@@ -324,14 +327,13 @@ const compiler = new SchemaCompiler()
 
 /**
  * The compiler thread's entry: imports the compiler module. Under a TypeScript loader (tsx, in
- * tests and the bench) the module is a .ts file, and a worker thread does not reliably get the
- * loader's hooks from `--import`, so the entry registers tsx's hooks in the thread first.
+ * tests and the bench) the module may be a .ts file (see worker-module.ts), and a worker thread
+ * does not reliably get the loader's hooks from `--import`, so the entry then registers tsx's hooks
+ * in the thread first.
  */
-function compilerBootstrap (): string {
-  const isTypeScript = import.meta.url.endsWith('.ts')
-  const file = new URL(`../../workers/schema-compiler${isTypeScript ? '.ts' : '.js'}`, import.meta.url).href
-  const register = isTypeScript ? `(await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();` : ''
-  return `(async () => { ${register} await import(${JSON.stringify(file)}) })().catch((err) => { throw err })`
+function compilerBootstrap (module: WorkerModule): string {
+  const register = module.typescript ? `(await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();` : ''
+  return `(async () => { ${register} await import(${JSON.stringify(module.url)}) })().catch((err) => { throw err })`
 }
 
 function noop (): void {}

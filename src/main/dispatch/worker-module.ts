@@ -1,0 +1,78 @@
+// Where a worker thread's module is loaded from.
+//
+// Built (dist/…/*.js), a worker module sits next to this module. Run from the sources under a
+// TypeScript loader (tsx: tests, the bench), every worker thread would have to load tsx and run
+// its hooks on each module it imports, which costs hundreds of milliseconds per thread on a busy
+// machine (and the test suite starts many pools). So under tsx a worker loads the compiled
+// dist/workers/<name>.js instead, but only when every source file has its compiled file in dist/
+// at least as new as the source: a stale or partial build is never used, the worker then loads
+// the .ts file through tsx. TOOLPORT_WORKERS_FROM_SOURCE=1 always loads the sources (coverage).
+import { readdirSync, statSync } from 'node:fs'
+import { join, relative } from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+export interface WorkerModule {
+  /** The module's file URL. */
+  readonly url: string
+  /** True when the module is TypeScript and the thread needs tsx's hooks to load it. */
+  readonly typescript: boolean
+  /** The thread's execArgv: undefined inherits the process's; without tsx for a built module under tsx. */
+  readonly execArgv: string[] | undefined
+}
+
+let isDistFresh: boolean | null = null
+
+/** The module of worker `name` (`src/workers/<name>.ts`, built to `dist/workers/<name>.js`). */
+export function workerModule (name: string): WorkerModule {
+  if (!import.meta.url.endsWith('.ts')) {
+    return { url: new URL(`../../workers/${name}.js`, import.meta.url).href, typescript: false, execArgv: undefined }
+  }
+  const root = new URL('../../../', import.meta.url)
+  if (process.env.TOOLPORT_WORKERS_FROM_SOURCE !== '1' && distIsFresh(fileURLToPath(root))) {
+    return { url: new URL(`dist/workers/${name}.js`, root).href, typescript: false, execArgv: withoutTsx(process.execArgv) }
+  }
+  return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv: undefined }
+}
+
+/** True when dist/ holds a compiled file at least as new as each source file under src/ (checked once). */
+export function distIsFresh (root: string): boolean {
+  if (isDistFresh !== null) return isDistFresh
+  const src = join(root, 'src')
+  const dist = join(root, 'dist')
+  try {
+    isDistFresh = true
+    for (const entry of readdirSync(src, { withFileTypes: true, recursive: true })) {
+      if (!entry.isFile() || !entry.name.endsWith('.ts') || entry.name.endsWith('.d.ts')) continue
+      const source = join(entry.parentPath, entry.name)
+      const built = join(dist, relative(src, source)).replace(/\.ts$/, '.js')
+      const builtStat = statSync(built, { throwIfNoEntry: false })
+      if (builtStat === undefined || builtStat.mtimeMs < statSync(source).mtimeMs) {
+        isDistFresh = false
+        break
+      }
+    }
+  } catch {
+    isDistFresh = false
+  }
+  return isDistFresh
+}
+
+/** `execArgv` without the `--import tsx` (or `--require`/`--loader` of tsx) flags. */
+function withoutTsx (execArgv: readonly string[]): string[] {
+  const kept: string[] = []
+  for (let i = 0; i < execArgv.length; i++) {
+    const arg = execArgv[i] as string
+    const flag = /^--(import|require|loader|experimental-loader)(=(.*))?$/.exec(arg)
+    if (flag === null || (flag[3] === undefined && i + 1 >= execArgv.length)) {
+      kept.push(arg)
+      continue
+    }
+    const value = flag[3] ?? (execArgv[i + 1] as string)
+    if (/(^|[\\/])tsx([\\/]|$)/.test(value)) {
+      if (flag[3] === undefined) i++
+      continue
+    }
+    kept.push(arg)
+  }
+  return kept
+}
