@@ -57,22 +57,33 @@ export function distIsFresh (root: string): boolean {
   return isDistFresh
 }
 
-/** `execArgv` without the `--import tsx` (or `--require`/`--loader` of tsx) flags. */
+/** Flags without a value that a worker thread accepts and that are worth passing on. */
+const WORKER_FLAGS = new Set(['--enable-source-maps', '--no-warnings', '--no-deprecation', '--trace-warnings',
+  '--trace-uncaught'])
+
+/**
+ * The parent's `execArgv` as a built worker may take it: module loaders other than tsx,
+ * `--conditions` and a few harmless flags. Everything else is left out, because a worker thread
+ * refuses per-process flags (`--expose-gc`, `--max-old-space-size`, any V8 option) with
+ * ERR_WORKER_INVALID_EXEC_ARGV, which an explicit `execArgv` would otherwise pass on.
+ */
 function withoutTsx (execArgv: readonly string[]): string[] {
   const kept: string[] = []
   for (let i = 0; i < execArgv.length; i++) {
     const arg = execArgv[i] as string
-    const flag = /^--(import|require|loader|experimental-loader)(=(.*))?$/.exec(arg)
-    if (flag === null || (flag[3] === undefined && i + 1 >= execArgv.length)) {
+    if (WORKER_FLAGS.has(arg)) {
       kept.push(arg)
       continue
     }
-    const value = flag[3] ?? (execArgv[i + 1] as string)
-    if (/(^|[\\/])tsx([\\/]|$)/.test(value)) {
-      if (flag[3] === undefined) i++
-      continue
-    }
-    kept.push(arg)
+    const flag = /^(--import|--require|--loader|--experimental-loader|--conditions|-C)(=(.*))?$/.exec(arg)
+    if (flag === null) continue
+    const hasInlineValue = flag[3] !== undefined
+    const value = hasInlineValue ? flag[3] as string : execArgv[i + 1]
+    if (!hasInlineValue) i++
+    if (value === undefined) continue
+    if (flag[1] !== '--conditions' && flag[1] !== '-C' && /(^|[\\/])tsx([\\/]|$)/.test(value)) continue
+    if (hasInlineValue) kept.push(arg)
+    else kept.push(arg, value)
   }
   return kept
 }
