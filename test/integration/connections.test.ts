@@ -68,17 +68,23 @@ async function getWithToken (url: string, token: string | null): Promise<{ statu
   return { statusCode: res.statusCode, connection: res.headers.connection }
 }
 
-test('a 401 answers Connection: close and the server closes that socket', async (t) => {
-  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN } })
+/** Sends `request` on a raw socket and resolves with everything read once the server closed it. */
+async function rawUntilClosed (t: { after: (fn: () => void) => void }, port: number, request: string): Promise<string> {
   const socket = connect(port, '127.0.0.1')
   t.after(() => socket.destroy())
   await once(socket, 'connect')
   let answer = ''
   socket.setEncoding('utf8').on('data', (chunk: string) => { answer += chunk })
   const closed = once(socket, 'close')
-  // A keep-alive request without the token: the server must not keep the socket for a retry.
-  socket.write('GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n')
+  socket.write(request)
   await closed
+  return answer
+}
+
+test('a 401 answers Connection: close and the server closes that socket', async (t) => {
+  const { url, port } = await startToolport(t, { roles: ['A'], security: { token: TOKEN } })
+  // A keep-alive request without the token: the server must not keep the socket for a retry.
+  const answer = await rawUntilClosed(t, port, 'GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n')
   assert.match(answer, /^HTTP\/1\.1 401 /)
   assert.match(answer, /\r\nconnection: close\r\n/i)
   // With the token, the same route answers (and keeps the socket).
@@ -87,14 +93,7 @@ test('a 401 answers Connection: close and the server closes that socket', async 
 
 test('a 403 (foreign Host) answers Connection: close', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
-  const socket = connect(port, '127.0.0.1')
-  t.after(() => socket.destroy())
-  await once(socket, 'connect')
-  let answer = ''
-  socket.setEncoding('utf8').on('data', (chunk: string) => { answer += chunk })
-  const closed = once(socket, 'close')
-  socket.write('GET /api/tools HTTP/1.1\r\nHost: attacker.example\r\n\r\n')
-  await closed
+  const answer = await rawUntilClosed(t, port, 'GET /api/tools HTTP/1.1\r\nHost: attacker.example\r\n\r\n')
   assert.match(answer, /^HTTP\/1\.1 403 /)
   assert.match(answer, /\r\nconnection: close\r\n/i)
 })
