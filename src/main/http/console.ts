@@ -43,41 +43,18 @@ export function isConsolePath (request: FastifyRequest): boolean {
 }
 
 /**
- * The guard of the standalone app, with two exemptions the console needs and nothing else gets:
- * - its static files skip only the token check in token mode (the page then asks for the token
- *   and sends it to the API, which still requires it);
- * - a request whose `Origin` is this server's own origin (`http://` + the Host, which the Host
- *   check has just found to be a loopback name) is the console's own page: browsers send Origin
- *   on module scripts and on every POST, and a same-origin page is not a cross-site one. A page
- *   on any other origin, another loopback port included, is still refused. Without the Host
- *   check there is no such exemption (a rebinding page would be "same-origin" by its own name).
+ * The guard of the standalone app, with the one exemption the console needs: in token mode its
+ * static files skip the token check (the page then asks for the token and sends it to the API,
+ * which still requires it). Its own-origin requests pass the shared guard's Origin rule
+ * (src/main/http/guard.ts: `Origin` = `http://<Host>` once the Host check passed).
  */
 export function buildAppGuard (security: GuardOptions, hasConsole: boolean): GuardHook {
   const guard = buildGuard(security)
-  if (!hasConsole) return guard
-  const withoutToken = security.token === undefined ? guard : buildGuard({ ...security, token: undefined })
-  const sameOrigin = security.checkHost && security.checkOrigin
-    ? buildGuard({
-      ...security,
-      checkOrigin: false
-    })
-    : guard
-  const sameOriginWithoutToken = security.checkHost && security.checkOrigin
-    ? buildGuard({ ...security, checkOrigin: false, token: undefined })
-    : withoutToken
+  if (!hasConsole || security.token === undefined) return guard
+  const withoutToken = buildGuard({ ...security, token: undefined })
   return function toolportAppGuard (request, reply, done): void {
-    const isAsset = isConsolePath(request)
-    if (isSameOrigin(request)) (isAsset ? sameOriginWithoutToken : sameOrigin)(request, reply, done)
-    else (isAsset ? withoutToken : guard)(request, reply, done)
+    (isConsolePath(request) ? withoutToken : guard)(request, reply, done)
   }
-}
-
-/** True when `Origin` is exactly `http://<Host>` (the Host itself is judged by the guard). */
-function isSameOrigin (request: FastifyRequest): boolean {
-  const origin = request.headers.origin
-  const host = request.headers.host
-  if (origin === undefined || host === undefined) return false
-  return origin.toLowerCase() === `http://${host.toLowerCase()}`
 }
 
 /** Registers the console's routes on `app` (in their own context, so its hooks stay local). */

@@ -70,7 +70,8 @@ export function buildGuard (options: GuardOptions): GuardHook {
     if (checkOrigin) {
       const origin = request.headers.origin
       if (origin !== undefined) {
-        if (!allowedOrigins.has(origin) && !isOwnOrigin(origin, socket?.localPort)) {
+        if (!allowedOrigins.has(origin) && !isOwnOrigin(origin, socket?.localPort) &&
+          !(checkHost && isHostOrigin(origin, request.headers.host))) {
           done(new OriginForbiddenError(`Origin ${JSON.stringify(origin)} is not allowed`))
           return
         }
@@ -109,6 +110,14 @@ function isOwnOrigin (origin: string, localPort: number | undefined): boolean {
   if (colon === -1) return localPort === 80
   const port = rest.slice(colon + 1)
   return /^[1-9]\d{0,4}$/.test(port) && Number(port) === localPort
+}
+
+/**
+ * True when `Origin` is exactly `http://<Host>`: a page Toolport served itself, under the name it
+ * was reached by. Only trusted once the Host check passed (a rebinding page's Host is refused).
+ */
+function isHostOrigin (origin: string, host: string | undefined): boolean {
+  return host !== undefined && origin.toLowerCase() === `http://${host.toLowerCase()}`
 }
 
 function sha256 (text: string): Buffer {
