@@ -34,6 +34,7 @@ import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
 import { VERSION } from '../version.js'
+import { jsonDepth } from '../schemas.js'
 import { toolDefinitions } from './definitions.js'
 import { BoundedEventStore, type EventStoreLimits } from './event-store.js'
 
@@ -518,24 +519,10 @@ const MAX_STRUCTURED_DEPTH = 4096
  * as `POST /api/tools/call` does.
  */
 function sendableResult (result: CallToolResult): CallToolResult {
-  if (result.structuredContent === undefined || !isDeeperThan(result.structuredContent,
-    MAX_STRUCTURED_DEPTH)) return result
+  if (result.structuredContent === undefined ||
+    jsonDepth(result.structuredContent, MAX_STRUCTURED_DEPTH) <= MAX_STRUCTURED_DEPTH) return result
   const error = `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`
   return { content: [{ type: 'text', text: JSON.stringify({ error }) }], isError: true }
-}
-
-/** Whether objects/arrays nest deeper than `limit` in `value` (iterative: no stack to overflow). */
-function isDeeperThan (value: unknown, limit: number): boolean {
-  const stack: Array<[unknown, number]> = [[value, 1]]
-  while (stack.length > 0) {
-    const [current, depth] = stack.pop() as [unknown, number]
-    if (typeof current !== 'object' || current === null) continue
-    if (depth > limit) return true
-    for (const child of Array.isArray(current) ? current : Object.values(current)) {
-      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
-    }
-  }
-  return false
 }
 
 const definitionBytes = new WeakMap<object, number>()
