@@ -2,7 +2,9 @@
 // whether it succeeded", so every path runs in the very same closed loop:
 //
 // - raw undici: `Pool.request` on the main thread, the body read as text. The floor: what any
-//   client in this process must pay. Same connection cap as Toolport's per-origin pool.
+//   client in this process must pay to send the same request (the same body and the same headers
+//   as Toolport's, `callbackHeaders`, so the callback server parses the same bytes). Same
+//   connection cap as Toolport's per-origin pool.
 // - toolport inline / pool: `tp.callTool()` on a real Toolport (createToolport), which also parses
 //   and validates the arguments, builds the body, maps the reply to a ToolResult.
 // - fetch: Node's global fetch with its default dispatcher (what a naive implementation uses).
@@ -39,6 +41,24 @@ export function callbackBody (route: Route, callId: string): string {
   return `{"name":${JSON.stringify(toolName(route))},"arguments":${RAW_ARGUMENTS},"call_id":${JSON.stringify(callId)},"raw_arguments":${JSON.stringify(RAW_ARGUMENTS)}}`
 }
 
+/**
+ * The headers Toolport sends with a call (src/shared/callback-client.ts; docs/protocol.md R9), so
+ * that every baseline sends the same request and the callback server does the same work for it.
+ * `deadlineMs` is the call's remaining budget, computed per call as Toolport does.
+ */
+export function callbackHeaders (callId: string, deadlineMs: number): Record<string, string> {
+  return {
+    'content-type': 'application/json',
+    accept: 'application/json',
+    'user-agent': 'toolport',
+    'x-toolport-call-id': callId,
+    'x-toolport-deadline-ms': String(deadlineMs)
+  }
+}
+
+/** The tools' budget in the bench (timeout_seconds 60), for the baselines' deadline header. */
+const CALL_BUDGET_MS = 60_000
+
 export function toolName (route: Route): string {
   return `echo_${route}`
 }
@@ -63,8 +83,9 @@ export function rawUndiciPath (origin: string, connections = CONNECTIONS, name =
     caller (route) {
       const path = ROUTES[route]
       const body = callbackBody(route, 'call_raw')
-      const headers = { 'content-type': 'application/json', 'x-toolport-call-id': 'call_raw' }
       return async function rawCall (): Promise<boolean> {
+        const deadline = Date.now() + CALL_BUDGET_MS
+        const headers = callbackHeaders('call_raw', deadline - Date.now())
         const { statusCode, body: reply } = await pool.request({ method: 'POST', path, headers, body })
         const text = await reply.text()
         if (parse) JSON.parse(text)
@@ -81,8 +102,8 @@ export function fetchPath (origin: string): DispatchPath {
     caller (route) {
       const url = origin + ROUTES[route]
       const body = callbackBody(route, 'call_fetch')
-      const headers = { 'content-type': 'application/json', 'x-toolport-call-id': 'call_fetch' }
       return async function fetchCall (): Promise<boolean> {
+        const headers = callbackHeaders('call_fetch', CALL_BUDGET_MS)
         const res = await fetch(url, { method: 'POST', headers, body })
         await res.text()
         return res.status === 200
@@ -99,19 +120,16 @@ export function nodeHttpPath (port: number): DispatchPath {
     caller (route) {
       const path = ROUTES[route]
       const body = callbackBody(route, 'call_http')
-      const options = {
-        agent,
-        host: '127.0.0.1',
-        port,
-        path,
-        method: 'POST',
-        headers: {
-          'content-type': 'application/json',
-          'content-length': Buffer.byteLength(body),
-          'x-toolport-call-id': 'call_http'
-        }
-      }
+      const length = Buffer.byteLength(body)
       return function httpCall (): Promise<boolean> {
+        const options = {
+          agent,
+          host: '127.0.0.1',
+          port,
+          path,
+          method: 'POST',
+          headers: { ...callbackHeaders('call_http', CALL_BUDGET_MS), 'content-length': length }
+        }
         return new Promise((resolve) => {
           const req = httpRequest(options, (res) => {
             res.setEncoding('utf8')
