@@ -117,7 +117,7 @@ function tasks (pool: Piscina, asyncPool: Piscina, validator: ArgumentsValidator
   const flatTask: unknown[] = [LANE_CALLS]
   pushTask(flatTask, task.id, task)
   const flatSmallOutcome: unknown[] = []
-  pushOutcome(flatSmallOutcome, smallOutcome)
+  pushOutcome(flatSmallOutcome, smallOutcome, [])
   const largeOutcome = outcome(LARGE_REPLY)
   const context = { name: 'get_weather', timeoutMs: 30_000 }
   const parsedArgs = JSON.parse(RAW_ARGUMENTS) as unknown

@@ -189,7 +189,9 @@ export async function toolportPath (origin: string, mode: 'pool' | 'inline', dis
       const name = toolName(route)
       return async function toolportCall (): Promise<boolean> {
         const result = await tp.callTool('bench', { name, raw_arguments: RAW_ARGUMENTS, call_id: `call_${++seq}` })
-        return !result.is_error
+        // Read the model-visible text, as raw undici reads the body as text: a caller that passes
+        // the result on needs it, and a large result builds it only when read.
+        return !result.is_error && result.text.length > 0
       }
     },
     close: () => tp.close()

@@ -32,6 +32,11 @@ export interface CallbackClientOptions {
   slotSpace?: number
   /** The shared reply-byte budget (`ReplyBudget.create`); default: a budget of its own, 256 MiB. */
   replyBudget?: SharedArrayBuffer
+  /**
+   * Replies whose model-visible text is at least this many bytes end with the text as bytes
+   * (`CallOutcome.textBytes`, `text` ''), for a thread that only passes them on; default: never.
+   */
+  largeTextBytes?: number | undefined
   /** Most images passed on from one reply (default 2; src/shared/images.ts). */
   maxImages?: number | undefined
   /** Largest base64 image accepted, in bytes (default 2 MiB). */
@@ -62,6 +67,7 @@ export class CallbackClient implements CallOwner {
   readonly #overflow = new Map<number, CallAttempt>()
   readonly budget: ReplyBudget
   readonly imageLimits: ImageLimits
+  readonly largeTextBytes: number
   #running = 0
   /** Callback URLs that passed the loopback re-check, with their origin (bounded). */
   readonly #checkedOrigins = new Map<string, string>()
@@ -75,6 +81,7 @@ export class CallbackClient implements CallOwner {
     this.#slotSpace = options.slotSpace ?? DEFAULT_SLOT_SPACE
     this.#slots = new Array<CallAttempt | undefined>(this.#slotSpace).fill(undefined)
     this.budget = new ReplyBudget(options.replyBudget ?? ReplyBudget.create(DEFAULT_REPLY_BUDGET))
+    this.largeTextBytes = options.largeTextBytes ?? Number.POSITIVE_INFINITY
     this.imageLimits = {
       maxImages: options.maxImages ?? DEFAULT_IMAGE_LIMITS.maxImages,
       maxImageBytes: options.maxImageBytes ?? DEFAULT_IMAGE_LIMITS.maxImageBytes

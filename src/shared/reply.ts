@@ -25,6 +25,13 @@ export interface MappedReply {
    * the three-field shape.
    */
   images?: string[]
+  /**
+   * Set only when the caller asked for it (`largeText`) and the text is at least that many bytes:
+   * the text as UTF-8 bytes (a view into the body, to be decoded without BOM stripping), and
+   * `text` is ''. The worker thread hands such texts to the main thread as bytes, so a large reply
+   * is never built as a string on the thread that only passes it on.
+   */
+  bytes?: Uint8Array
 }
 
 const EMPTY: MappedReply = Object.freeze({ text: '', textIsJson: false, toolError: '' })
@@ -51,23 +58,33 @@ const WARNINGS_KEY = '"_image_warnings":'
  * true, toolError: '' }
  */
 export function readReply (body: Uint8Array, contentType: string,
-  limits: ImageLimits = DEFAULT_IMAGE_LIMITS): MappedReply {
+  limits: ImageLimits = DEFAULT_IMAGE_LIMITS, largeText = Number.POSITIVE_INFINITY): MappedReply {
   if (body.length === 0) return EMPTY
-  if (!looksLikeJson(body, contentType) || !scanner.scan(body)) {
-    return { text: utf8.decode(body), textIsJson: false, toolError: '' }
-  }
+  if (!looksLikeJson(body, contentType) || !scanner.scan(body)) return wholeBody(body, false, largeText)
   const root = body[scanner.rootStart]
-  if (root === 0x7b && (has(RootMember.output) || has(RootMember.isError))) return readEnvelope(body, limits)
-  if (root === 0x22) {
-    return {
-      text: stringValue(body, scanner.rootStart, scanner.rootEnd, scanner.lastStringEscaped),
-      textIsJson: false,
-      toolError: ''
-    }
+  if (root === 0x7b && (has(RootMember.output) || has(RootMember.isError))) {
+    return readEnvelope(body, limits, largeText)
   }
+  if (root === 0x22) return stringReply(body, scanner.rootStart, scanner.rootEnd, scanner.lastStringEscaped, largeText)
   // The body already is the output's JSON: reuse it as the model's text instead of re-encoding
   // (and a 100 000-deep reply that JSON.stringify could not encode still reads fine).
-  return { text: utf8.decode(body), textIsJson: true, toolError: '' }
+  return wholeBody(body, true, largeText)
+}
+
+/** The whole body as the text, decoded as `utf8` does (one leading BOM dropped). */
+function wholeBody (body: Uint8Array, textIsJson: boolean, largeText: number): MappedReply {
+  if (body.length < largeText) return { text: utf8.decode(body), textIsJson, toolError: '' }
+  const hasBom = body.length >= 3 && body[0] === 0xef && body[1] === 0xbb && body[2] === 0xbf
+  return { text: '', textIsJson, toolError: '', bytes: hasBom ? body.subarray(3) : body }
+}
+
+/** A validated JSON string value as the text (a string output). */
+function stringReply (body: Uint8Array, start: number, end: number, isEscaped: boolean,
+  largeText: number): MappedReply {
+  if (!isEscaped && end - start - 2 >= largeText) {
+    return { text: '', textIsJson: false, toolError: '', bytes: body.subarray(start + 1, end - 1) }
+  }
+  return { text: stringValue(body, start, end, isEscaped), textIsJson: false, toolError: '' }
 }
 
 /**
@@ -83,7 +100,7 @@ function has (member: RootMember): boolean {
   return scanner.memberStart[member] !== -1
 }
 
-function readEnvelope (body: Uint8Array, limits: ImageLimits): MappedReply {
+function readEnvelope (body: Uint8Array, limits: ImageLimits, largeText: number): MappedReply {
   const isError = isTrue(body, RootMember.isError)
   let images: string[] | undefined
   let warnings = ''
@@ -95,6 +112,18 @@ function readEnvelope (body: Uint8Array, limits: ImageLimits): MappedReply {
   }
   const outputKind = has(RootMember.output) ? body[scanner.memberStart[RootMember.output] as number] : undefined
   const outputIsNull = outputKind === undefined || isNull(body, RootMember.output)
+  if (!isError && warnings === '' && !outputIsNull) {
+    // The common success: the output's own bytes are the text (or, for a string, its content).
+    const start = scanner.memberStart[RootMember.output] as number
+    const end = scanner.memberEnd[RootMember.output] as number
+    const mapped = outputKind === 0x22
+      ? stringReply(body, start, end, scanner.memberEscaped[RootMember.output] === 1, largeText)
+      : end - start >= largeText
+        ? { text: '', textIsJson: true, toolError: '', bytes: body.subarray(start, end) }
+        : { text: utf8Slice.decode(body.subarray(start, end)), textIsJson: true, toolError: '' }
+    if (images !== undefined) mapped.images = images
+    return mapped
+  }
   const outputJson = outputIsNull ? '' : slice(body, RootMember.output)
   let mapped: MappedReply
   if (isError) {
@@ -107,18 +136,8 @@ function readEnvelope (body: Uint8Array, limits: ImageLimits): MappedReply {
     }
   } else if (warnings !== '') {
     mapped = { text: withWarnings(outputJson, outputKind, warnings), textIsJson: true, toolError: '' }
-  } else if (outputIsNull) {
-    mapped = { text: 'null', textIsJson: true, toolError: '' }
-  } else if (outputKind === 0x22) {
-    const start = scanner.memberStart[RootMember.output] as number
-    const end = scanner.memberEnd[RootMember.output] as number
-    mapped = {
-      text: stringValue(body, start, end, scanner.memberEscaped[RootMember.output] === 1),
-      textIsJson: false,
-      toolError: ''
-    }
   } else {
-    mapped = { text: outputJson, textIsJson: true, toolError: '' }
+    mapped = { text: 'null', textIsJson: true, toolError: '' }
   }
   if (images !== undefined) mapped.images = images
   return mapped
@@ -173,6 +192,11 @@ function isTrue (body: Uint8Array, member: RootMember): boolean {
 function isNull (body: Uint8Array, member: RootMember): boolean {
   const start = scanner.memberStart[member] as number
   return start !== -1 && body[start] === 0x6e // n(ull)
+}
+
+/** The text of a reply read with `largeText`: `text`, or the decoding of `bytes` when set. */
+export function replyText (mapped: MappedReply): string {
+  return mapped.bytes === undefined ? mapped.text : utf8Slice.decode(mapped.bytes)
 }
 
 /** The value of the validated JSON string at `body[start, end)`; decoded directly when it has no escapes. */

@@ -24,6 +24,7 @@ const client = new CallbackClient({
   connectionsPerOrigin: options.connectionsPerOrigin,
   keepAliveTimeoutMs: options.keepAliveTimeoutMs,
   connectTimeoutMs: options.connectTimeoutMs,
+  largeTextBytes: options.largeTextBytes,
   maxImages: options.maxImages,
   maxImageBytes: options.maxImageBytes,
   slotSpace: options.slotSpace,
@@ -36,17 +37,22 @@ const port = lane.port1
 port.unref()
 
 let pending: unknown[] = []
+// Buffers of large texts in `pending`, moved to the main thread rather than copied.
+let transfer: ArrayBuffer[] = []
 let isFlushScheduled = false
 
 function flush (): void {
   const message = pending
+  const moved = transfer
   pending = []
+  transfer = []
   isFlushScheduled = false
-  port.postMessage(message)
+  if (moved.length === 0) port.postMessage(message)
+  else port.postMessage(message, moved)
 }
 
 function post (outcome: CallOutcome): void {
-  pushOutcome(pending, outcome)
+  pushOutcome(pending, outcome, transfer)
   if (!isFlushScheduled) {
     isFlushScheduled = true
     setImmediate(flush)

@@ -92,6 +92,12 @@ export interface CallOutcome {
    * keeps one fixed shape.
    */
   images?: string[]
+  /**
+   * `ok`, from a client created with `largeTextBytes`: a large `text` as UTF-8 bytes instead (and
+   * `text` is ''), decoded without BOM stripping only when someone reads the result's text. The
+   * lane carries them as a transferred buffer.
+   */
+  textBytes?: Uint8Array
 }
 
 /** Options every worker thread receives through piscina's `workerData`. */
@@ -109,6 +115,8 @@ export interface WorkerOptions {
   keepAliveTimeoutMs: number
   /** Connect timeout in ms (still bounded by each call's deadline). */
   connectTimeoutMs: number
+  /** Replies whose text is at least this many bytes reach the main thread as bytes (`textBytes`). */
+  largeTextBytes?: number
   /** Most images passed on from one reply (default 2). */
   maxImages?: number
   /** Largest base64 image accepted, in bytes (default 2 MiB). */
@@ -161,17 +169,28 @@ export function readTask (m: readonly unknown[], i: number): CallTask {
 /** Fields per outcome in a worker → main message. */
 export const OUTCOME_STRIDE = 10
 
-export function pushOutcome (out: unknown[], o: CallOutcome): void {
-  out.push(o.id, o.kind, o.status, o.text, o.textIsJson, o.toolError, o.contentType, o.message, o.bytes, o.images ??
+/**
+ * Appends an outcome's fields to a lane message. A `textBytes` text travels as its Uint8Array,
+ * whose buffer (the client's alone) is added to `transfer`: moved, not copied, by postMessage.
+ */
+export function pushOutcome (out: unknown[], o: CallOutcome, transfer: ArrayBuffer[]): void {
+  let text: string | Uint8Array = o.text
+  if (o.textBytes !== undefined) {
+    // The client made sure nothing else uses this buffer (src/shared/call-attempt.ts).
+    transfer.push(o.textBytes.buffer as ArrayBuffer)
+    text = o.textBytes
+  }
+  out.push(o.id, o.kind, o.status, text, o.textIsJson, o.toolError, o.contentType, o.message, o.bytes, o.images ??
     null)
 }
 
 export function readOutcome (m: readonly unknown[], i: number): CallOutcome {
+  const text = m[i + 3] as string | Uint8Array
   const outcome: CallOutcome = {
     id: m[i] as number,
     kind: m[i + 1] as OutcomeKind,
     status: m[i + 2] as number,
-    text: m[i + 3] as string,
+    text: typeof text === 'string' ? text : '',
     textIsJson: m[i + 4] as boolean,
     toolError: m[i + 5] as string,
     contentType: m[i + 6] as string,
@@ -180,5 +199,6 @@ export function readOutcome (m: readonly unknown[], i: number): CallOutcome {
   }
   const images = m[i + 9] as string[] | null
   if (images !== null) outcome.images = images
+  if (typeof text !== 'string') outcome.textBytes = text
   return outcome
 }

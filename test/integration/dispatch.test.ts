@@ -5,7 +5,8 @@ import assert from 'node:assert/strict'
 import { once } from 'node:events'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
-import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { closedPort, LARGE_KINDS, largeReply, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
+import { replyToResult } from '../../src/main/dispatch/result.js'
 import { createTestToolport } from '../helpers.js'
 import { kOriginFailures, kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
 
@@ -128,6 +129,37 @@ for (const mode of MODES) {
       const result = await tp.callTool('Lanlan', { name: 'missing' })
       assert.equal(result.is_error, true)
       assert.match(result.error ?? '', /HTTP 404/)
+    })
+
+    test('R10–R12: large replies (sent whole or in pieces) read exactly as small ones: text, output, BOM', async (t) => {
+      const tp = await setup(t, mode)
+      const s = await server(t)
+      for (const kind of LARGE_KINDS) {
+        await register(tp, { name: `large_${kind}`, callback_url: `${s.url}/large/${kind}` })
+      }
+      for (const kind of LARGE_KINDS) {
+        const { body, contentType } = largeReply(kind)
+        const expected = replyToResult(body, contentType)
+        for (const pieces of [1, 4]) {
+          s.requests.length = 0
+          await register(tp, { name: `large_${kind}`, callback_url: `${s.url}/large/${kind}?pieces=${pieces}` })
+          const result = await tp.callTool('Lanlan', { name: `large_${kind}`, arguments: {} })
+          const what = `${kind} in ${pieces} piece(s)`
+          assert.equal(result.is_error, false, what)
+          assert.ok(result.text.length > 16 * 1024, what)
+          assert.equal(result.text, expected.text, what)
+          assert.equal(result.text, result.text, what) // read twice: the same text
+          assert.deepEqual(result.output, expected.output, what)
+          assert.equal(JSON.stringify(result), JSON.stringify(expected), what)
+        }
+      }
+      // A string output keeps its leading U+FEFF (content); a whole body drops its BOM.
+      const stringResult = await tp.callTool('Lanlan', { name: 'large_string', arguments: {} })
+      assert.equal(stringResult.text.charCodeAt(0), 0xfeff)
+      const textResult = await tp.callTool('Lanlan', { name: 'large_text', arguments: {} })
+      assert.ok(textResult.text.startsWith('plain text, not JSON: ünïcode 🦊'))
+      const rootResult = await tp.callTool('Lanlan', { name: 'large_root', arguments: {} })
+      assert.ok(Array.isArray(rootResult.output) && rootResult.output.length === 600)
     })
 
     test('R12: a non-JSON reply becomes text output', async (t) => {

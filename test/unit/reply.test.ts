@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fc from 'fast-check'
-import { mapReply } from '../../src/shared/reply.js'
+import { mapReply, readReply, replyText } from '../../src/shared/reply.js'
 
 const J = 'application/json'
 
@@ -68,4 +68,25 @@ test('property: the fast path and the general reading agree on the output for ev
       assert.deepEqual(JSON.parse(mapped.text), expected)
     }
   }), { numRuns: 500 })
+})
+
+test('property: a reply read with its text left as bytes decodes to the same text, for every body', () => {
+  const bom = Buffer.from([0xef, 0xbb, 0xbf])
+  const body = fc.oneof(
+    fc.jsonValue().map((output) => JSON.stringify({ output, is_error: false })),
+    fc.jsonValue().map((value) => JSON.stringify(value)),
+    fc.string({ unit: 'binary' }).map((text) => JSON.stringify({ output: text })),
+    fc.string({ unit: 'binary' })
+  )
+  fc.assert(fc.property(body, fc.boolean(), fc.constantFrom('application/json', 'text/plain', ''),
+    (text, withBom, type) => {
+      const bytes = withBom ? Buffer.concat([bom, Buffer.from(text)]) : Buffer.from(text)
+      const plain = readReply(bytes, type)
+      const asBytes = readReply(bytes, type, undefined, 0)
+      assert.equal(plain.bytes, undefined)
+      assert.equal(replyText(asBytes), plain.text)
+      assert.equal(asBytes.textIsJson, plain.textIsJson)
+      assert.equal(asBytes.toolError, plain.toolError)
+      if (asBytes.bytes !== undefined) assert.equal(asBytes.text, '')
+    }), { numRuns: 1000 })
 })

@@ -27,6 +27,13 @@ import { ReplyBudget } from '../../shared/reply-budget.js'
 import type { DispatchOptions } from '../config.js'
 import { workerModule } from './worker-module.js'
 
+/**
+ * Replies whose text is at least this many bytes stay bytes until someone reads the result's text
+ * (src/main/dispatch/result.ts): from a worker they cross as a transferred buffer, and no thread
+ * builds a large string that a caller may never read; shorter ones are cheaper as strings.
+ */
+const LARGE_TEXT_BYTES = 16 * 1024
+
 /** How long past a call's deadline the main thread waits for its outcome before declaring it lost. */
 const DEADLINE_GRACE_MS = 1_000
 const SWEEP_MS = 1_000
@@ -144,6 +151,7 @@ export class Dispatcher {
         connectionsPerOrigin: options.connectionsPerOrigin,
         keepAliveTimeoutMs: options.keepAliveTimeoutMs,
         connectTimeoutMs: options.connectTimeoutMs,
+        largeTextBytes: LARGE_TEXT_BYTES,
         maxImages: options.maxImages,
         maxImageBytes: options.maxImageBytes,
         slotSpace: space,
@@ -157,6 +165,7 @@ export class Dispatcher {
       connectionsPerOrigin: options.connectionsPerOrigin,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       connectTimeoutMs: options.connectTimeoutMs,
+      largeTextBytes: LARGE_TEXT_BYTES,
       maxImages: options.maxImages,
       maxImageBytes: options.maxImageBytes
     }
