@@ -14,6 +14,7 @@ export type { Role, LocalToolOptions } from './roles/role.js'
 export type { RoleManager } from './roles/roles.js'
 export type { ToolDefinition, ToolListing, LocalToolHandler, LocalToolContext } from './roles/tool-registry.js'
 export type { ToolResult, ToolImage } from './dispatch/result.js'
+export type { CancelSignal, CancelListener } from '../shared/cancel.js'
 export type { ToolportOptions, ResolvedOptions } from './config.js'
 export type {
   ToolportEvents, ToolRegisteredEvent, ToolRemovedEvent, OriginEvictedEvent, CallFinishedEvent, SyncFailedEvent,

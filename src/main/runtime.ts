@@ -28,6 +28,7 @@ import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
 import { kDispatchMode, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
+import type { CancelSignal } from '../shared/cancel.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
@@ -66,8 +67,12 @@ export interface MutationOptions {
 }
 
 export interface CallToolOptions {
-  /** Aborting it answers the call as cancelled at once and stops the callback request. */
-  signal?: AbortSignal | undefined
+  /**
+   * Aborting it answers the call as cancelled at once and stops the callback request. An
+   * AbortSignal, or anything with its `aborted`, `addEventListener` and `removeEventListener`
+   * for 'abort' (`CancelSignal`).
+   */
+  signal?: CancelSignal | undefined
 }
 
 /**

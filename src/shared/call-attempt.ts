@@ -13,6 +13,7 @@ import type { Dispatcher } from 'undici'
 import { readReply } from './reply.js'
 import type { ImageLimits } from './images.js'
 import type { ReplyBudget } from './reply-budget.js'
+import type { CancelSignal } from './cancel.js'
 import { classifyError, describeError } from './call-errors.js'
 import { HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from '../workers/protocol.js'
 import type { CallOutcome, CallTask } from '../workers/protocol.js'
@@ -69,7 +70,7 @@ function onDeadline (attempt: CallAttempt): void {
 export class CallAttempt implements Dispatcher.DispatchHandler {
   readonly task: CallTask
   readonly #onOutcome: (outcome: CallOutcome) => void
-  readonly #signal: AbortSignal | undefined
+  readonly #signal: CancelSignal | undefined
   readonly #owner: CallOwner
   #timer: NodeJS.Timeout | undefined = undefined
   #controller: Dispatcher.DispatchController | null = null
@@ -83,7 +84,7 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
   #joined: Uint8Array | null = null
   #keptBytes = 0
 
-  constructor (task: CallTask, signal: AbortSignal | undefined, onOutcome: (outcome: CallOutcome) => void,
+  constructor (task: CallTask, signal: CancelSignal | undefined, onOutcome: (outcome: CallOutcome) => void,
     owner: CallOwner) {
     this.task = task
     this.#signal = signal

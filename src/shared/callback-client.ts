@@ -16,6 +16,7 @@ import { checkCallbackUrl } from './loopback.js'
 import { createLoopbackConnector } from './loopback-connector.js'
 import { CallAttempt } from './call-attempt.js'
 import type { CallOwner } from './call-attempt.js'
+import type { CancelSignal } from './cancel.js'
 import { ReplyBudget } from './reply-budget.js'
 import { OutcomeKind } from '../workers/protocol.js'
 import { DEFAULT_IMAGE_LIMITS, type ImageLimits } from './images.js'
@@ -92,7 +93,7 @@ export class CallbackClient implements CallOwner {
    * POSTs `task.body` to the task's callback and resolves with how it ended. Never rejects.
    * `signal` aborts the call (kind 'cancelled'); the deadline is `task.deadline`.
    */
-  call (task: CallTask, signal?: AbortSignal): Promise<CallOutcome> {
+  call (task: CallTask, signal?: CancelSignal): Promise<CallOutcome> {
     return new Promise<CallOutcome>((resolve) => { this.start(task, resolve, signal) })
   }
 
@@ -100,7 +101,7 @@ export class CallbackClient implements CallOwner {
    * Like `call`, without a promise: `onOutcome` is called exactly once with how the call ended
    * (possibly synchronously, for a call refused before it was sent).
    */
-  start (task: CallTask, onOutcome: (outcome: CallOutcome) => void, signal?: AbortSignal): void {
+  start (task: CallTask, onOutcome: (outcome: CallOutcome) => void, signal?: CancelSignal): void {
     const attempt = new CallAttempt(task, signal, onOutcome, this)
     this.#running++
     const slot = task.id % this.#slotSpace

@@ -7,7 +7,8 @@ import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { closedPort, LARGE_KINDS, largeReply, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
 import { replyToResult } from '../../src/main/dispatch/result.js'
-import { createTestToolport } from '../helpers.js'
+import { createTestToolport, startToolport } from '../helpers.js'
+import { request as httpRequest } from 'node:http'
 import { kOriginFailures, kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
 
 const MODES = ['pool', 'inline'] as const
@@ -414,6 +415,24 @@ for (const mode of MODES) {
       assert.match(result.error ?? '', /cancelled/)
       assert.equal((await tp.callTool('Lanlan', { name: 'echo' })).is_error, false)
       assert.equal(tp[kPendingCalls], 0)
+    })
+
+    test('a client that hangs up on POST /api/tools/call cancels its callback request', { timeout: 10_000 }, async (t) => {
+      const { tp, url } = await startToolport(t, { roles: ROLES, dispatch: { mode } })
+      const s = await server(t)
+      await register(tp, { name: 'slow', callback_url: `${s.url}/sleep/20000` })
+      await register(tp, { name: 'echo', callback_url: `${s.url}/echo` })
+      const client = httpRequest(`${url}/api/tools/call`, { method: 'POST', headers: { 'content-type': 'application/json' } })
+      client.on('error', () => {}) // the hang-up below
+      client.end(JSON.stringify({ role: 'Lanlan', name: 'slow', arguments: {} }))
+      await once(s.events, 'request')
+      assert.equal(tp[kPendingCalls], 1)
+      const disconnected = once(s.events, 'disconnect')
+      client.destroy()
+      // Toolport stops the callback request: the plugin sees its connection close long before its 20 s.
+      await disconnected
+      while ((tp[kPendingCalls] as number) !== 0) await new Promise((resolve) => setTimeout(resolve, 5))
+      assert.equal((await tp.callTool('Lanlan', { name: 'echo' })).is_error, false)
     })
 
     test('a fast call is not held back by a slow call dispatched in the same turn', async (t) => {

@@ -24,6 +24,7 @@ import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '
 import type { CallOutcome, CallTask, LaneHello, OutcomeKind, WorkerOptions } from '../../workers/protocol.js'
 import { CallbackClient } from '../../shared/callback-client.js'
 import { ReplyBudget } from '../../shared/reply-budget.js'
+import type { CancelSignal } from '../../shared/cancel.js'
 import type { DispatchOptions } from '../config.js'
 import { workerModule } from './worker-module.js'
 
@@ -100,7 +101,7 @@ export class Dispatcher {
   readonly #state: Uint8Array
   readonly #requests: (DispatchRequest | null)[]
   readonly #resolves: (((outcome: CallOutcome) => void) | null)[]
-  readonly #signals: (AbortSignal | undefined)[]
+  readonly #signals: (CancelSignal | undefined)[]
   readonly #listeners: (SlotListener | undefined)[]
   readonly #bounds: (OriginBound | null)[]
   readonly #lanesOf: Int32Array
@@ -134,7 +135,7 @@ export class Dispatcher {
     this.#state = new Uint8Array(space)
     this.#requests = new Array<DispatchRequest | null>(space).fill(null)
     this.#resolves = new Array<((outcome: CallOutcome) => void) | null>(space).fill(null)
-    this.#signals = new Array<AbortSignal | undefined>(space).fill(undefined)
+    this.#signals = new Array<CancelSignal | undefined>(space).fill(undefined)
     this.#listeners = new Array<SlotListener | undefined>(space).fill(undefined)
     this.#bounds = new Array<OriginBound | null>(space).fill(null)
     this.#lanesOf = new Int32Array(space).fill(-1)
@@ -235,7 +236,7 @@ export class Dispatcher {
    * Performs one callback call. Never rejects: every failure is an outcome. An aborted `signal`
    * answers `cancelled` at once and tells the worker to stop the request.
    */
-  dispatch (request: DispatchRequest, signal?: AbortSignal): Promise<CallOutcome> {
+  dispatch (request: DispatchRequest, signal?: CancelSignal): Promise<CallOutcome> {
     if (this.#closing) return Promise.resolve(failure(0, 'busy', 'Toolport is closing'))
     if (this.#freeTop === 0 || this.#pending >= this.#options.maxPending) {
       return Promise.resolve(failure(0, 'busy', `${this.#options.maxPending} calls in flight`))

@@ -3,6 +3,7 @@
 import type { ToolEntry } from '../roles/tool-registry.js'
 import { errorResult, outputResult, type ToolResult } from './result.js'
 import { errorText, noop } from '../../shared/util.js'
+import type { CancelSignal } from '../../shared/cancel.js'
 
 /**
  * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
@@ -12,7 +13,7 @@ import { errorText, noop } from '../../shared/util.js'
  * `TimeoutError` DOMException at the deadline, an `AbortError` one when the call is cancelled.
  */
 export async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
-  signal: AbortSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
+  signal: CancelSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
   const handler = entry.handler
   if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
   if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
