@@ -404,6 +404,13 @@ export class Dispatcher {
     this.#state[slot] = OUTBOX
     this.#outbox.push(id)
     this.#outboxCalls++
+    if (this.#pending === 1 && !this.#isFlushScheduled) {
+      // The only call in flight: no other call of this turn can join its batch that is not
+      // already waiting for an answer, so it goes now instead of one event-loop turn later
+      // (a lone caller's latency; under load `pending` is never 1 and calls batch per turn).
+      this.#flush()
+      return
+    }
     if (!this.#isFlushScheduled) {
       this.#isFlushScheduled = true
       setImmediate(this.#flushNow)
