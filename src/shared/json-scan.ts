@@ -121,9 +121,12 @@ export class JsonScanner {
 
   /** True when `b` is one JSON text (optionally after a UTF-8 BOM, with whitespace around it). */
   scan (b: Uint8Array): boolean {
-    this.memberStart.fill(-1)
-    this.memberEnd.fill(-1)
-    this.memberEscaped.fill(0)
+    const memberStart = this.memberStart
+    const memberEnd = this.memberEnd
+    const memberEscaped = this.memberEscaped
+    memberStart.fill(-1)
+    memberEnd.fill(-1)
+    memberEscaped.fill(0)
     const end = b.length
     let i = 0
     if (end >= 3 && b[0] === 0xef && b[1] === 0xbb && b[2] === 0xbf) i = 3
@@ -137,47 +140,49 @@ export class JsonScanner {
     for (;;) {
       if (state === STATE_VALUE) {
         if (i >= end) return false
-        const c = b[i] as number
-        if (c === 0x22) { // "
-          i = this.#scanString(b, i, end)
-          if (i < 0) return false
-          state = STATE_AFTER
-        } else if (c === 0x7b) { // {
-          i = skipWhitespace(b, i + 1, end)
-          if (b[i] === 0x7d) {
-            i++
-            state = STATE_AFTER
-          } else {
+        switch (b[i]) {
+          case 0x22: // "
+            i = this.#scanString(b, i, end)
+            if (i < 0) return false
+            break
+          case 0x7b: // {
+            i = skipWhitespace(b, i + 1, end)
+            if (b[i] === 0x7d) {
+              i++
+              break
+            }
             push(depth++, OBJECT)
             state = STATE_KEY
-          }
-        } else if (c === 0x5b) { // [
-          i = skipWhitespace(b, i + 1, end)
-          if (b[i] === 0x5d) {
-            i++
-            state = STATE_AFTER
-          } else {
+            continue
+          case 0x5b: // [
+            i = skipWhitespace(b, i + 1, end)
+            if (b[i] === 0x5d) {
+              i++
+              break
+            }
             push(depth++, ARRAY)
-          }
-        } else if (c === 0x2d || (c >= 0x30 && c <= 0x39)) {
-          i = scanNumber(b, i, end)
-          if (i < 0) return false
-          state = STATE_AFTER
-        } else if (c === 0x74) {
-          i = matchLiteral(b, i, end, 'true')
-          if (i < 0) return false
-          state = STATE_AFTER
-        } else if (c === 0x66) {
-          i = matchLiteral(b, i, end, 'false')
-          if (i < 0) return false
-          state = STATE_AFTER
-        } else if (c === 0x6e) {
-          i = matchLiteral(b, i, end, 'null')
-          if (i < 0) return false
-          state = STATE_AFTER
-        } else {
-          return false
+            continue
+          case 0x2d: case 0x30: case 0x31: case 0x32: case 0x33: case 0x34: // - 0-4
+          case 0x35: case 0x36: case 0x37: case 0x38: case 0x39: // 5-9
+            i = scanNumber(b, i, end)
+            if (i < 0) return false
+            break
+          case 0x74:
+            i = matchLiteral(b, i, end, 'true')
+            if (i < 0) return false
+            break
+          case 0x66:
+            i = matchLiteral(b, i, end, 'false')
+            if (i < 0) return false
+            break
+          case 0x6e:
+            i = matchLiteral(b, i, end, 'null')
+            if (i < 0) return false
+            break
+          default:
+            return false
         }
+        state = STATE_AFTER
       } else if (state === STATE_KEY) {
         if (b[i] !== 0x22) return false
         const keyStart = i
@@ -185,25 +190,30 @@ export class JsonScanner {
         if (i < 0) return false
         // depth 1 inside an object: the root is that object (an array root would be ARRAY here).
         if (depth === 1) member = rootMember(b, keyStart, i, this.lastStringEscaped)
-        i = skipWhitespace(b, i, end)
-        if (b[i] !== 0x3a) return false // :
+        if (b[i] !== 0x3a) { // : (usually right after the key)
+          i = skipWhitespace(b, i, end)
+          if (b[i] !== 0x3a) return false
+        }
         i = skipWhitespace(b, i + 1, end)
         if (depth === 1) valueStart = i
         state = STATE_VALUE
       } else {
         if (member !== -1 && depth === 1) {
-          this.memberStart[member] = valueStart
-          this.memberEnd[member] = i
-          this.memberEscaped[member] = this.lastStringEscaped && b[valueStart] === 0x22 ? 1 : 0
+          memberStart[member] = valueStart
+          memberEnd[member] = i
+          memberEscaped[member] = this.lastStringEscaped && b[valueStart] === 0x22 ? 1 : 0
           member = -1
         }
         if (depth === 0) {
           this.rootEnd = i
           return skipWhitespace(b, i, end) === end
         }
-        i = skipWhitespace(b, i, end)
-        if (i >= end) return false
-        const c = b[i] as number
+        let c = b[i]
+        if (c !== 0x2c && c !== 0x7d && c !== 0x5d) { // , } ] (usually right after the value)
+          i = skipWhitespace(b, i, end)
+          if (i >= end) return false
+          c = b[i]
+        }
         const top = stack[depth - 1]
         if (c === 0x2c) { // ,
           i = skipWhitespace(b, i + 1, end)
