@@ -5,8 +5,8 @@
 // the worker's lifecycle): the main thread posts the calls of one event-loop turn on it as one
 // flat array, and the worker posts the outcomes of one turn back the same way. A flat positional
 // array of strings and numbers is cheaper to structured-clone and to read than one object per
-// call (measured), and bodies always travel as strings (a deeply nested value would stall the
-// clone).
+// call (measured), and bodies travel as strings (a deeply nested value would stall the clone),
+// except a large reply text, which travels as bytes whose buffer is moved (`pushOutcome`).
 import type { MessagePort } from 'node:worker_threads'
 
 /** How one callback call ended. The main thread maps each kind to a model-visible result. */
