@@ -63,6 +63,12 @@ export async function captureNewThreads<T> (create: () => Promise<T>): Promise<T
   return value
 }
 
+/** The thread ids recorded as pool workers by `captureNewThreads` (still alive). */
+export function workerThreadIds (): number[] {
+  pruneWorkers()
+  return [...workerTids].map(Number)
+}
+
 /** Forgets worker thread ids whose threads have exited (their tids may be reused). */
 function pruneWorkers (): void {
   const alive = new Set(taskIds('self'))

@@ -8,7 +8,7 @@ import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 
 /** The tsx loader, resolved once, so children work whatever their cwd. */
-const TSX = import.meta.resolve('tsx')
+export const TSX = import.meta.resolve('tsx')
 
 export const BENCH_DIR = fileURLToPath(new URL('..', import.meta.url))
 
