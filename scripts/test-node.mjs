@@ -24,10 +24,13 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 
-/** Test processes running at once (the whole suite was measured on 2 cores). */
-const CONCURRENCY = Number(process.env.TOOLPORT_TEST_CONCURRENCY ?? 2)
-/** Processes the shared files are grouped into. */
+/**
+ * Processes the shared files are grouped into, all running at once: on 2 cores, four keep both
+ * busy while some of them wait on timers, sockets and child processes.
+ */
 const SHARDS = Number(process.env.TOOLPORT_TEST_SHARDS ?? 4)
+/** Test processes running at once (a named file each, or the groups). */
+const CONCURRENCY = Number(process.env.TOOLPORT_TEST_CONCURRENCY ?? SHARDS)
 
 /**
  * Seconds a file takes alone, its process start not counted (waits included: a group lasts as
@@ -36,7 +39,6 @@ const SHARDS = Number(process.env.TOOLPORT_TEST_SHARDS ?? 4)
 const WEIGHTS = {
   'test/integration/dispatch.test.ts': 16.8,
   'test/integration/console-browser.test.ts': 12.3,
-  'test/integration/mcp-conformance.test.ts': 10.8,
   'test/integration/mcp-bridge.test.ts': 9.9,
   'test/integration/package-install.test.ts': 9,
   'test/integration/events-stream.test.ts': 8.2,
