@@ -14,8 +14,8 @@
 // test by name with the file it was declared in, and prints the one summary of the whole run.
 //
 // Every test/*/*.test.ts file runs, whether listed below or not: a file not in WEIGHTS counts
-// DEFAULT_WEIGHT. The groups are balanced by the weights (CPU seconds, measured one file at a
-// time) so the processes end together. ISOLATED files keep a process of their own.
+// DEFAULT_WEIGHT. The groups are balanced by the weights (seconds, measured one file at a time)
+// so the processes end together. ISOLATED files keep a process of their own.
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -28,9 +28,18 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url))
  * Processes the shared files are grouped into, all running at once: on 2 cores, four keep both
  * busy while some of them wait on timers, sockets and child processes.
  */
-const SHARDS = Number(process.env.TOOLPORT_TEST_SHARDS ?? 4)
+const SHARDS = count('TOOLPORT_TEST_SHARDS', 4)
 /** Test processes running at once (a named file each, or the groups). */
-const CONCURRENCY = Number(process.env.TOOLPORT_TEST_CONCURRENCY ?? SHARDS)
+const CONCURRENCY = count('TOOLPORT_TEST_CONCURRENCY', SHARDS)
+
+/** A positive integer from the environment, else `fallback`; anything else is an error. */
+function count (name, fallback) {
+  const text = process.env[name]
+  if (text === undefined || text === '') return fallback
+  const n = Number(text)
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, not ${JSON.stringify(text)}`)
+  return n
+}
 
 /**
  * Seconds a file takes alone, its process start not counted (waits included: a group lasts as
