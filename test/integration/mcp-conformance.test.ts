@@ -50,29 +50,35 @@ const EXIT_MARKER = '@@conformance-runner-exit@@'
  * alone, without a process start and the runner's loading per scenario.
  */
 class Runner {
-  readonly #child: ChildProcess
   /** Emits `progress` on each chunk of output and when the process ends. */
   readonly #events = new EventEmitter()
   #out = ''
+  #child: ChildProcess = this.#spawn()
 
-  constructor () {
-    this.#child = spawn(process.execPath, [join(HERE, '../fixtures/conformance-runner.mjs'), RUNNER],
+  #spawn (): ChildProcess {
+    const child = spawn(process.execPath, [join(HERE, '../fixtures/conformance-runner.mjs'), RUNNER],
       { stdio: ['ignore', 'pipe', 'pipe', 'ipc'] })
     const collect = (chunk: Buffer): void => {
+      if (child !== this.#child) return
       this.#out += chunk.toString('utf8')
       this.#events.emit('progress')
     }
-    this.#child.stdout?.on('data', collect)
-    this.#child.stderr?.on('data', collect)
-    this.#child.on('exit', () => this.#events.emit('progress'))
+    child.stdout?.on('data', collect)
+    child.stderr?.on('data', collect)
+    child.on('exit', () => this.#events.emit('progress'))
+    return child
   }
 
   get #ended (): boolean { return this.#child.exitCode !== null || this.#child.signalCode !== null }
 
-  /** Runs `conformance <args>`; resolves with what it printed and its exit code (null: it never ended). */
+  /**
+   * Runs `conformance <args>`; resolves with what it printed and its exit code (null: it did not
+   * end). A run past `timeoutMs` is killed with its process, and the next run gets a new one.
+   */
   async run (args: string[], timeoutMs: number): Promise<{ output: string, code: number | null }> {
+    if (this.#ended) this.#child = this.#spawn()
     this.#out = ''
-    if (!this.#ended) this.#child.send({ args })
+    this.#child.send({ args })
     const signal = AbortSignal.timeout(timeoutMs)
     for (;;) {
       const at = this.#out.indexOf(EXIT_MARKER)
@@ -83,7 +89,8 @@ class Runner {
       try {
         await once(this.#events, 'progress', { signal })
       } catch {
-        return { output: `${this.#out}\n(no end within ${timeoutMs} ms)`, code: null }
+        await this.close()
+        return { output: `${this.#out}\n(killed: no end within ${timeoutMs} ms)`, code: null }
       }
     }
   }
