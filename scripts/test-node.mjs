@@ -14,8 +14,8 @@
 // test by name with the file it was declared in, and prints the one summary of the whole run.
 //
 // Every test/*/*.test.ts file runs, whether listed below or not: a file not in WEIGHTS counts
-// DEFAULT_WEIGHT. The groups are balanced by the weights (seconds, measured one file at a time)
-// so the processes end together. ISOLATED files keep a process of their own.
+// DEFAULT_WEIGHT. The groups are balanced by the weights (seconds measured in a whole run) so
+// the processes end together. ISOLATED files keep a process of their own.
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -42,33 +42,32 @@ function count (name, fallback) {
 }
 
 /**
- * Seconds a file takes alone, its process start not counted (waits included: a group lasts as
- * long as its files' tests, one after another), for balancing. Files not listed are light.
+ * Seconds a file's tests took in a whole `npm test` on 2 cores (the type check, the Python tests
+ * and the four groups all running), for balancing: under that contention a file's time follows
+ * its CPU (its child processes' included) more than its waits. Files not listed are light.
  */
 const WEIGHTS = {
-  'test/integration/dispatch.test.ts': 16.8,
-  'test/integration/console-browser.test.ts': 12.3,
-  'test/integration/mcp-bridge.test.ts': 9.9,
-  'test/integration/package-install.test.ts': 9,
-  'test/integration/events-stream.test.ts': 8.2,
-  'test/integration/netns.test.ts': 7.6,
-  'test/integration/cli.test.ts': 7.6,
-  'test/integration/operations.test.ts': 6.3,
-  'test/integration/callback-client.test.ts': 6.3,
-  'test/integration/mcp-python.test.ts': 6.2,
-  'test/integration/call-task.test.ts': 5.9,
-  'test/integration/validation-hostile.test.ts': 5.8,
-  'test/integration/plugin-sdk.test.ts': 4.7,
-  'test/integration/mcp-transport.test.ts': 4.7,
-  'test/integration/dispatch-bounds.test.ts': 4.3,
-  'test/integration/connections.test.ts': 4.3,
-  'test/integration/plugin-replies.test.ts': 4.1,
-  'test/integration/definitions-size.test.ts': 4.1,
-  'test/integration/examples.test.ts': 3.8,
-  'test/integration/mcp.test.ts': 3.7,
-  'test/integration/library.test.ts': 3.7,
-  'test/integration/sessions-sync.test.ts': 3,
-  'test/integration/ownership.test.ts': 3
+  'test/integration/package-install.test.ts': 74,
+  'test/integration/mcp-bridge.test.ts': 47,
+  'test/integration/validation-hostile.test.ts': 35,
+  'test/integration/dispatch.test.ts': 30,
+  'test/integration/console-browser.test.ts': 24,
+  'test/integration/call-task.test.ts': 16,
+  'test/integration/netns.test.ts': 14,
+  'test/integration/cli.test.ts': 11,
+  'test/integration/plugin-sdk.test.ts': 10,
+  'test/integration/worker-module.test.ts': 7,
+  'test/integration/events-stream.test.ts': 7,
+  'test/integration/callback-client.test.ts': 7,
+  'test/integration/plugin-replies.test.ts': 7,
+  'test/integration/mcp-python.test.ts': 5,
+  'test/integration/mcp-transport.test.ts': 5,
+  'test/integration/definitions-size.test.ts': 5,
+  'test/integration/connections.test.ts': 4,
+  'test/integration/dispatch-bounds.test.ts': 4,
+  'test/integration/sessions-sync.test.ts': 4,
+  'test/integration/mcp.test.ts': 4,
+  'test/integration/mcp-conformance.test.ts': 3
 }
 const DEFAULT_WEIGHT = 1.5
 

@@ -13,11 +13,23 @@
 // is 0 only when all three passed.
 import { spawn, spawnSync } from 'node:child_process'
 import { createInterface } from 'node:readline'
+import { getPriority, setPriority } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { stripVTControlCharacters } from 'node:util'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
+
+/**
+ * The type check and the Node suite run at a lower CPU priority (nice +5) than the Python tests.
+ * Those are one chain of steps (start a Toolport, wait for it, call, restart it, …) that needs
+ * under one core; at equal priority the Node suite's four processes and their children took most
+ * of the CPU and stretched that chain from ~35 s to ~120 s, making it the last part to end. Given
+ * priority it ends in about its own time, and the other two, wide enough to use every core left,
+ * take what the chain does not use (never less than one core). Only +5: against other work on
+ * the machine at normal priority a Node test still gets a fair part of a core, not a tenth.
+ */
+const LOWER_PRIORITY = 5
 
 const build = spawnSync('bash', [join(ROOT, 'scripts/build-if-stale.sh')], { cwd: ROOT, stdio: 'inherit' })
 if (build.status !== 0) {
@@ -30,9 +42,16 @@ if (build.status !== 0) {
  * Runs a command with its output piped; `onLine` gets each line of stdout and stderr as it
  * comes. Resolves with its exit code and how long it took.
  */
-function run (name, command, args, onLine, env = process.env) {
+function run (name, command, args, onLine, env = process.env, niceness = 0) {
   const started = performance.now()
   const child = spawn(command, args, { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
+  // Set before the command starts its own processes, which inherit it. Best effort: a priority
+  // that cannot be set only costs time.
+  if (niceness !== 0 && child.pid !== undefined) {
+    try {
+      setPriority(child.pid, Math.min(19, getPriority() + niceness))
+    } catch {}
+  }
   for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => child.kill(signal))
   createInterface({ input: child.stdout }).on('line', onLine)
   createInterface({ input: child.stderr }).on('line', onLine)
@@ -47,9 +66,9 @@ function run (name, command, args, onLine, env = process.env) {
 }
 
 /** Runs a command and prints its whole output as one block when it ends. */
-async function block (name, command, args) {
+async function block (name, command, args, niceness = 0) {
   const lines = []
-  const result = await run(name, command, args, (line) => lines.push(line))
+  const result = await run(name, command, args, (line) => lines.push(line), process.env, niceness)
   process.stdout.write(`\n== ${name} (${result.code === 0 ? 'passed' : `FAILED, exit ${result.code}`}, ` +
     `${result.seconds.toFixed(1)} s)\n${lines.join('\n')}\n== end of ${name}\n\n`)
   return result
@@ -66,9 +85,9 @@ async function main () {
       if (!held && /^(# |ℹ )tests \d+$/.test(stripVTControlCharacters(line))) held = true
       if (held) summary.push(line)
       else process.stdout.write(`${line}\n`)
-    }, tty ? { ...process.env, FORCE_COLOR: '1' } : process.env)
+    }, tty ? { ...process.env, FORCE_COLOR: '1' } : process.env, LOWER_PRIORITY)
   const results = await Promise.all([
-    block('typecheck', 'npm', ['run', '--silent', 'typecheck']),
+    block('typecheck', 'npm', ['run', '--silent', 'typecheck'], LOWER_PRIORITY),
     block('python tests', 'bash', [join(ROOT, 'scripts/test-python.sh')]),
     nodeSuite
   ])
