@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
+import { toolportCliArgs } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 const SOURCE = 'plugin:sdk-test'
@@ -30,12 +31,12 @@ async function freePort (): Promise<number> {
   return port
 }
 
-/** `toolport serve` as a child process; resolves once it printed its listening line. */
+/** `toolport serve` as a child process (see toolportCliArgs); resolves once it printed its listening line. */
 async function spawnToolport (port: number): Promise<ChildProcess> {
   const env = { ...process.env }
   for (const key of Object.keys(env)) if (key.startsWith('TOOLPORT_')) delete env[key]
   const child = spawn(process.execPath, [
-    '--import', 'tsx', 'src/main/cli.ts', 'serve', '--port', String(port), '--role', 'A', '--log-level', 'warn'
+    ...toolportCliArgs(), 'serve', '--port', String(port), '--role', 'A', '--log-level', 'warn'
   ], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
   let stdout = ''
   let stderr = ''
