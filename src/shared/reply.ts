@@ -194,9 +194,17 @@ function isNull (body: Uint8Array, member: RootMember): boolean {
   return start !== -1 && body[start] === 0x6e // n(ull)
 }
 
+/**
+ * The text held as bytes by a reply read with `largeText` (`MappedReply.bytes`, which becomes
+ * `CallOutcome.textBytes`): a slice of the body, so a leading U+FEFF is content, not a BOM.
+ */
+export function decodeReplyText (bytes: Uint8Array): string {
+  return utf8Slice.decode(bytes)
+}
+
 /** The text of a reply read with `largeText`: `text`, or the decoding of `bytes` when set. */
 export function replyText (mapped: MappedReply): string {
-  return mapped.bytes === undefined ? mapped.text : utf8Slice.decode(mapped.bytes)
+  return mapped.bytes === undefined ? mapped.text : decodeReplyText(mapped.bytes)
 }
 
 /** The value of the validated JSON string at `body[start, end)`; decoded directly when it has no escapes. */

@@ -163,6 +163,23 @@ for (const mode of MODES) {
       assert.ok(Array.isArray(rootResult.output) && rootResult.output.length === 600)
     })
 
+    test('R10–R12: POST /api/tools/call answers large replies with the same output and text as callTool', async (t) => {
+      const { tp, url } = await startToolport(t, { roles: ROLES, dispatch: { mode } })
+      const s = await server(t)
+      for (const kind of LARGE_KINDS) {
+        await register(tp, { name: `large_${kind}`, callback_url: `${s.url}/large/${kind}` })
+        const { body, contentType } = largeReply(kind)
+        const expected = replyToResult(body, contentType)
+        const reply = await fetch(`${url}/api/tools/call`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ role: 'Lanlan', name: `large_${kind}`, arguments: {} })
+        })
+        assert.equal(reply.status, 200, kind)
+        assert.deepEqual(await reply.json(), { is_error: false, output: expected.output, text: expected.text }, kind)
+      }
+    })
+
     test('R12: a non-JSON reply becomes text output', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)

@@ -1,6 +1,6 @@
 // Callback reply → ToolResult → the text a model reads (docs/protocol.md R10–R12, "Model-visible result").
 import type { CallOutcome } from '../../workers/protocol.js'
-import { mapReply, safeStringify } from '../../shared/reply.js'
+import { decodeReplyText, mapReply, safeStringify } from '../../shared/reply.js'
 
 /** One image a tool returned (the reply's `images`, checked where it arrived). */
 export interface ToolImage {
@@ -83,23 +83,26 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext, maxR
 }
 
 /**
- * The output's JSON text of results built from a callback reply (see `outputJsonOf`); `true` when
- * it is the result's (lazily decoded) text.
+ * How to get the output's JSON of results built from a callback reply without reading `output`
+ * (see `outputJsonOf`): the JSON text itself, or for a large result (text decoded on each read)
+ * whether the text is the output's JSON (`TEXT_IS_JSON`) or the output string (`TEXT_IS_OUTPUT`).
  */
-const outputJsonByResult = new WeakMap<ToolResult, string | true>()
+const TEXT_IS_JSON = 1
+const TEXT_IS_OUTPUT = 2
+const outputJsonByResult = new WeakMap<ToolResult, string | typeof TEXT_IS_JSON | typeof TEXT_IS_OUTPUT>()
 
 /**
  * The JSON text of a result's output when it is already known (a callback reply's own text), so
- * that the HTTP route can send it without encoding the output again; undefined otherwise.
+ * that the HTTP route can send it without parsing or encoding the output again; undefined
+ * otherwise. `text` is the result's text when the caller has already read it (a large result
+ * decodes its text on each read).
  */
-export function outputJsonOf (result: ToolResult): string | undefined {
+export function outputJsonOf (result: ToolResult, text?: string): string | undefined {
   const json = outputJsonByResult.get(result)
-  return json === true ? result.text : json
+  if (json === TEXT_IS_JSON) return text ?? result.text
+  if (json === TEXT_IS_OUTPUT) return JSON.stringify(text ?? result.text)
+  return json
 }
-
-// Large texts arrive as the reply's bytes (CallOutcome.textBytes): a slice, so a leading U+FEFF
-// is content, not a BOM.
-const utf8Text = new TextDecoder('utf-8', { ignoreBOM: true })
 
 /**
  * Builds the ToolResult of a mapped 2xx reply. A non-string output longer than
@@ -167,17 +170,17 @@ function lazyTextResult (bytes: Uint8Array, textIsJson: boolean): ToolResult {
     is_error: false,
     get output (): unknown {
       if (!isParsed) {
-        const text = utf8Text.decode(bytes)
+        const text = decodeReplyText(bytes)
         parsed = textIsJson ? JSON.parse(text) : text
         isParsed = true
       }
       return parsed
     },
     get text (): string {
-      return utf8Text.decode(bytes)
+      return decodeReplyText(bytes)
     }
   }
-  if (textIsJson) outputJsonByResult.set(result, true)
+  outputJsonByResult.set(result, textIsJson ? TEXT_IS_JSON : TEXT_IS_OUTPUT)
   return result
 }
 

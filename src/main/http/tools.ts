@@ -88,17 +88,18 @@ function mutationOptions (runtime: Runtime, request: FastifyRequest, reply: Fast
  * parsed on the way in only to be encoded again on the way out.
  */
 export function serializeToolResult (result: ToolResult): string {
-  let outputJson = outputJsonOf(result)
+  // Read once: a large result decodes its text on each read.
+  const text = result.text
+  let outputJson = outputJsonOf(result, text)
   if (outputJson === undefined) {
     const output = result.output
     outputJson = typeof output === 'string'
       ? JSON.stringify(output)
-      : output === null || output === undefined ||
-        result.text === ''
+      : output === null || output === undefined || text === ''
         ? 'null'
-        : result.is_error ? safeStringify(output) : result.text
+        : result.is_error ? safeStringify(output) : text
   }
   const error = result.error === undefined ? '' : `,"error":${JSON.stringify(result.error)}`
   const images = result.images === undefined ? '' : `,"images":${JSON.stringify(result.images)}`
-  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(result.text)}${images}}`
+  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(text)}${images}}`
 }

@@ -78,12 +78,14 @@ export function toolResultBlock<F extends ResultFormat> (result: ToolResult, for
 }
 
 function anthropicBlock (result: ToolResult, callId: string): AnthropicToolResultBlock {
-  const block: AnthropicToolResultBlock = { type: 'tool_result', tool_use_id: callId, content: result.text }
+  // Read once: a large result decodes its text on each read.
+  const text = result.text
+  const block: AnthropicToolResultBlock = { type: 'tool_result', tool_use_id: callId, content: text }
   const images = result.images ?? []
   if (images.length > 0) {
     const content: AnthropicResultContent[] = []
     // Anthropic refuses empty text blocks.
-    if (result.text !== '') content.push({ type: 'text', text: result.text })
+    if (text !== '') content.push({ type: 'text', text })
     for (const image of images) {
       if (image.prompt !== undefined) content.push({ type: 'text', text: image.prompt })
       content.push({ type: 'image', source: { type: 'base64', media_type: image.mime_type, data: image.data_base64 } })
@@ -95,10 +97,11 @@ function anthropicBlock (result: ToolResult, callId: string): AnthropicToolResul
 }
 
 function responsesItem (result: ToolResult, callId: string): OpenAIResponsesFunctionCallOutput {
+  const text = result.text
   const images = result.images ?? []
-  if (images.length === 0) return { type: 'function_call_output', call_id: callId, output: result.text }
+  if (images.length === 0) return { type: 'function_call_output', call_id: callId, output: text }
   const output: OpenAIResponsesOutputContent[] = []
-  if (result.text !== '') output.push({ type: 'input_text', text: result.text })
+  if (text !== '') output.push({ type: 'input_text', text })
   for (const image of images) {
     if (image.prompt !== undefined) output.push({ type: 'input_text', text: image.prompt })
     output.push({ type: 'input_image', image_url: dataUrl(image), detail: 'auto' })
@@ -115,8 +118,9 @@ function dataUrl (image: ToolImage): string {
  * Completions tool messages): `text`, plus a line saying how many images were left out.
  */
 export function textOnlyOutput (result: ToolResult): string {
+  const text = result.text
   const count = result.images?.length ?? 0
-  if (count === 0) return result.text
+  if (count === 0) return text
   const note = `[${count} image${count === 1 ? '' : 's'} from the tool omitted: this session takes text only]`
-  return result.text === '' ? note : `${result.text}\n${note}`
+  return text === '' ? note : `${text}\n${note}`
 }
