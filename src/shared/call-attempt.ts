@@ -80,8 +80,6 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
   #contentType = ''
   #bytes = 0
   #chunks: Buffer[] = []
-  /** The body joined from several chunks (set by `#body()`), else null. */
-  #joined: Uint8Array | null = null
   #keptBytes = 0
 
   constructor (task: CallTask, signal: CancelSignal | undefined, onOutcome: (outcome: CallOutcome) => void,
@@ -191,7 +189,8 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     // Read the reply here, on the thread that received it (the worker in pool mode), so the
     // main thread gets finished strings (docs/protocol.md R10–R12; src/shared/reply.ts). The
     // bytes are scanned, not parsed, and decoded once: only the slice the model reads.
-    const reply = readReply(this.#body(), this.#contentType, this.#owner.imageLimits, this.#owner.largeTextBytes)
+    const body = this.#body()
+    const reply = readReply(body, this.#contentType, this.#owner.imageLimits, this.#owner.largeTextBytes)
     const outcome = createOutcome(this.task.id, OutcomeKind.ok, this.#status, reply.text,
       this.#contentType, '', this.#bytes, reply.textIsJson, reply.toolError)
     if (reply.images !== undefined) outcome.images = reply.images
@@ -200,7 +199,7 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
       // alone: a body joined from several chunks is a fresh buffer of its own (Buffer.concat of
       // more than 4 KiB never uses the shared pool); a single chunk is a view into the socket's
       // read buffer, so its text is copied out.
-      outcome.textBytes = this.#chunks.length > 1 && isWholeBuffer(this.#joined) ? reply.bytes : copyBytes(reply.bytes)
+      outcome.textBytes = this.#chunks.length > 1 && isWholeBuffer(body) ? reply.bytes : copyBytes(reply.bytes)
     }
     this.#settle(outcome)
   }
@@ -237,9 +236,7 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
   #body (): Uint8Array {
     const chunks = this.#chunks
     if (chunks.length === 0) return EMPTY_BODY
-    if (chunks.length === 1) return chunks[0] as Buffer
-    this.#joined = Buffer.concat(chunks, this.#keptBytes)
-    return this.#joined
+    return chunks.length === 1 ? chunks[0] as Buffer : Buffer.concat(chunks, this.#keptBytes)
   }
 
   #settle (outcome: CallOutcome): void {
@@ -249,7 +246,6 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     this.#signal?.removeEventListener('abort', this)
     this.#owner.release(this)
     this.#chunks = []
-    this.#joined = null
     this.#owner.budget.give(this.#keptBytes)
     this.#keptBytes = 0
     this.#onOutcome(outcome)
@@ -257,8 +253,8 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
 }
 
 /** True when `bytes` spans the whole of its buffer (nothing else can be viewing that buffer's memory). */
-function isWholeBuffer (bytes: Uint8Array | null): boolean {
-  return bytes !== null && bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength
+function isWholeBuffer (bytes: Uint8Array): boolean {
+  return bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength
 }
 
 function copyBytes (bytes: Uint8Array): Uint8Array {
