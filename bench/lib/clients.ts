@@ -84,8 +84,8 @@ export function rawUndiciPath (origin: string, connections = CONNECTIONS, name =
       const path = ROUTES[route]
       const body = callbackBody(route, 'call_raw')
       return async function rawCall (): Promise<boolean> {
-        const deadline = Date.now() + CALL_BUDGET_MS
-        const headers = callbackHeaders('call_raw', deadline - Date.now())
+        // Built per call, as Toolport builds them (the deadline header changes every call).
+        const headers = callbackHeaders('call_raw', CALL_BUDGET_MS)
         const { statusCode, body: reply } = await pool.request({ method: 'POST', path, headers, body })
         const text = await reply.text()
         if (parse) JSON.parse(text)
