@@ -62,6 +62,18 @@ export async function startToolport (t: TestContext, options: ToolportOptions = 
   return { tp, url, port }
 }
 
+/**
+ * Polls `predicate` every 10 ms until it holds; throws naming `what` after `timeoutMs` (a bound
+ * on the wait, so a broken condition fails the test instead of hanging it).
+ */
+export async function waitFor (what: string, predicate: () => boolean, timeoutMs = 10_000): Promise<void> {
+  const until = Date.now() + timeoutMs
+  while (!predicate()) {
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+}
+
 /** A registration body with a loopback callback; `overrides` win. */
 export function tool (name: string, overrides: Record<string, unknown> = {}): Record<string, unknown> {
   return { name, callback_url: CALLBACK, ...overrides }

@@ -7,7 +7,7 @@ import { once } from 'node:events'
 import { connect, type Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import { request } from 'undici'
-import { startToolport } from '../helpers.js'
+import { startToolport, waitFor } from '../helpers.js'
 
 const TOKEN = randomBytes(32).toString('hex')
 /** The attack of the report: a few more idle sockets than the default maxConnections (1024). */
@@ -46,12 +46,6 @@ async function holdSockets (port: number, count: number, firstBytes = ''): Promi
     await Promise.all(wave)
   }
   return held
-}
-
-/** Polls `condition` every 20 ms for at most 10 s (a bound on the wait, never an assertion). */
-async function waitUntil (condition: () => boolean): Promise<void> {
-  const deadline = Date.now() + 10_000
-  while (!condition() && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 20))
 }
 
 function releaseAll (held: HeldSocket[]): void {
@@ -162,7 +156,7 @@ test('without token mode, idle sockets are shed for a new client as well, and a 
   await started
   const held = await holdSockets(port, 150)
   t.after(() => releaseAll(held))
-  await waitUntil(() => held.filter((h) => h.isClosed).length >= 60)
+  await waitFor('the sockets to close', () => held.filter((h) => h.isClosed).length >= 60)
   assert.ok(held.filter((h) => h.isClosed).length >= 60, 'idle sockets past the reserve were closed')
   assert.equal((await getWithToken(url, null)).statusCode, 200)
   release()
@@ -182,7 +176,7 @@ test('under pressure an idle socket is closed after pressureIdleTimeoutMs', asyn
   })
   const held = await holdSockets(port, 12)
   t.after(() => releaseAll(held))
-  await waitUntil(() => held.every((h) => h.isClosed))
+  await waitFor('the sockets to close', () => held.every((h) => h.isClosed))
   assert.equal(held.filter((h) => !h.isClosed).length, 0)
 })
 
@@ -238,7 +232,7 @@ test('token mode: under pressure the token holder\'s idle keep-alive socket outl
   // Now idle (keep-alive) — then 80 attacker sockets arrive, past the cap of 40.
   const held = await holdSockets(port, 80)
   t.after(() => releaseAll(held))
-  await waitUntil(() => held.filter((h) => h.isClosed).length >= 40)
+  await waitFor('the sockets to close', () => held.filter((h) => h.isClosed).length >= 40)
   assert.ok(held.filter((h) => h.isClosed).length >= 40)
   assert.equal(ownClosed, false, 'the token holder\'s socket was shed')
   assert.match(await ask(), /^HTTP\/1\.1 200 /)

@@ -8,7 +8,7 @@ import { test, type TestContext } from 'node:test'
 import type { Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
 import { startCallbackServer } from '../fixtures/callback-server.js'
-import { createTestToolport, inject } from '../helpers.js'
+import { createTestToolport, inject, waitFor } from '../helpers.js'
 import { kPendingCalls } from '../../src/main/symbols.js'
 
 async function metricsText (tp: Toolport): Promise<string> {
@@ -70,14 +70,6 @@ async function register (tp: Toolport, name: string, url: string, timeoutSeconds
 
 function call (tp: Toolport, name: string): Promise<ToolResult> {
   return tp.callTool('r', { name, arguments: {} })
-}
-
-async function waitFor (what: string, predicate: () => boolean, timeoutMs = 10_000): Promise<void> {
-  const until = Date.now() + timeoutMs
-  while (!predicate()) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((resolve) => setTimeout(resolve, 10))
-  }
 }
 
 test('a plugin that never answers, with more calls than the old task slots, never delays another plugin', { timeout: 30_000 }, async (t) => {

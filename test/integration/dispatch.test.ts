@@ -7,7 +7,7 @@ import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
 import { closedPort, LARGE_KINDS, largeReply, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
 import { replyToResult } from '../../src/main/dispatch/result.js'
-import { createTestToolport, startToolport } from '../helpers.js'
+import { createTestToolport, startToolport, waitFor } from '../helpers.js'
 import { request as httpRequest } from 'node:http'
 import { kOriginFailures, kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
 
@@ -448,7 +448,7 @@ for (const mode of MODES) {
       client.destroy()
       // Toolport stops the callback request: the plugin sees its connection close long before its 20 s.
       await disconnected
-      while ((tp[kPendingCalls] as number) !== 0) await new Promise((resolve) => setTimeout(resolve, 5))
+      await waitFor('the call to settle', () => tp[kPendingCalls] === 0)
       assert.equal((await tp.callTool('Lanlan', { name: 'echo' })).is_error, false)
     })
 
