@@ -96,8 +96,21 @@ export function freeRegExp (re: RE2): void {
   if (wrapper?.delete !== undefined && wrapper.isDeleted?.() !== true) wrapper.delete()
 }
 
-/** One format regex as a test function: on RE2 when it can run it, else on bounded input only. */
+/**
+ * One format regex as a test function: on RE2 when it can run it, else on bounded input only.
+ * Compiled on the first test, not when the module loads: RE2 compiles in WebAssembly, and the
+ * ~20 format regexes cost ~0.15 s of CPU per thread, paid at every start for formats few
+ * schemas use.
+ */
 function linearFormat (rx: RegExp): (input: string) => boolean {
+  let test: ((input: string) => boolean) | null = null
+  return function linearFormatTest (input: string): boolean {
+    test ??= compileFormat(rx)
+    return test(input)
+  }
+}
+
+function compileFormat (rx: RegExp): (input: string) => boolean {
   try {
     const re = new RE2(rx.source, `${rx.flags.replace(/[gy]/g, '')}u`)
     return function re2Format (input: string): boolean { return re.test(input) }
