@@ -21,7 +21,7 @@ import {
   type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
-import { MCP_SERVER_INFO, mcpInstructions } from './sessions/mcp.js'
+import { MCP_SERVER_INFO, mcpInstructions } from './sessions/mcp-info.js'
 import { RoleNotFoundError } from './errors.js'
 import { noop } from '../shared/util.js'
 

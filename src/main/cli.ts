@@ -4,15 +4,16 @@
 // `main(argv, io)` is the whole command with its process surroundings passed in (streams,
 // environment, a stop signal), so tests drive it in-process; the bottom of this file binds it to
 // the real process when this file is the program being run.
+//
+// Each command imports what it runs when it runs (`--help` loads no server, `mcp` no fastify):
+// the whole server's modules cost ~0.7 s of CPU to load, which a bridge an MCP client spawns, or
+// a `--help`, should not pay.
 import { parseArgs, type ParseArgsConfig } from 'node:util'
 import { readFileSync, realpathSync, statSync } from 'node:fs'
 import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
-import { Toolport } from './toolport.js'
-import { createLogger } from './logger.js'
-import { optionsFromEnv, parseOptions, ENVIRONMENT } from './config.js'
+import { ENVIRONMENT } from './environment.js'
 import { isToolportError } from './errors.js'
-import { startBridge } from './cli-bridge.js'
 import { errorText, isPlainObject, noop } from '../shared/util.js'
 import { kDispatchMode } from './symbols.js'
 
@@ -128,6 +129,7 @@ async function mcp (args: string[], io: CliIo): Promise<number> {
   const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
   const headers: Record<string, string> = {}
   if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${readTokenFile(tokenFile)}`
+  const { startBridge } = await import('./cli-bridge.js')
   let bridge
   try {
     bridge = await startBridge({
@@ -161,6 +163,9 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     io.stdout.write(USAGE)
     return 0
   }
+  const [{ optionsFromEnv, parseOptions }, { Toolport }, { createLogger }] = await Promise.all([
+    import('./config.js'), import('./toolport.js'), import('./logger.js')
+  ])
   const options: Record<string, unknown> = {}
   const configFile = flags.config ?? io.env.TOOLPORT_CONFIG
   if (configFile !== undefined && configFile !== '') Object.assign(options, readConfigFile(configFile))

@@ -173,17 +173,7 @@ export function parseOptions (input: unknown = {}): ResolvedOptions {
   throw new ConfigError(problems.join('; '))
 }
 
-/** Environment variables the CLI reads, and the option each one sets. */
-export const ENVIRONMENT = Object.freeze({
-  TOOLPORT_HOST: 'host',
-  TOOLPORT_PORT: 'port',
-  TOOLPORT_ROLES: 'roles (comma-separated)',
-  TOOLPORT_CONFIG: 'a JSON options file',
-  TOOLPORT_LOG_LEVEL: 'logger',
-  TOOLPORT_DISPATCH_MODE: 'dispatch.mode',
-  TOOLPORT_TOKEN_FILE: 'security.token, read from this file (CLI only)',
-  TOOLPORT_URL: 'the server `toolport mcp` bridges to (default http://127.0.0.1:3917)'
-} as const)
+export { ENVIRONMENT } from './environment.js'
 
 /** Maps TOOLPORT_* variables onto an options object (strings only; the schema validates). */
 export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown> {
