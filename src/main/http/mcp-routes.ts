@@ -7,10 +7,10 @@
 // JSON) answer JSON-RPC errors with the statuses the MCP transport specifies, so MCP clients
 // react as they should (a 404 for a session makes them start a new one).
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
-import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js'
 import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError, isToolportError } from '../errors.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
+import { loadMcpSdk } from '../sessions/mcp-sdk.js'
 import { errorText } from '../../shared/util.js'
 import { handleError } from './error-handler.js'
 
@@ -49,7 +49,7 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     }
     let session: McpSession | null | undefined
     if (sessionId === undefined) {
-      if (request.method !== 'POST' || !isInitializeRequest(request.body)) {
+      if (request.method !== 'POST' || !(await loadMcpSdk()).types.isInitializeRequest(request.body)) {
         sendRpcError(reply, 400, RPC_BAD_REQUEST,
           'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
         return

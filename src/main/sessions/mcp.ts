@@ -18,14 +18,11 @@
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import { Server } from '@modelcontextprotocol/sdk/server/index.js'
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
-import {
-  CallToolRequestSchema, ErrorCode, LATEST_PROTOCOL_VERSION, ListToolsRequestSchema, McpError,
-  SUPPORTED_PROTOCOL_VERSIONS,
-  isInitializeRequest,
-  type CallToolRequest, type CallToolResult, type ListToolsRequest, type ListToolsResult, type ServerNotification,
-  type ServerRequest
+import type { Server } from '@modelcontextprotocol/sdk/server/index.js'
+import type { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
+import type {
+  CallToolRequest, CallToolResult, ListToolsRequest, ListToolsResult, ServerNotification,
+  ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import type { Runtime } from '../runtime.js'
@@ -33,18 +30,11 @@ import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
-import { VERSION } from '../version.js'
+import { MCP_SERVER_INFO, mcpInstructions } from './mcp-info.js'
+import { loadMcpSdk, mcpSdk } from './mcp-sdk.js'
 import { jsonDepth } from '../schemas.js'
 import { toolDefinitions } from './definitions.js'
 import { BoundedEventStore, type EventStoreLimits } from './event-store.js'
-
-/** The name and version Toolport gives MCP clients in `initialize`. */
-export const MCP_SERVER_INFO = Object.freeze({ name: 'toolport', version: VERSION })
-
-/** What an MCP client is told about a role's server (the endpoint's sessions and the stdio bridge). */
-export function mcpInstructions (role: string): string {
-  return `The tools of the Toolport role '${role}'. The list changes while you run: tools/list again when notified.`
-}
 
 export interface McpSessionsOptions {
   /** A session with no open event stream and no request for this long ends (default 10 min). */
@@ -188,6 +178,8 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
    * to its role once that request succeeds; otherwise it closes.
    */
   async open (role: string, client = ''): Promise<McpSession | null> {
+    // Before the checks: they and the session's creation must see the same counts.
+    await loadMcpSdk()
     if (this.#closed) return null
     const mine = this.list().filter((s) => s.client === client)
     let starting = 0
@@ -311,6 +303,7 @@ export class McpSession implements ModelSession {
     this.#budget = budget
     this.#hooks = hooks
     const sessionId = this.sessionId
+    const { Server, StreamableHTTPServerTransport, types } = mcpSdk()
     this.#transport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => sessionId,
       onsessioninitialized: () => this.#onInitialized(),
@@ -322,8 +315,8 @@ export class McpSession implements ModelSession {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(role)
     })
-    this.#server.setRequestHandler(ListToolsRequestSchema, (request) => this.#listTools(request))
-    this.#server.setRequestHandler(CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
+    this.#server.setRequestHandler(types.ListToolsRequestSchema, (request) => this.#listTools(request))
+    this.#server.setRequestHandler(types.CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
     this.#server.onclose = () => this.#onClosed()
     this.#server.onerror = (err) => {
       // Protocol noise (a client's 406, a bad message) is the client's problem: debug only.
@@ -354,8 +347,9 @@ export class McpSession implements ModelSession {
   async handle (request: IncomingMessage, response: ServerResponse, body: unknown): Promise<void> {
     const isStream = request.method === 'GET'
     if (request.method === 'DELETE') this.#closeReason = 'deleted'
-    if (this.#protocolVersion === '' && isInitializeRequest(body)) {
+    if (this.#protocolVersion === '' && mcpSdk().types.isInitializeRequest(body)) {
       const requested = body.params.protocolVersion
+      const { SUPPORTED_PROTOCOL_VERSIONS, LATEST_PROTOCOL_VERSION } = mcpSdk().types
       this.#protocolVersion = SUPPORTED_PROTOCOL_VERSIONS.includes(requested) ? requested : LATEST_PROTOCOL_VERSION
     }
     // A client that reconnects with Last-Event-ID is replayed what it missed, changes included.
@@ -455,7 +449,7 @@ export class McpSession implements ModelSession {
       // Still through the runtime, so the call is counted and reported like any other.
       const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
       // MCP's "unknown tool" is a protocol error, not a tool result.
-      throw new McpError(ErrorCode.InvalidParams, result.error ?? `unknown tool '${name}'`)
+      throw invalidParams(result.error ?? `unknown tool '${name}'`)
     }
     const refused = this.#budget.acquire(this)
     if (refused !== '') return { content: [{ type: 'text', text: JSON.stringify({ error: refused }) }], isError: true }
@@ -537,6 +531,12 @@ export function bytesOf (tool: object): number {
   return bytes
 }
 
+/** The JSON-RPC "invalid params" error a request handler throws. */
+function invalidParams (message: string): Error {
+  const { McpError, ErrorCode } = mcpSdk().types
+  return new McpError(ErrorCode.InvalidParams, message)
+}
+
 /**
  * One `tools/list` page from `cursor` (the index of its first tool): pages hold about
  * LIST_PAGE_BYTES so a huge list is sent in parts the client fetches with `nextCursor`,
@@ -546,7 +546,7 @@ function listPage (all: ListToolsResult['tools'], cursor: string | undefined): L
   let start = 0
   if (cursor !== undefined) {
     if (!/^\d{1,9}$/.test(cursor) || Number(cursor) > all.length) {
-      throw new McpError(ErrorCode.InvalidParams, `invalid cursor ${JSON.stringify(cursor)}; list again without one`)
+      throw invalidParams(`invalid cursor ${JSON.stringify(cursor)}; list again without one`)
     }
     start = Number(cursor)
   }
