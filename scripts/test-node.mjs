@@ -21,6 +21,7 @@ import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, relative, resolve } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
+import { withTestTmpdir } from './test-tmpdir.mjs'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 
@@ -139,7 +140,8 @@ function run () {
   }
 
   const [cmd, cmdArgs] = node(entries)
-  const child = spawn(cmd, cmdArgs, { cwd: ROOT, stdio: 'inherit' })
+  // Temporary files on a RAM file system when there is one (see test-tmpdir.mjs).
+  const child = spawn(cmd, cmdArgs, { cwd: ROOT, stdio: 'inherit', env: withTestTmpdir(process.env) })
   for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => child.kill(signal))
   child.on('exit', (code, signal) => {
     cleanup()

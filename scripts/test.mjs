@@ -17,6 +17,7 @@ import { getPriority, setPriority } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { stripVTControlCharacters } from 'node:util'
+import { withTestTmpdir } from './test-tmpdir.mjs'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 
@@ -31,6 +32,9 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url))
  */
 const LOWER_PRIORITY = 5
 
+// Every part's temporary files on a RAM file system when there is one (see test-tmpdir.mjs).
+const ENV = withTestTmpdir(process.env)
+
 const build = spawnSync('bash', [join(ROOT, 'scripts/build-if-stale.sh')], { cwd: ROOT, stdio: 'inherit' })
 if (build.status !== 0) {
   process.exitCode = build.status ?? 1
@@ -42,7 +46,7 @@ if (build.status !== 0) {
  * Runs a command with its output piped; `onLine` gets each line of stdout and stderr as it
  * comes. Resolves with its exit code and how long it took.
  */
-function run (name, command, args, onLine, env = process.env, niceness = 0) {
+function run (name, command, args, onLine, env = ENV, niceness = 0) {
   const started = performance.now()
   const child = spawn(command, args, { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
   // Set before the command starts its own processes, which inherit it. Best effort: a priority
@@ -68,7 +72,7 @@ function run (name, command, args, onLine, env = process.env, niceness = 0) {
 /** Runs a command and prints its whole output as one block when it ends. */
 async function block (name, command, args, niceness = 0) {
   const lines = []
-  const result = await run(name, command, args, (line) => lines.push(line), process.env, niceness)
+  const result = await run(name, command, args, (line) => lines.push(line), ENV, niceness)
   process.stdout.write(`\n== ${name} (${result.code === 0 ? 'passed' : `FAILED, exit ${result.code}`}, ` +
     `${result.seconds.toFixed(1)} s)\n${lines.join('\n')}\n== end of ${name}\n\n`)
   return result
@@ -85,7 +89,7 @@ async function main () {
       if (!held && /^(# |ℹ )tests \d+$/.test(stripVTControlCharacters(line))) held = true
       if (held) summary.push(line)
       else process.stdout.write(`${line}\n`)
-    }, tty ? { ...process.env, FORCE_COLOR: '1' } : process.env, LOWER_PRIORITY)
+    }, tty ? { ...ENV, FORCE_COLOR: '1' } : ENV, LOWER_PRIORITY)
   const results = await Promise.all([
     block('typecheck', 'npm', ['run', '--silent', 'typecheck'], LOWER_PRIORITY),
     block('python tests', 'bash', [join(ROOT, 'scripts/test-python.sh')]),
