@@ -48,29 +48,30 @@ function count (name, fallback) {
  * its CPU (its child processes' included) more than its waits. Files not listed are light.
  */
 const WEIGHTS = {
-  'test/integration/package-install.test.ts': 74,
-  'test/integration/mcp-bridge.test.ts': 47,
-  'test/integration/validation-hostile.test.ts': 35,
-  'test/integration/dispatch.test.ts': 30,
-  'test/integration/console-browser.test.ts': 24,
-  'test/integration/call-task.test.ts': 16,
-  'test/integration/netns.test.ts': 14,
-  'test/integration/cli.test.ts': 11,
-  'test/integration/plugin-sdk.test.ts': 10,
-  'test/integration/worker-module.test.ts': 7,
+  'test/integration/package-install.test.ts': 26,
+  'test/integration/dispatch.test.ts': 23,
+  'test/integration/validation-hostile.test.ts': 15,
+  'test/integration/mcp-bridge.test.ts': 14,
+  'test/integration/call-task.test.ts': 11,
   'test/integration/events-stream.test.ts': 7,
   'test/integration/callback-client.test.ts': 7,
-  'test/integration/plugin-replies.test.ts': 7,
-  'test/integration/mcp-python.test.ts': 5,
+  'test/integration/console-browser.test.ts': 6,
   'test/integration/mcp-transport.test.ts': 5,
-  'test/integration/definitions-size.test.ts': 5,
-  'test/integration/connections.test.ts': 4,
-  'test/integration/dispatch-bounds.test.ts': 4,
-  'test/integration/sessions-sync.test.ts': 4,
-  'test/integration/mcp.test.ts': 4,
-  'test/integration/mcp-conformance.test.ts': 3
+  'test/integration/plugin-sdk.test.ts': 5,
+  'test/integration/cli.test.ts': 4,
+  'test/unit/json-scan.test.ts': 4,
+  'test/integration/worker-module.test.ts': 4,
+  'test/integration/mcp-conformance.test.ts': 4,
+  'test/integration/definitions-size.test.ts': 3,
+  'test/integration/plugin-replies.test.ts': 3,
+  'test/integration/netns.test.ts': 3,
+  'test/integration/dispatch-bounds.test.ts': 2,
+  'test/integration/api-unregister-clear.test.ts': 2,
+  'test/integration/connections.test.ts': 2,
+  'test/integration/ownership.test.ts': 2,
+  'test/integration/mcp-python.test.ts': 2
 }
-const DEFAULT_WEIGHT = 1.5
+const DEFAULT_WEIGHT = 1
 
 /**
  * Files that run first in their group, before any other file's test: a heap measurement
