@@ -1,7 +1,8 @@
 // `npm run profile [-- flags]`: where one dispatch path spends its CPU, per thread, from Linux
 // `perf` with V8's jitdump (JavaScript frames by name, in the main thread and in the workers).
 //
-//   --path pool|inline|raw   the dispatch path (default pool)
+//   --path pool|inline|raw|route   the dispatch path (default pool), or the call route: POST
+//                            /api/tools/call on a listening pool-mode Toolport under autocannon
 //   --reply small|large      ~100 B or 64 KiB replies (default small)
 //   -c N                     callers in the closed loop (default 128)
 //   --seconds N              sampled window after a steady warm-up (default 5)
@@ -23,7 +24,7 @@ import { benchFile, TSX } from './lib/processes.js'
 import { parsePerfScript, profileByGroup } from './lib/perf-script.js'
 
 interface Flags {
-  path: 'pool' | 'inline' | 'raw'
+  path: 'pool' | 'inline' | 'raw' | 'route'
   reply: 'small' | 'large'
   concurrency: number
   seconds: number
@@ -31,7 +32,7 @@ interface Flags {
   keep: boolean
 }
 
-const USAGE = 'usage: npm run profile -- [--path pool|inline|raw] [--reply small|large] [-c N] [--seconds N] [--top N] [--keep]'
+const USAGE = 'usage: npm run profile -- [--path pool|inline|raw|route] [--reply small|large] [-c N] [--seconds N] [--top N] [--keep]'
 
 function parseFlags (argv: readonly string[]): Flags {
   const flags: Flags = { path: 'pool', reply: 'small', concurrency: 128, seconds: 5, top: 15, keep: false }
@@ -46,7 +47,9 @@ function parseFlags (argv: readonly string[]): Flags {
     }
     switch (flag) {
       case '--path':
-        if (value !== 'pool' && value !== 'inline' && value !== 'raw') fail('--path is pool, inline or raw')
+        if (value !== 'pool' && value !== 'inline' && value !== 'raw' && value !== 'route') {
+          fail('--path is pool, inline, raw or route')
+        }
         flags.path = value
         i++
         break
