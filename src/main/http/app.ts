@@ -13,6 +13,7 @@ import { registerDefinitionRoutes } from './definitions.js'
 import { registerEventRoutes } from './events.js'
 import { buildAppGuard, registerConsole } from './console.js'
 import { observerOf } from '../observe/observer.js'
+import { buildLazySerializer } from './serializers.js'
 
 export interface ToolportPluginOptions {
   /** The runtime whose registry the routes serve. */
@@ -68,7 +69,9 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     logController: new LogController({ disableRequestLogging: true }),
     // No child logger per request (measured in the e2e profile): the runtime logs call metadata
     // itself, and errors are logged with their code.
-    childLoggerFactory: reuseLogger
+    childLoggerFactory: reuseLogger,
+    // The response schemas (kept for /docs) get their serializers on first use (see serializers.ts).
+    schemaController: { compilersFactory: { buildSerializer: buildLazySerializer } }
   }) as unknown as FastifyInstance
   app.server.headersTimeout = 15_000
   // The event ring and the console's numbers start now, not when the routes are first mounted.
