@@ -94,13 +94,13 @@ const outputJsonByResult = new WeakMap<ToolResult, string | typeof TEXT_IS_JSON 
 /**
  * The JSON text of a result's output when it is already known (a callback reply's own text), so
  * that the HTTP route can send it without parsing or encoding the output again; undefined
- * otherwise. `text` is the result's text when the caller has already read it (a large result
- * decodes its text on each read).
+ * otherwise. `text` is the result's text, read once by the caller (a large result decodes its
+ * text on each read), and `textJson` its JSON encoding, which the caller needs as well.
  */
-export function outputJsonOf (result: ToolResult, text?: string): string | undefined {
+export function outputJsonOf (result: ToolResult, text: string, textJson: string): string | undefined {
   const json = outputJsonByResult.get(result)
-  if (json === TEXT_IS_JSON) return text ?? result.text
-  if (json === TEXT_IS_OUTPUT) return JSON.stringify(text ?? result.text)
+  if (json === TEXT_IS_JSON) return text
+  if (json === TEXT_IS_OUTPUT) return textJson
   return json
 }
 

@@ -1,4 +1,5 @@
 // The /api/tools routes (docs/protocol.md "Routes") and POST /api/tools/call.
+import type { ServerResponse } from 'node:http'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { MutationOptions, Runtime } from '../runtime.js'
 import { PluginKeyRequiredError } from '../errors.js'
@@ -51,18 +52,26 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
     // A client that hangs up cancels its call (the worker stops the callback request). A
     // CallCancel, not an AbortController: the same contract at a tenth of the cost per request.
     const cancel = new CallCancel()
-    const onClose = (): void => {
-      if (!reply.raw.writableFinished) cancel.abort()
-    }
-    reply.raw.once('close', onClose)
+    const res = reply.raw as CancellableResponse
+    res[kCallCancel] = cancel
+    res.on('close', cancelOnClose)
     let result
     try {
       result = await runtime.callTool(call.role, call, { signal: cancel })
     } finally {
-      reply.raw.removeListener('close', onClose)
+      res.removeListener('close', cancelOnClose)
+      res[kCallCancel] = null
     }
     reply.type('application/json; charset=utf-8').send(serializeToolResult(result))
   })
+}
+
+const kCallCancel = Symbol('toolport.callCancel')
+type CancellableResponse = ServerResponse & { [kCallCancel]?: CallCancel | null }
+
+/** The call route's 'close' listener: one function for every request, not a closure per call. */
+function cancelOnClose (this: CancellableResponse): void {
+  if (!this.writableFinished) this[kCallCancel]?.abort()
 }
 
 const NO_OPTIONS: MutationOptions = Object.freeze({})
@@ -88,18 +97,20 @@ function mutationOptions (runtime: Runtime, request: FastifyRequest, reply: Fast
  * parsed on the way in only to be encoded again on the way out.
  */
 export function serializeToolResult (result: ToolResult): string {
-  // Read once: a large result decodes its text on each read.
+  // Each read once: a large result decodes its text on each read, and a string output that is
+  // the text itself (a text reply) is encoded once for both members.
   const text = result.text
-  let outputJson = outputJsonOf(result, text)
+  const textJson = JSON.stringify(text)
+  let outputJson = outputJsonOf(result, text, textJson)
   if (outputJson === undefined) {
     const output = result.output
     outputJson = typeof output === 'string'
-      ? JSON.stringify(output)
+      ? output === text ? textJson : JSON.stringify(output)
       : output === null || output === undefined || text === ''
         ? 'null'
         : result.is_error ? safeStringify(output) : text
   }
   const error = result.error === undefined ? '' : `,"error":${JSON.stringify(result.error)}`
   const images = result.images === undefined ? '' : `,"images":${JSON.stringify(result.images)}`
-  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${JSON.stringify(text)}${images}}`
+  return `{"is_error":${result.is_error ? 'true' : 'false'},"output":${outputJson}${error},"text":${textJson}${images}}`
 }
