@@ -140,10 +140,10 @@ export class JsonScanner {
     for (;;) {
       if (state === STATE_VALUE) {
         if (i >= end) return false
+        // Each arm leaves `i` just past the value, or -1 when it is not valid JSON.
         switch (b[i]) {
           case 0x22: // "
             i = this.#scanString(b, i, end)
-            if (i < 0) return false
             break
           case 0x7b: // {
             i = skipWhitespace(b, i + 1, end)
@@ -165,23 +165,20 @@ export class JsonScanner {
           case 0x2d: case 0x30: case 0x31: case 0x32: case 0x33: case 0x34: // - 0-4
           case 0x35: case 0x36: case 0x37: case 0x38: case 0x39: // 5-9
             i = scanNumber(b, i, end)
-            if (i < 0) return false
             break
-          case 0x74:
+          case 0x74: // t
             i = matchLiteral(b, i, end, 'true')
-            if (i < 0) return false
             break
-          case 0x66:
+          case 0x66: // f
             i = matchLiteral(b, i, end, 'false')
-            if (i < 0) return false
             break
-          case 0x6e:
+          case 0x6e: // n
             i = matchLiteral(b, i, end, 'null')
-            if (i < 0) return false
             break
           default:
             return false
         }
+        if (i < 0) return false
         state = STATE_AFTER
       } else if (state === STATE_KEY) {
         if (b[i] !== 0x22) return false
