@@ -202,11 +202,6 @@ export function decodeReplyText (bytes: Uint8Array): string {
   return utf8Slice.decode(bytes)
 }
 
-/** The text of a reply read with `largeText`: `text`, or the decoding of `bytes` when set. */
-export function replyText (mapped: MappedReply): string {
-  return mapped.bytes === undefined ? mapped.text : decodeReplyText(mapped.bytes)
-}
-
 /** The value of the validated JSON string at `body[start, end)`; decoded directly when it has no escapes. */
 function stringValue (body: Uint8Array, start: number, end: number, isEscaped: boolean): string {
   if (!isEscaped) return utf8Slice.decode(body.subarray(start + 1, end - 1))

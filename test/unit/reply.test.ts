@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fc from 'fast-check'
-import { mapReply, readReply, replyText } from '../../src/shared/reply.js'
+import { decodeReplyText, mapReply, readReply, type MappedReply } from '../../src/shared/reply.js'
 
 const J = 'application/json'
 
@@ -78,6 +78,9 @@ test('property: a reply read with its text left as bytes decodes to the same tex
     fc.string({ unit: 'binary' }).map((text) => JSON.stringify({ output: text })),
     fc.string({ unit: 'binary' })
   )
+  // What the main thread reads as the result's text (src/main/dispatch/result.ts).
+  const replyText = (mapped: MappedReply): string =>
+    mapped.bytes === undefined ? mapped.text : decodeReplyText(mapped.bytes)
   fc.assert(fc.property(body, fc.boolean(), fc.constantFrom('application/json', 'text/plain', ''),
     (text, withBom, type) => {
       const bytes = withBom ? Buffer.concat([bom, Buffer.from(text)]) : Buffer.from(text)
