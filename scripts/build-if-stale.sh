@@ -4,6 +4,6 @@
 # package-install test packs it instead of compiling its own copy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -f dist/main/cli.js ] || [ -n "$(find src -type f -newer dist/main/cli.js -print -quit)" ]; then
+if [ ! -f dist/main/bin/toolport.js ] || [ -n "$(find src scripts/bundle.mjs -type f -newer dist/main/bin/toolport.js -print -quit)" ]; then
   npm run build --silent
 fi

@@ -5,6 +5,7 @@
 // or a real socket on 127.0.0.1.
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
+import { statSync } from 'node:fs'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
@@ -22,12 +23,17 @@ export const CALLBACK = 'http://127.0.0.1:9333/tools/get_weather'
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 
 /**
- * Node's arguments that run the `toolport` command: the compiled dist/main/cli.js when dist/ is at
- * least as new as every source file (the same code, without tsx's start-up cost per process),
- * else src/main/cli.ts under tsx.
+ * Node's arguments that run the `toolport` command as users run it: the package's bin, the bundle
+ * dist/main/bin/toolport.js, when dist/ is at least as new as every source file and the bundle as
+ * new as the compiled cli.js it was made from (`npm run build` makes both); the compiled
+ * dist/main/cli.js when only tsc ran; else src/main/cli.ts under tsx.
  */
 export function toolportCliArgs (): string[] {
-  return distIsFresh(ROOT) ? [join(ROOT, 'dist/main/cli.js')] : ['--import', 'tsx', join(ROOT, 'src/main/cli.ts')]
+  if (!distIsFresh(ROOT)) return ['--import', 'tsx', join(ROOT, 'src/main/cli.ts')]
+  const bin = join(ROOT, 'dist/main/bin/toolport.js')
+  const compiled = join(ROOT, 'dist/main/cli.js')
+  const binStat = statSync(bin, { throwIfNoEntry: false })
+  return [binStat !== undefined && binStat.mtimeMs >= statSync(compiled).mtimeMs ? bin : compiled]
 }
 
 /** Options every test Toolport starts from: silent, inline dispatch (no worker threads needed). */

@@ -1,4 +1,5 @@
-"""A real Toolport, started from its CLI (``node dist/main/cli.js serve``), for every test.
+"""A real Toolport, started from its CLI (``node dist/main/bin/toolport.js serve``, the package's
+``toolport`` command), for every test.
 
 The repository's ``npm run build`` must have run (``scripts/test-python.sh`` does it).
 """
@@ -21,7 +22,7 @@ import aiohttp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = REPO / "dist" / "main" / "cli.js"
+CLI = REPO / "dist" / "main" / "bin" / "toolport.js"
 _LISTENING = re.compile(r"Toolport listening on (http://\S+)")
 
 
