@@ -33,6 +33,9 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url))
  */
 const EXTERNAL = ['piscina', 'pino', 're2-wasm', '@fastify/static', '@fastify/swagger', '@fastify/swagger-ui']
 
+/** The worker threads' modules, each bundled in place (dist/workers/<name>.js). */
+const WORKERS = ['call-task', 'schema-compiler']
+
 /**
  * Bundled CommonJS packages call `require`, `__filename` and `__dirname`, which an ES module does
  * not have: each output file defines them for its own location.
@@ -66,7 +69,7 @@ const COMMON = {
 
 // The worker bundles replace their inputs: a second run over its own output (without tsc first)
 // would bundle a bundle. `npm run build` always runs tsc first.
-for (const name of ['call-task', 'schema-compiler']) {
+for (const name of WORKERS) {
   if (readFileSync(`${ROOT}dist/workers/${name}.js`, 'utf8').includes('__toolportCreateRequire')) {
     throw new Error(`dist/workers/${name}.js is already a bundle; run \`npm run build\` (tsc, then this script)`)
   }
@@ -83,7 +86,7 @@ await Promise.all([
     splitting: true,
     chunkNames: '[name]-[hash]'
   }),
-  ...['call-task', 'schema-compiler'].map((name) => build({
+  ...WORKERS.map((name) => build({
     ...COMMON,
     entryPoints: [`dist/workers/${name}.js`],
     outfile: `dist/workers/${name}.js`,

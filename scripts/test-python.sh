@@ -41,10 +41,7 @@ if ! cmp -s python/requirements-test.txt "$venv/.requirements-test.txt"; then
   cp python/requirements-test.txt "$venv/.requirements-test.txt"
 fi
 
-if [ ! -f dist/main/bin/toolport.js ] || [ -n "$(find src scripts/bundle.mjs -type f -newer dist/main/bin/toolport.js -print -quit)" ]; then
-  echo "== python: building Toolport (npm run build) for the tests to start"
-  npm run build --silent
-fi
+bash scripts/build-if-stale.sh
 
 echo "== python: pytest python/tests ($("$venv/bin/python" --version))"
 cd python
