@@ -1,0 +1,219 @@
+// `npm run ab -- --baseline DIR [flags]`: one dispatch path of this tree against the same path of
+// another checkout, each repetition in fresh processes, interleaved (this, baseline, baseline,
+// this, …).
+//
+//   --baseline DIR           a checkout of Toolport with its own node_modules (and a fresh dist/)
+//   --path pool|inline|raw|route   the path (default pool); route: POST /api/tools/call under autocannon
+//   --reply small|large      ~100 B or 64 KiB replies (default small)
+//   -c N                     callers in the closed loop (default 128)
+//   --seconds N              measured window per run, after a steady warm-up (default 4)
+//   --reps N                 repetitions, each one run of each tree (default 3)
+//   --out NAME               also write bench/results/NAME.md
+//
+// Why processes of their own: `npm run bench -- --baseline` runs both trees in one process, which
+// is right for most changes (same machine state, windows a second apart), but not for a change to
+// how much garbage a path leaves: what one path leaves in the old generation is collected during
+// the next path's window. A change that stopped large replies from surviving into the old
+// generation measured 2× less CPU per call here, and slower than its baseline inside one bench
+// process. Each run here is `bench/fixtures/profile-target.ts` (the process `npm run profile`
+// samples) in its own tree: its own callback server, a warm-up until CPU per call is steady, one
+// window, and the same per-thread schedstat accounting as the bench.
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { existsSync, readdirSync, statSync } from 'node:fs'
+import { writeFile } from 'node:fs/promises'
+import { join, resolve } from 'node:path'
+import { createInterface } from 'node:readline'
+import { BENCH_DIR, TSX } from './lib/processes.js'
+import { fmtRate, fmtRatio, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
+
+interface Flags {
+  baseline: string
+  path: 'pool' | 'inline' | 'raw' | 'route'
+  reply: 'small' | 'large'
+  concurrency: number
+  seconds: number
+  reps: number
+  out: string
+}
+
+interface Cpu {
+  processUs: number
+  mainThreadUs: number
+  workerUs: number
+  otherUs: number
+  peerUs: number
+  foreignShare: number
+  contended: boolean
+}
+
+interface Run {
+  rps: number
+  p50Us: number
+  errors: number
+  cpu: Cpu
+}
+
+const USAGE = 'usage: npm run ab -- --baseline DIR [--path pool|inline|raw|route] [--reply small|large] ' +
+  '[-c N] [--seconds N] [--reps N] [--out NAME]'
+const THIS_TREE = resolve(BENCH_DIR, '..')
+
+function parseFlags (argv: readonly string[]): Flags {
+  const flags: Flags = { baseline: '', path: 'pool', reply: 'small', concurrency: 128, seconds: 4, reps: 3, out: '' }
+  for (let i = 0; i < argv.length; i++) {
+    const flag = argv[i] as string
+    const value = argv[i + 1]
+    const text = (): string => {
+      if (value === undefined || value === '') fail(`${flag} needs a value`)
+      i++
+      return value
+    }
+    const number = (max: number): number => {
+      const n = Number(text())
+      if (!Number.isInteger(n) || n < 1 || n > max) fail(`${flag} needs an integer from 1 to ${max}`)
+      return n
+    }
+    switch (flag) {
+      case '--baseline': flags.baseline = resolve(text()); break
+      case '--path': {
+        const path = text()
+        if (path !== 'pool' && path !== 'inline' && path !== 'raw' && path !== 'route') fail('--path is pool, inline, raw or route')
+        flags.path = path
+        break
+      }
+      case '--reply': {
+        const reply = text()
+        if (reply !== 'small' && reply !== 'large') fail('--reply is small or large')
+        flags.reply = reply
+        break
+      }
+      case '-c': flags.concurrency = number(10_000); break
+      case '--seconds': flags.seconds = number(120); break
+      case '--reps': flags.reps = number(50); break
+      case '--out':
+        flags.out = text()
+        if (!/^[\w.-]+$/.test(flags.out)) fail('--out must be a plain file name')
+        break
+      case '--help': case '-h':
+        process.stdout.write(USAGE + '\n')
+        process.exit(0)
+        break
+      default: fail(`unknown flag ${flag}`)
+    }
+  }
+  if (flags.baseline === '') fail('--baseline is required')
+  if (!existsSync(join(flags.baseline, 'bench/fixtures/profile-target.ts'))) {
+    fail(`${flags.baseline} has no bench/fixtures/profile-target.ts (not a Toolport checkout, or too old)`)
+  }
+  if (!existsSync(join(flags.baseline, 'node_modules'))) fail(`${flags.baseline} has no node_modules (run npm ci there)`)
+  return flags
+}
+
+function fail (message: string): never {
+  process.stderr.write(`ab: ${message}\n${USAGE}\n`)
+  process.exit(2)
+}
+
+function step (message: string): void {
+  process.stderr.write(`ab: ${message}\n`)
+}
+
+/**
+ * Whether `tree`'s dist/ is at least as new as every source file. Under tsx, a pool's worker
+ * thread loads dist/workers/*.js only when it is (src/main/dispatch/worker-module.ts), else the
+ * sources through tsx: then the two trees would not run the same kind of worker.
+ */
+function distIsFresh (tree: string): boolean {
+  const built = join(tree, 'dist/workers/call-task.js')
+  if (!existsSync(built)) return false
+  const builtMs = statSync(built).mtimeMs
+  for (const entry of readdirSync(join(tree, 'src'), { withFileTypes: true, recursive: true })) {
+    if (!entry.isFile() || !entry.name.endsWith('.ts')) continue
+    if (statSync(join(entry.parentPath, entry.name)).mtimeMs > builtMs) return false
+  }
+  return true
+}
+
+/** One run of the path in `tree`, in a process of its own. */
+async function runOnce (tree: string, flags: Flags): Promise<Run> {
+  const target = spawn(process.execPath, ['--import', TSX, join(tree, 'bench/fixtures/profile-target.ts'),
+    JSON.stringify({ path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds })],
+  { cwd: tree, stdio: ['pipe', 'pipe', 'inherit'] })
+  let result: Run | null = null
+  createInterface({ input: target.stdout }).on('line', (line) => {
+    if (!line.startsWith('{')) return
+    const message = JSON.parse(line) as Partial<Run> & { event?: string }
+    if (message.event === undefined && message.cpu !== undefined) result = message as Run
+  })
+  const [code] = await once(target, 'exit') as [number | null]
+  const run = result as Run | null
+  if (code !== 0 || run === null) throw new Error(`the run in ${tree} exited with code ${String(code)} and no result`)
+  return run
+}
+
+function cpuText (cpu: Cpu): string {
+  const mark = cpu.contended ? '*' : ''
+  return `${cpu.processUs.toFixed(0)} · ${cpu.mainThreadUs.toFixed(0)} · ${cpu.workerUs.toFixed(0)} · ` +
+    `${cpu.otherUs.toFixed(0)} · ${cpu.peerUs.toFixed(0)}${mark}`
+}
+
+function report (flags: Flags, runs: { tree: Run[], baseline: Run[] }): string {
+  const lines: string[] = []
+  const what = `${flags.path}, ${flags.reply === 'large' ? '64 KiB' : '100 B'} replies, c=${flags.concurrency}`
+  lines.push(`# A/B in separate processes: ${what}`, '')
+  lines.push(`${new Date().toISOString()} · this tree \`${THIS_TREE}\` against \`${flags.baseline}\` · ` +
+    `${flags.reps} repetitions of ${flags.seconds} s windows, interleaved · Node ${process.version}`, '')
+  lines.push('| rep | tree | req/s | p50 | CPU µs/call: process · main · workers · other · server | failed |')
+  lines.push('| --: | :-- | --: | --: | --: | --: |')
+  for (let i = 0; i < flags.reps; i++) {
+    for (const [name, run] of [['this', runs.tree[i]], ['baseline', runs.baseline[i]]] as const) {
+      if (run === undefined) continue
+      lines.push(`| ${i + 1} | ${name} | ${fmtRate(run.rps)} | ${fmtUs(run.p50Us)} | ${cpuText(run.cpu)} | ` +
+        `${run.errors === 0 ? '' : String(run.errors)} |`)
+    }
+  }
+  const figure = (pick: (run: Run) => number): [number[], number[]] => [runs.tree.map(pick), runs.baseline.map(pick)]
+  const [rpsA, rpsB] = figure((r) => r.rps)
+  const [cpuA, cpuB] = figure((r) => r.cpu.processUs)
+  const [mainA, mainB] = figure((r) => r.cpu.mainThreadUs)
+  lines.push('', '| figure | this tree | baseline | this / baseline (per repetition) |', '| :-- | --: | --: | --: |')
+  lines.push(`| req/s | ${fmtStat(stat(rpsA), fmtRate)} | ${fmtStat(stat(rpsB), fmtRate)} | ` +
+    `${fmtStat(pairedRatio(rpsA, rpsB), fmtRatio)} |`)
+  lines.push(`| CPU µs per call, process | ${fmtStat(stat(cpuA), fmtUs)} | ${fmtStat(stat(cpuB), fmtUs)} | ` +
+    `${fmtStat(pairedRatio(cpuA, cpuB), fmtRatio)} |`)
+  lines.push(`| CPU µs per call, main thread | ${fmtStat(stat(mainA), fmtUs)} | ${fmtStat(stat(mainB), fmtUs)} | ` +
+    `${fmtStat(pairedRatio(mainA, mainB), fmtRatio)} |`)
+  lines.push('', '- Each run is `bench/fixtures/profile-target.ts` in its own tree and process: its own callback ' +
+    'server, a warm-up until CPU per call is steady, then the window (see bench/ab.ts).',
+  '- CPU µs per call from each thread\'s /proc/<pid>/task/<tid>/schedstat; `*`: other processes took more than ' +
+    '25 % of the cores during that window.',
+  '- Ratios are medians of per-repetition ratios (each run paired with the other tree\'s run of the same ' +
+    'repetition); the order of the two trees alternates by repetition.')
+  return lines.join('\n') + '\n'
+}
+
+async function main (): Promise<void> {
+  const flags = parseFlags(process.argv.slice(2))
+  for (const tree of [THIS_TREE, flags.baseline]) {
+    if (!distIsFresh(tree)) step(`warning: ${tree}/dist is older than its sources (npm run build there): its workers load from source`)
+  }
+  const runs = { tree: [] as Run[], baseline: [] as Run[] }
+  for (let rep = 0; rep < flags.reps; rep++) {
+    const order = rep % 2 === 0 ? ['this', 'baseline'] as const : ['baseline', 'this'] as const
+    for (const which of order) {
+      step(`rep ${rep + 1}/${flags.reps}: ${which}`)
+      const run = await runOnce(which === 'this' ? THIS_TREE : flags.baseline, flags)
+      if (which === 'this') runs.tree.push(run)
+      else runs.baseline.push(run)
+    }
+  }
+  const text = report(flags, runs)
+  process.stdout.write(text)
+  if (flags.out !== '') {
+    const file = join(BENCH_DIR, 'results', `${flags.out}.md`)
+    await writeFile(file, text)
+    step(`wrote ${file}`)
+  }
+}
+
+await main()
