@@ -18,11 +18,11 @@
 // process. Each run here is `bench/fixtures/profile-target.ts` (the process `npm run profile`
 // samples) in its own tree: its own callback server, a warm-up until CPU per call is steady, one
 // window, and the same per-thread schedstat accounting as the bench.
-import { spawn } from 'node:child_process'
+import { spawn, spawnSync } from 'node:child_process'
 import { once } from 'node:events'
 import { existsSync, readdirSync, statSync } from 'node:fs'
 import { writeFile } from 'node:fs/promises'
-import { join, resolve } from 'node:path'
+import { basename, join, resolve } from 'node:path'
 import { createInterface } from 'node:readline'
 import { BENCH_DIR, TSX } from './lib/processes.js'
 import { fmtRate, fmtRatio, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
@@ -151,6 +151,14 @@ async function runOnce (tree: string, flags: Flags): Promise<Run> {
   return run
 }
 
+/** The tree's commit (`abc1234`, `+ changes` when its work tree differs), else its folder's name. */
+function describeTree (tree: string): string {
+  const head = spawnSync('git', ['-C', tree, 'rev-parse', '--short', 'HEAD'], { encoding: 'utf8' })
+  if (head.status !== 0) return basename(tree)
+  const status = spawnSync('git', ['-C', tree, 'status', '--porcelain', '--untracked-files=no'], { encoding: 'utf8' })
+  return `${head.stdout.trim()}${status.stdout.trim() === '' ? '' : ' + changes'}`
+}
+
 function cpuText (cpu: Cpu): string {
   const mark = cpu.contended ? '*' : ''
   return `${cpu.processUs.toFixed(0)} · ${cpu.mainThreadUs.toFixed(0)} · ${cpu.workerUs.toFixed(0)} · ` +
@@ -161,7 +169,8 @@ function report (flags: Flags, runs: { tree: Run[], baseline: Run[] }): string {
   const lines: string[] = []
   const what = `${flags.path}, ${flags.reply === 'large' ? '64 KiB' : '100 B'} replies, c=${flags.concurrency}`
   lines.push(`# A/B in separate processes: ${what}`, '')
-  lines.push(`${new Date().toISOString()} · this tree \`${THIS_TREE}\` against \`${flags.baseline}\` · ` +
+  lines.push(`${new Date().toISOString()} · this tree (${describeTree(THIS_TREE)}) against the baseline ` +
+    `(${describeTree(flags.baseline)}) · ` +
     `${flags.reps} repetitions of ${flags.seconds} s windows, interleaved · Node ${process.version}`, '')
   lines.push('| rep | tree | req/s | p50 | CPU µs/call: process · main · workers · other · server | failed |')
   lines.push('| --: | :-- | --: | --: | --: | --: |')
