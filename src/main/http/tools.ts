@@ -92,9 +92,9 @@ function mutationOptions (runtime: Runtime, request: FastifyRequest, reply: Fast
 }
 
 /**
- * Bodies of at least this many characters are written into one Buffer (`toolResultBody`).
- * Under it a string is cheaper than a Buffer of its own; a large reply's text is in the body
- * twice (as the output's JSON and as `text`), so a 16 KiB reply is over it.
+ * Bodies of at least this many characters are written into one Buffer (`toolResultBody`); shorter
+ * ones stay a string, whose flattening costs little. A reply's text is in the body twice (as the
+ * output's JSON and as `text`), so a 16 KiB reply is over it.
  */
 const BUFFER_BODY_CHARS = 32 * 1024
 
@@ -107,7 +107,7 @@ const BUFFER_BODY_CHARS = 32 * 1024
  * Why a Buffer when long: sent as one long string, the concatenation was flattened by fastify
  * counting its bytes (a new ~200 KB string for a 64 KiB reply, a large-object allocation on fresh
  * pages each time) and encoded once more by node to write it: ~2.2 ms of the main thread per
- * request with 64 KiB replies, ~0.57 ms written into a Buffer.
+ * request with 64 KiB replies, ~0.5 ms written into a Buffer.
  */
 export function toolResultBody (result: ToolResult): string | Buffer {
   // Each read once: a large result decodes its text on each read, and a string output that is
