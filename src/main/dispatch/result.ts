@@ -198,8 +198,8 @@ export function mappedReplyResult (text: string, textIsJson: boolean, toolError:
   } else if (!textIsJson) {
     result = { is_error: false, output: text, text }
   } else {
-    // A small output is parsed at once: a plain object is cheaper to build than the lazy one
-    // (measured: 0.35 µs against 0.9 µs for ~100 B).
+    // A small output is parsed at once: for ~100 B a plain object costs about half of a lazy one
+    // (0.35 µs measured against 0.6–0.9 µs).
     result = text.length <= EAGER_OUTPUT_CHARS
       ? { is_error: false, output: JSON.parse(text), text }
       : lazyOutputResult(false, text, text, undefined)
