@@ -1,6 +1,8 @@
 // Scenario 2 — end to end over HTTP: autocannon (its own process) → `POST /api/tools/call` on a
 // listening Toolport (in this process) → the callback server (its own process), pool vs inline,
-// against the ceiling: autocannon → the callback server directly, same body.
+// against the ceiling: autocannon → the callback server directly, same body. Beside them, at
+// concurrencies an MCP session accepts (`mcp.maxCallsPerSession`, 32), the same call as MCP
+// `tools/call` on one session of the pool's `/mcp/<role>` endpoint (what an MCP client costs).
 //
 // This is where pool mode should win: the main thread is busy parsing and answering HTTP, so
 // moving the callback client off it frees it; inline mode does both on one thread.
@@ -8,6 +10,7 @@ import { CpuMeter } from './lib/cpu.js'
 import type { CpuPerCall } from './lib/cpu.js'
 import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
 import { runNodeJson } from './lib/processes.js'
+import { LATEST_PROTOCOL_VERSION } from '@modelcontextprotocol/sdk/types.js'
 import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 
@@ -38,7 +41,13 @@ function cpuCell (runs: readonly LoadResult[], isCeiling: boolean): string {
 interface Target {
   name: string
   url: string
+  body: string
+  headers: Record<string, string>
 }
+
+/** MCP's `tools/call` runs on one session, which takes at most 32 calls at once by default. */
+const MCP_MAX_CONCURRENCY = 32
+const MCP_TARGET = 'toolport pool, MCP tools/call'
 
 function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, durationS: number, maxRequests: number } {
   return ctx.isQuick
@@ -47,12 +56,50 @@ function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, dur
 }
 
 const CALL_BODY = JSON.stringify({ role: 'bench', name: toolName('small'), raw_arguments: RAW_ARGUMENTS })
+const JSON_HEADERS = { 'content-type': 'application/json' }
+// `[<id>]`: the load generator gives each request an id of its own, as JSON-RPC requires of
+// requests in flight on one session.
+const MCP_CALL_BODY = JSON.stringify({
+  jsonrpc: '2.0',
+  id: '[<id>]',
+  method: 'tools/call',
+  params: { name: toolName('small'), arguments: JSON.parse(RAW_ARGUMENTS) as unknown }
+})
+
+/**
+ * Opens an MCP session on `url` (initialize, then initialized) and returns the headers of its
+ * requests. One call is made first and must succeed: a refused or failed MCP call is still an
+ * HTTP 200, which the load generator would count as answered.
+ */
+async function mcpSession (url: string): Promise<Record<string, string>> {
+  const headers = { ...JSON_HEADERS, accept: 'application/json, text/event-stream' }
+  const init = await fetch(url, {
+    method: 'POST',
+    headers,
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 0,
+      method: 'initialize',
+      params: { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, clientInfo: { name: 'toolport-bench', version: '1' } }
+    })
+  })
+  const sessionId = init.headers.get('mcp-session-id')
+  await init.text()
+  if (!init.ok || sessionId === null) throw new Error(`MCP initialize on ${url} answered HTTP ${init.status} without a session`)
+  const session = { ...headers, 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST_PROTOCOL_VERSION }
+  await (await fetch(url, { method: 'POST', headers: session, body: '{"jsonrpc":"2.0","method":"notifications/initialized"}' })).text()
+  const probe = await (await fetch(url, { method: 'POST', headers: session, body: MCP_CALL_BODY })).text()
+  if (!probe.includes('"isError":false')) throw new Error(`MCP tools/call on ${url} did not succeed: ${probe.slice(0, 300)}`)
+  return session
+}
 
 export const e2eScenario: Scenario = {
   name: 'e2e',
   title: '2. End to end: autocannon → POST /api/tools/call → callback',
   steps (ctx) {
-    return plan(ctx).concurrency.length * ctx.reps * 3 + 1
+    const p = plan(ctx)
+    const withMcp = p.concurrency.filter((c) => c <= MCP_MAX_CONCURRENCY).length
+    return p.concurrency.length * ctx.reps * 3 + withMcp * ctx.reps + 1
   },
   async run (ctx) {
     const p = plan(ctx)
@@ -64,14 +111,19 @@ export const e2eScenario: Scenario = {
       const poolUrl = (await pool.listen({ port: 0 })).url
       const inlineUrl = (await inline.listen({ port: 0 })).url
       const targets: Target[] = [
-        { name: 'ceiling: callback server', url: ctx.server.url('/small') },
-        { name: 'toolport pool', url: `${poolUrl}/api/tools/call` },
-        { name: 'toolport inline', url: `${inlineUrl}/api/tools/call` }
+        { name: 'ceiling: callback server', url: ctx.server.url('/small'), body: CALL_BODY, headers: JSON_HEADERS },
+        { name: 'toolport pool', url: `${poolUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS },
+        { name: 'toolport inline', url: `${inlineUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS }
       ]
+      if (p.concurrency.some((c) => c <= MCP_MAX_CONCURRENCY)) {
+        const mcpUrl = `${poolUrl}/mcp/bench`
+        targets.push({ name: MCP_TARGET, url: mcpUrl, body: MCP_CALL_BODY, headers: await mcpSession(mcpUrl) })
+      }
       for (const c of p.concurrency) {
+        const cTargets = c <= MCP_MAX_CONCURRENCY ? targets : targets.filter((t) => t.name !== MCP_TARGET)
         for (let rep = 0; rep < ctx.reps; rep++) {
-          for (let k = 0; k < targets.length; k++) {
-            const target = targets[(k + rep) % targets.length] as Target
+          for (let k = 0; k < cTargets.length; k++) {
+            const target = cTargets[(k + rep) % cTargets.length] as Target
             ctx.progress.step(`c=${c} ${target.name} (rep ${rep + 1}/${ctx.reps})`)
             const meter = new CpuMeter(ctx.server.pid)
             const result = await runNodeJson('fixtures/load-generator.ts', [JSON.stringify({
@@ -80,8 +132,8 @@ export const e2eScenario: Scenario = {
               warmupS: p.warmupS,
               durationS: p.durationS,
               maxRequests: p.maxRequests,
-              body: CALL_BODY,
-              headers: { 'content-type': 'application/json' }
+              body: target.body,
+              headers: target.headers
             })], { timeoutMs: 60_000, onEvent: () => { meter.begin() } }) as LoadResult
             result.cpu = meter.end(result.total, (result.cpuUsPerRequest ?? 0) * result.total)
             const key = `${c}|${target.name}`
@@ -98,8 +150,9 @@ export const e2eScenario: Scenario = {
     for (const c of p.concurrency) {
       const ceiling = get(c, 'ceiling: callback server')
       const inlineRuns = get(c, 'toolport inline')
-      for (const name of ['ceiling: callback server', 'toolport pool', 'toolport inline']) {
+      for (const name of ['ceiling: callback server', 'toolport pool', 'toolport inline', MCP_TARGET]) {
         const runs = get(c, name)
+        if (runs.length === 0) continue
         const failed = runs.reduce((n, r) => n + r.errors + r.non2xx, 0)
         rows.push([
           String(c), name,
@@ -155,7 +208,8 @@ export const e2eScenario: Scenario = {
       checks,
       notes: [
         'autocannon runs in its own process (programmatic API), one connection per concurrent request, no pipelining; latency from its per-response times.',
-        'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.'
+        'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.',
+        `"${MCP_TARGET}": the same call as a JSON-RPC \`tools/call\` POSTed on one MCP session of the pool's /mcp/bench (the MCP SDK's streamable HTTP transport answers each with an event stream), at concurrencies up to ${MCP_MAX_CONCURRENCY}, the calls one session takes at once.`
       ],
       data: Object.fromEntries(results)
     }

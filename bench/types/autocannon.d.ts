@@ -13,6 +13,16 @@ declare module 'autocannon' {
     method?: string
     headers?: Record<string, string>
     body?: string
+    /** The requests each connection cycles through; `setupRequest` may rewrite one before it is sent. */
+    requests?: AutocannonRequest[]
+  }
+
+  interface AutocannonRequest {
+    method?: string
+    path?: string
+    headers?: Record<string, string>
+    body?: string
+    setupRequest?: (request: AutocannonRequest) => AutocannonRequest
   }
 
   interface Percentiles {
