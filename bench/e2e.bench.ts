@@ -51,7 +51,7 @@ const MCP_TARGET = 'toolport pool, MCP tools/call'
 
 function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, durationS: number, maxRequests: number } {
   return ctx.isQuick
-    ? { concurrency: [128], warmupS: 0.2, durationS: 0.5, maxRequests: 50_000 }
+    ? { concurrency: [16, 128], warmupS: 0.2, durationS: 0.5, maxRequests: 50_000 }
     : { concurrency: [16, 128], warmupS: 0.5, durationS: 2, maxRequests: 200_000 }
 }
 
