@@ -97,26 +97,53 @@ export function outcomeToResult (outcome: CallOutcome, tool: ResultContext, maxR
  */
 const LAZY = Symbol('toolport.lazyResult')
 
-/** A success or tool-error result whose `output` is parsed from its JSON when first read. */
-class LazyOutput {
-  parsed: unknown = undefined
-  isParsed = false
+/** What a lazy result's getters read: its output, parsed on the first read and kept. */
+abstract class LazyState {
+  #parsed: unknown = undefined
+  #isParsed = false
+
+  output (): unknown {
+    if (!this.#isParsed) {
+      this.#parsed = this.parse()
+      this.#isParsed = true
+    }
+    return this.#parsed
+  }
+
+  protected abstract parse (): unknown
+}
+
+/** A success or tool-error result whose output is parsed from its JSON when first read. */
+class LazyOutput extends LazyState {
   readonly outputJson: string
   constructor (outputJson: string) {
+    super()
     this.outputJson = outputJson
+  }
+
+  protected parse (): unknown {
+    return JSON.parse(this.outputJson)
   }
 }
 
-/** A large success whose `text` is decoded from the reply's bytes on each read. */
-class LazyText {
-  parsed: unknown = undefined
-  isParsed = false
+/** A large success whose text is decoded from the reply's bytes on each read. */
+class LazyText extends LazyState {
   readonly bytes: Uint8Array
   /** Whether the text is the output's JSON (else it is the output string). */
   readonly textIsJson: boolean
   constructor (bytes: Uint8Array, textIsJson: boolean) {
+    super()
     this.bytes = bytes
     this.textIsJson = textIsJson
+  }
+
+  text (): string {
+    return decodeReplyText(this.bytes)
+  }
+
+  protected parse (): unknown {
+    const text = this.text()
+    return this.textIsJson ? JSON.parse(text) : text
   }
 }
 
@@ -124,40 +151,23 @@ interface LazyResult<State> extends ToolResult {
   readonly [LAZY]: State
 }
 
-const LAZY_OUTPUT: PropertyDescriptorMap = {
-  output: {
-    enumerable: true,
-    configurable: true,
-    get (this: LazyResult<LazyOutput>): unknown {
-      const state = this[LAZY]
-      if (!state.isParsed) {
-        state.parsed = JSON.parse(state.outputJson)
-        state.isParsed = true
-      }
-      return state.parsed
-    }
+const OUTPUT_GETTER: PropertyDescriptor = {
+  enumerable: true,
+  configurable: true,
+  get (this: LazyResult<LazyState>): unknown {
+    return this[LAZY].output()
   }
 }
 
+const LAZY_OUTPUT: PropertyDescriptorMap = { output: OUTPUT_GETTER }
+
 const LAZY_TEXT: PropertyDescriptorMap = {
-  output: {
-    enumerable: true,
-    configurable: true,
-    get (this: LazyResult<LazyText>): unknown {
-      const state = this[LAZY]
-      if (!state.isParsed) {
-        const text = decodeReplyText(state.bytes)
-        state.parsed = state.textIsJson ? JSON.parse(text) : text
-        state.isParsed = true
-      }
-      return state.parsed
-    }
-  },
+  output: OUTPUT_GETTER,
   text: {
     enumerable: true,
     configurable: true,
     get (this: LazyResult<LazyText>): string {
-      return decodeReplyText(this[LAZY].bytes)
+      return this[LAZY].text()
     }
   }
 }
@@ -171,8 +181,7 @@ const LAZY_TEXT: PropertyDescriptorMap = {
 export function outputJsonOf (result: ToolResult, text: string, textJson: string): string | undefined {
   const lazy = (result as Partial<LazyResult<LazyOutput | LazyText>>)[LAZY]
   if (lazy === undefined) return undefined
-  if (lazy instanceof LazyOutput) return lazy.outputJson
-  return lazy.textIsJson ? text : textJson
+  return lazy instanceof LazyText ? (lazy.textIsJson ? text : textJson) : lazy.outputJson
 }
 
 /**
