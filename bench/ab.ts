@@ -18,40 +18,24 @@
 // process. Each run here is `bench/fixtures/profile-target.ts` (the process `npm run profile`
 // samples) in its own tree: its own callback server, a warm-up until CPU per call is steady, one
 // window, and the same per-thread schedstat accounting as the bench.
-import { spawn, spawnSync } from 'node:child_process'
-import { once } from 'node:events'
-import { existsSync, readdirSync, statSync } from 'node:fs'
+import { spawnSync } from 'node:child_process'
+import { existsSync } from 'node:fs'
 import { writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
-import { createInterface } from 'node:readline'
-import { BENCH_DIR, TSX } from './lib/processes.js'
+import { distIsFresh } from '../src/main/dispatch/worker-module.js'
+import type { CpuPerCall } from './lib/cpu.js'
+import { BENCH_DIR, runProfileTarget } from './lib/processes.js'
+import type { ProfileTargetOptions, ProfileTargetResult } from './lib/processes.js'
 import { fmtRate, fmtRatio, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 
 interface Flags {
   baseline: string
-  path: 'pool' | 'inline' | 'raw' | 'route'
-  reply: 'small' | 'large'
+  path: ProfileTargetOptions['path']
+  reply: ProfileTargetOptions['route']
   concurrency: number
   seconds: number
   reps: number
   out: string
-}
-
-interface Cpu {
-  processUs: number
-  mainThreadUs: number
-  workerUs: number
-  otherUs: number
-  peerUs: number
-  foreignShare: number
-  contended: boolean
-}
-
-interface Run {
-  rps: number
-  p50Us: number
-  errors: number
-  cpu: Cpu
 }
 
 const USAGE = 'usage: npm run ab -- --baseline DIR [--path pool|inline|raw|route] [--reply small|large] ' +
@@ -118,39 +102,6 @@ function step (message: string): void {
   process.stderr.write(`ab: ${message}\n`)
 }
 
-/**
- * Whether `tree`'s dist/ is at least as new as every source file. Under tsx, a pool's worker
- * thread loads dist/workers/*.js only when it is (src/main/dispatch/worker-module.ts), else the
- * sources through tsx: then the two trees would not run the same kind of worker.
- */
-function distIsFresh (tree: string): boolean {
-  const built = join(tree, 'dist/workers/call-task.js')
-  if (!existsSync(built)) return false
-  const builtMs = statSync(built).mtimeMs
-  for (const entry of readdirSync(join(tree, 'src'), { withFileTypes: true, recursive: true })) {
-    if (!entry.isFile() || !entry.name.endsWith('.ts')) continue
-    if (statSync(join(entry.parentPath, entry.name)).mtimeMs > builtMs) return false
-  }
-  return true
-}
-
-/** One run of the path in `tree`, in a process of its own. */
-async function runOnce (tree: string, flags: Flags): Promise<Run> {
-  const target = spawn(process.execPath, ['--import', TSX, join(tree, 'bench/fixtures/profile-target.ts'),
-    JSON.stringify({ path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds })],
-  { cwd: tree, stdio: ['pipe', 'pipe', 'inherit'] })
-  let result: Run | null = null
-  createInterface({ input: target.stdout }).on('line', (line) => {
-    if (!line.startsWith('{')) return
-    const message = JSON.parse(line) as Partial<Run> & { event?: string }
-    if (message.event === undefined && message.cpu !== undefined) result = message as Run
-  })
-  const [code] = await once(target, 'exit') as [number | null]
-  const run = result as Run | null
-  if (code !== 0 || run === null) throw new Error(`the run in ${tree} exited with code ${String(code)} and no result`)
-  return run
-}
-
 /** The tree's commit (`abc1234`, `+ changes` when its work tree differs), else its folder's name. */
 function describeTree (tree: string): string {
   const head = spawnSync('git', ['-C', tree, 'rev-parse', '--short', 'HEAD'], { encoding: 'utf8' })
@@ -159,13 +110,14 @@ function describeTree (tree: string): string {
   return `${head.stdout.trim()}${status.stdout.trim() === '' ? '' : ' + changes'}`
 }
 
-function cpuText (cpu: Cpu): string {
+function cpuText (cpu: CpuPerCall | null): string {
+  if (cpu === null) return '–'
   const mark = cpu.contended ? '*' : ''
   return `${cpu.processUs.toFixed(0)} · ${cpu.mainThreadUs.toFixed(0)} · ${cpu.workerUs.toFixed(0)} · ` +
     `${cpu.otherUs.toFixed(0)} · ${cpu.peerUs.toFixed(0)}${mark}`
 }
 
-function report (flags: Flags, runs: { tree: Run[], baseline: Run[] }): string {
+function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: ProfileTargetResult[] }): string {
   const lines: string[] = []
   const what = `${flags.path}, ${flags.reply === 'large' ? '64 KiB' : '100 B'} replies, c=${flags.concurrency}`
   lines.push(`# A/B in separate processes: ${what}`, '')
@@ -181,10 +133,11 @@ function report (flags: Flags, runs: { tree: Run[], baseline: Run[] }): string {
         `${run.errors === 0 ? '' : String(run.errors)} |`)
     }
   }
-  const figure = (pick: (run: Run) => number): [number[], number[]] => [runs.tree.map(pick), runs.baseline.map(pick)]
+  const figure = (pick: (run: ProfileTargetResult) => number): [number[], number[]] =>
+    [runs.tree.map(pick), runs.baseline.map(pick)]
   const [rpsA, rpsB] = figure((r) => r.rps)
-  const [cpuA, cpuB] = figure((r) => r.cpu.processUs)
-  const [mainA, mainB] = figure((r) => r.cpu.mainThreadUs)
+  const [cpuA, cpuB] = figure((r) => r.cpu?.processUs ?? Number.NaN)
+  const [mainA, mainB] = figure((r) => r.cpu?.mainThreadUs ?? Number.NaN)
   lines.push('', '| figure | this tree | baseline | this / baseline (per repetition) |', '| :-- | --: | --: | --: |')
   lines.push(`| req/s | ${fmtStat(stat(rpsA), fmtRate)} | ${fmtStat(stat(rpsB), fmtRate)} | ` +
     `${fmtStat(pairedRatio(rpsA, rpsB), fmtRatio)} |`)
@@ -204,14 +157,18 @@ function report (flags: Flags, runs: { tree: Run[], baseline: Run[] }): string {
 async function main (): Promise<void> {
   const flags = parseFlags(process.argv.slice(2))
   for (const tree of [THIS_TREE, flags.baseline]) {
+    // Under tsx a pool's workers load dist/ only when it is fresh, else the sources through tsx:
+    // then the two trees would not run the same kind of worker.
     if (!distIsFresh(tree)) step(`warning: ${tree}/dist is older than its sources (npm run build there): its workers load from source`)
   }
-  const runs = { tree: [] as Run[], baseline: [] as Run[] }
+  const runs = { tree: [] as ProfileTargetResult[], baseline: [] as ProfileTargetResult[] }
   for (let rep = 0; rep < flags.reps; rep++) {
     const order = rep % 2 === 0 ? ['this', 'baseline'] as const : ['baseline', 'this'] as const
     for (const which of order) {
       step(`rep ${rep + 1}/${flags.reps}: ${which}`)
-      const run = await runOnce(which === 'this' ? THIS_TREE : flags.baseline, flags)
+      const run = await runProfileTarget(
+        { path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds },
+        { tree: which === 'this' ? THIS_TREE : flags.baseline })
       if (which === 'this') runs.tree.push(run)
       else runs.baseline.push(run)
     }

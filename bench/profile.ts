@@ -19,13 +19,13 @@ import { once } from 'node:events'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { createInterface } from 'node:readline'
-import { benchFile, TSX } from './lib/processes.js'
+import { runProfileTarget } from './lib/processes.js'
+import type { ProfileTargetOptions, ProfileTargetReady, ProfileTargetResult } from './lib/processes.js'
 import { parsePerfScript, profileByGroup } from './lib/perf-script.js'
 
 interface Flags {
-  path: 'pool' | 'inline' | 'raw' | 'route'
-  reply: 'small' | 'large'
+  path: ProfileTargetOptions['path']
+  reply: ProfileTargetOptions['route']
   concurrency: number
   seconds: number
   top: number
@@ -81,15 +81,6 @@ function step (message: string): void {
   process.stderr.write(`profile: ${message}\n`)
 }
 
-interface Ready { pid: number, workers: number[] }
-interface TargetResult {
-  rps: number
-  calls: number
-  errors: number
-  p50Us: number
-  cpu: { processUs: number, mainThreadUs: number, workerUs: number, otherUs: number, peerUs: number } | null
-}
-
 async function main (): Promise<void> {
   const flags = parseFlags(process.argv.slice(2))
   const probe = spawnSync('perf', ['--version'], { encoding: 'utf8' })
@@ -97,37 +88,29 @@ async function main (): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'toolport-profile-'))
   try {
     step(`${flags.path}, ${flags.reply} replies, c=${flags.concurrency}: warming up`)
-    // The target runs in `dir`: --perf-prof writes its jit-<pid>.dump there.
-    const target = spawn(process.execPath, ['--perf-prof', '--interpreted-frames-native-stack', '--import', TSX,
-      benchFile('fixtures/profile-target.ts'),
-      JSON.stringify({ path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds })],
-    { cwd: dir, stdio: ['pipe', 'pipe', 'inherit'] })
-    const lines = createInterface({ input: target.stdout })
-    let ready: Ready | null = null
-    let result: TargetResult | null = null
+    let ready: ProfileTargetReady | null = null
     let record: Promise<number | null> | null = null
     const data = join(dir, 'perf.data')
-    lines.on('line', (line) => {
-      if (!line.startsWith('{')) return
-      const message = JSON.parse(line) as Partial<Ready & TargetResult> & { event?: string }
-      if (message.event === 'ready') {
-        ready = { pid: message.pid as number, workers: message.workers ?? [] }
-        step(`sampling ${flags.seconds} s of pid ${ready.pid}`)
-        // -k mono: the clock jitdump's records use, so that `perf inject --jit` can place them.
-        const perf = spawn('perf', ['record', '-F', '999', '-e', 'cpu-clock', '-g', '-k', 'mono', '-p',
-          String(ready.pid), '-o', data, '--', 'sleep', String(Math.max(1, flags.seconds - 0.3))],
-        { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] })
-        record = once(perf, 'exit').then(([code]) => code as number | null)
-      } else if (message.event === undefined) {
-        result = message as TargetResult
-      }
-    })
-    const [exitCode] = await once(target, 'exit') as [number | null]
-    if (exitCode !== 0) fail(`the profiled process exited with code ${String(exitCode)}`)
+    // The target runs in `dir`: --perf-prof writes its jit-<pid>.dump there.
+    const result = await runProfileTarget(
+      { path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds },
+      {
+        nodeArgs: ['--perf-prof', '--interpreted-frames-native-stack'],
+        cwd: dir,
+        onReady: (target) => {
+          ready = target
+          step(`sampling ${flags.seconds} s of pid ${target.pid}`)
+          // -k mono: the clock jitdump's records use, so that `perf inject --jit` can place them.
+          const perf = spawn('perf', ['record', '-F', '999', '-e', 'cpu-clock', '-g', '-k', 'mono', '-p',
+            String(target.pid), '-o', data, '--', 'sleep', String(Math.max(1, flags.seconds - 0.3))],
+          { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] })
+          record = once(perf, 'exit').then(([code]) => code as number | null)
+        }
+      }).catch((err: unknown) => fail(`the profiled process failed: ${err instanceof Error ? err.message : String(err)}`))
     const recorded = record === null ? null : await record
-    const readyInfo = ready as Ready | null
-    const figures = result as TargetResult | null
-    if (readyInfo === null || figures === null || recorded !== 0) fail('perf record failed (is profiling allowed here?)')
+    const readyInfo = ready as ProfileTargetReady | null
+    const figures = result
+    if (readyInfo === null || recorded !== 0) fail('perf record failed (is profiling allowed here?)')
     step('resolving JavaScript frames (perf inject --jit)')
     const injected = join(dir, 'perf.jit.data')
     const inject = spawnSync('perf', ['inject', '--jit', '-i', data, '-o', injected], { cwd: dir, encoding: 'utf8' })
@@ -142,7 +125,7 @@ async function main (): Promise<void> {
   }
 }
 
-function report (flags: Flags, ready: Ready, result: TargetResult, script: string): void {
+function report (flags: Flags, ready: ProfileTargetReady, result: ProfileTargetResult, script: string): void {
   const workers = new Set(ready.workers)
   const groupOf = (tid: number): string => tid === ready.pid ? 'main thread' : workers.has(tid) ? 'pool workers' : 'other threads (GC, JIT, libuv)'
   const samples = parsePerfScript(script)

@@ -5,7 +5,9 @@ import { spawn, spawnSync } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { createInterface } from 'node:readline'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import type { CpuPerCall } from './cpu.js'
 
 /** The tsx loader, resolved once, so children work whatever their cwd. */
 export const TSX = import.meta.resolve('tsx')
@@ -71,6 +73,56 @@ export async function runNodeJson (script: string, args: readonly string[],
   } finally {
     await stopChild(child)
   }
+}
+
+/** What `bench/fixtures/profile-target.ts` runs: one dispatch path, or the call route (`route`). */
+export interface ProfileTargetOptions {
+  path: 'pool' | 'inline' | 'raw' | 'route'
+  route: 'small' | 'large'
+  concurrency: number
+  seconds: number
+}
+
+/** The target's line once warmed up: its pid and its pool workers' thread ids. */
+export interface ProfileTargetReady {
+  pid: number
+  workers: number[]
+}
+
+/** The target's figures for its measured window. */
+export interface ProfileTargetResult {
+  rps: number
+  calls: number
+  errors: number
+  p50Us: number
+  cpu: CpuPerCall | null
+}
+
+/**
+ * Runs `bench/fixtures/profile-target.ts` of `tree` (default: this checkout) in a process of its
+ * own, under tsx with `nodeArgs` before it and in `cwd`; `onReady` is told when the measured
+ * window starts. Rejects when the process fails or prints no figures.
+ */
+export async function runProfileTarget (options: ProfileTargetOptions, run: {
+  tree?: string
+  nodeArgs?: readonly string[]
+  cwd?: string
+  onReady?: (ready: ProfileTargetReady) => void
+} = {}): Promise<ProfileTargetResult> {
+  const script = run.tree === undefined ? benchFile('fixtures/profile-target.ts') : join(run.tree, 'bench/fixtures/profile-target.ts')
+  const child = spawn(process.execPath, [...(run.nodeArgs ?? []), '--import', TSX, script, JSON.stringify(options)],
+    { cwd: run.cwd ?? run.tree, stdio: ['pipe', 'pipe', 'inherit'] })
+  let result: ProfileTargetResult | null = null
+  createInterface({ input: child.stdout }).on('line', (line) => {
+    if (!line.startsWith('{')) return
+    const message = JSON.parse(line) as Partial<ProfileTargetReady & ProfileTargetResult> & { event?: string }
+    if (message.event === 'ready') run.onReady?.({ pid: message.pid as number, workers: message.workers ?? [] })
+    else if (message.event === undefined) result = message as ProfileTargetResult
+  })
+  const [code] = await once(child, 'exit') as [number | null]
+  const figures = result as ProfileTargetResult | null
+  if (code !== 0 || figures === null) throw new Error(`${script} exited with code ${String(code)} and no figures`)
+  return figures
 }
 
 /** Runs a command that prints one JSON line; null when the command is missing or fails. */

@@ -20,7 +20,8 @@ export interface WorkerModule {
   readonly execArgv: string[] | undefined
 }
 
-let isDistFresh: boolean | null = null
+/** `distIsFresh`'s answers by root (each is checked once). */
+const freshness = new Map<string, boolean>()
 
 /** The module of worker `name` (`src/workers/<name>.ts`, built to `dist/workers/<name>.js`). */
 export function workerModule (name: string): WorkerModule {
@@ -34,27 +35,34 @@ export function workerModule (name: string): WorkerModule {
   return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv: undefined }
 }
 
-/** True when dist/ holds a compiled file at least as new as each source file under src/ (checked once). */
+/**
+ * True when `root`'s dist/ holds a compiled file at least as new as each source file under its
+ * src/ (checked once per root).
+ */
 export function distIsFresh (root: string): boolean {
-  if (isDistFresh !== null) return isDistFresh
+  let isFresh = freshness.get(root)
+  if (isFresh === undefined) {
+    isFresh = checkDist(root)
+    freshness.set(root, isFresh)
+  }
+  return isFresh
+}
+
+function checkDist (root: string): boolean {
   const src = join(root, 'src')
   const dist = join(root, 'dist')
   try {
-    isDistFresh = true
     for (const entry of readdirSync(src, { withFileTypes: true, recursive: true })) {
       if (!entry.isFile() || !entry.name.endsWith('.ts') || entry.name.endsWith('.d.ts')) continue
       const source = join(entry.parentPath, entry.name)
       const built = join(dist, relative(src, source)).replace(/\.ts$/, '.js')
       const builtStat = statSync(built, { throwIfNoEntry: false })
-      if (builtStat === undefined || builtStat.mtimeMs < statSync(source).mtimeMs) {
-        isDistFresh = false
-        break
-      }
+      if (builtStat === undefined || builtStat.mtimeMs < statSync(source).mtimeMs) return false
     }
+    return true
   } catch {
-    isDistFresh = false
+    return false
   }
-  return isDistFresh
 }
 
 /** Flags without a value that a worker thread accepts and that are worth passing on. */
