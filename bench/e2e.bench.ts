@@ -10,7 +10,8 @@ import { CpuMeter } from './lib/cpu.js'
 import type { CpuPerCall } from './lib/cpu.js'
 import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
 import { runNodeJson } from './lib/processes.js'
-import { LATEST_PROTOCOL_VERSION } from '@modelcontextprotocol/sdk/types.js'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 
@@ -66,31 +67,39 @@ const MCP_CALL_BODY = JSON.stringify({
   params: { name: toolName('small'), arguments: JSON.parse(RAW_ARGUMENTS) as unknown }
 })
 
+/** An MCP session of the SDK's client: the headers its requests carry, for the load generator. */
+interface McpSession {
+  headers: Record<string, string>
+  close: () => Promise<void>
+}
+
 /**
- * Opens an MCP session on `url` (initialize, then initialized) and returns the headers of its
- * requests. One call is made first and must succeed: a refused or failed MCP call is still an
- * HTTP 200, which the load generator would count as answered.
+ * Opens an MCP session on `url` with the MCP SDK's client and makes one call, which must succeed:
+ * a refused or failed MCP call is still an HTTP 200, which the load generator would count as
+ * answered. The load generator then POSTs `tools/call` with the session's headers.
  */
-async function mcpSession (url: string): Promise<Record<string, string>> {
-  const headers = { ...JSON_HEADERS, accept: 'application/json, text/event-stream' }
-  const init = await fetch(url, {
-    method: 'POST',
-    headers,
-    body: JSON.stringify({
-      jsonrpc: '2.0',
-      id: 0,
-      method: 'initialize',
-      params: { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, clientInfo: { name: 'toolport-bench', version: '1' } }
-    })
-  })
-  const sessionId = init.headers.get('mcp-session-id')
-  await init.text()
-  if (!init.ok || sessionId === null) throw new Error(`MCP initialize on ${url} answered HTTP ${init.status} without a session`)
-  const session = { ...headers, 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST_PROTOCOL_VERSION }
-  await (await fetch(url, { method: 'POST', headers: session, body: '{"jsonrpc":"2.0","method":"notifications/initialized"}' })).text()
-  const probe = await (await fetch(url, { method: 'POST', headers: session, body: MCP_CALL_BODY })).text()
-  if (!probe.includes('"isError":false')) throw new Error(`MCP tools/call on ${url} did not succeed: ${probe.slice(0, 300)}`)
-  return session
+async function mcpSession (url: string): Promise<McpSession> {
+  const client = new Client({ name: 'toolport-bench', version: '1' })
+  const transport = new StreamableHTTPClientTransport(new URL(url))
+  await client.connect(transport)
+  try {
+    const probe = await client.callTool({ name: toolName('small'), arguments: JSON.parse(RAW_ARGUMENTS) as Record<string, unknown> })
+    if (probe.isError === true) throw new Error(`MCP tools/call on ${url} did not succeed: ${JSON.stringify(probe).slice(0, 300)}`)
+    const { sessionId, protocolVersion } = transport
+    if (sessionId === undefined || protocolVersion === undefined) throw new Error(`MCP initialize on ${url} opened no session`)
+    return {
+      headers: {
+        ...JSON_HEADERS,
+        accept: 'application/json, text/event-stream',
+        'mcp-session-id': sessionId,
+        'mcp-protocol-version': protocolVersion
+      },
+      close: () => client.close()
+    }
+  } catch (err) {
+    await client.close()
+    throw err
+  }
 }
 
 export const e2eScenario: Scenario = {
@@ -107,6 +116,7 @@ export const e2eScenario: Scenario = {
     const pool = await createBenchToolport(ctx.server.origin, { dispatch: { mode: 'pool' } })
     const inline = await createBenchToolport(ctx.server.origin, { dispatch: { mode: 'inline' } })
     const results = new Map<string, LoadResult[]>()
+    let mcp: McpSession | null = null
     try {
       const poolUrl = (await pool.listen({ port: 0 })).url
       const inlineUrl = (await inline.listen({ port: 0 })).url
@@ -117,7 +127,8 @@ export const e2eScenario: Scenario = {
       ]
       if (p.concurrency.some((c) => c <= MCP_MAX_CONCURRENCY)) {
         const mcpUrl = `${poolUrl}/mcp/bench`
-        targets.push({ name: MCP_TARGET, url: mcpUrl, body: MCP_CALL_BODY, headers: await mcpSession(mcpUrl) })
+        mcp = await mcpSession(mcpUrl)
+        targets.push({ name: MCP_TARGET, url: mcpUrl, body: MCP_CALL_BODY, headers: mcp.headers })
       }
       for (const c of p.concurrency) {
         const cTargets = c <= MCP_MAX_CONCURRENCY ? targets : targets.filter((t) => t.name !== MCP_TARGET)
@@ -142,6 +153,7 @@ export const e2eScenario: Scenario = {
         }
       }
     } finally {
+      await mcp?.close()
       await pool.close()
       await inline.close()
     }
