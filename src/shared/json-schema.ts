@@ -77,16 +77,28 @@ export type RegExpTracker = (re: RE2) => void
  *
  * re2-wasm objects live in WebAssembly memory that the JS garbage collector does not see: each
  * must be freed with `free(re)` once nothing uses it. `track` receives each one for that.
+ *
+ * `lazy`: each pattern compiles on its first test instead. For code whose patterns already
+ * compiled once (the compiler thread's validator code, loaded on the main thread): an RE2 compile
+ * costs up to ~1 ms of WebAssembly per pattern (`[a-z]{1,40}` expands), so a schema of 40
+ * patterns would stall the main thread ~40 ms at registration for patterns no argument may reach.
  */
-export function re2Engine (track: RegExpTracker | null, code: string): Options['code'] extends infer C
+export function re2Engine (track: RegExpTracker | null, code: string, lazy = false): Options['code'] extends infer C
   ? C extends { regExp?: infer R } ? NonNullable<R> : never : never {
-  const engine = function re2RegExp (pattern: string, flags: string): LinearRegExp {
+  const compile = (pattern: string, flags: string): RE2 => {
     const re = new RE2(pattern, flags.includes('u') ? flags : `${flags}u`)
     if (track !== null) track(re)
     return re
   }
-  engine.code = code
-  return engine
+  const engine = lazy
+    ? function lazyRe2RegExp (pattern: string, flags: string): LinearRegExp {
+      let re: RE2 | null = null
+      return { test: (input) => (re ??= compile(pattern, flags)).test(input) }
+    }
+    : function re2RegExp (pattern: string, flags: string): LinearRegExp {
+      return compile(pattern, flags)
+    }
+  return Object.assign(engine, { code })
 }
 
 /** Frees an RE2 object's WebAssembly memory; it must not be used afterwards. */

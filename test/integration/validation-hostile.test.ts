@@ -5,7 +5,7 @@ import { test } from 'node:test'
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { setImmediate as tick } from 'node:timers/promises'
-import { cachedValidatorCount, compileCount } from '../../src/main/dispatch/validators.js'
+import { cachedValidatorCount, compileCount, liveRegExpCount } from '../../src/main/dispatch/validators.js'
 import type { Toolport } from '../../src/main/index.js'
 import { createTestToolport, httpJson, startToolport, tool } from '../helpers.js'
 
@@ -156,6 +156,28 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
   assert.equal(ok.ok, true)
   const call = await other.callTool('A', { name: 'fine', arguments: { a: 1 } })
   assert.equal(call.is_error, true)
+})
+
+test('pattern bomb: a schema of 40 costly patterns compiles them on the main thread only as arguments reach them', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const properties: Record<string, unknown> = {}
+  // Counted repetitions: RE2 expands each into a program of ~40 states, up to ~1 ms to compile.
+  for (let i = 0; i < 40; i++) properties[`f${i}`] = { type: 'string', pattern: `^x${i}_[a-z]{1,${i + 2}}$` }
+  const before = liveRegExpCount()
+  await tp.register(tool('patterns', { parameters: { type: 'object', properties, required: ['f0'] } }))
+  assert.equal(liveRegExpCount(), before, 'registering compiled no pattern on the main thread')
+  const wrong = await tp.callTool('A', { name: 'patterns', arguments: { f0: 'x0_abc' } })
+  assert.equal(wrong.is_error, true)
+  assert.match(wrong.error ?? '', /f0 must match pattern/)
+  assert.equal(liveRegExpCount(), before + 1, 'the one pattern an argument reached compiled')
+  const right = await tp.callTool('A', { name: 'patterns', arguments: { f0: 'x0_ab', f39: 'x39_' + 'z'.repeat(42) } })
+  assert.equal(right.is_error, true, 'f39 allows at most 41 letters after its prefix')
+  assert.match(right.error ?? '', /f39 must match pattern/)
+  assert.equal(liveRegExpCount(), before + 2, 'each pattern compiles once')
+  // Valid arguments pass validation (the call then fails only at the test's closed callback port).
+  const valid = await tp.callTool('A', { name: 'patterns', arguments: { f0: 'x0_a', f39: 'x39_' + 'z'.repeat(41) } })
+  assert.doesNotMatch(valid.error ?? '', /must match pattern/)
+  assert.equal(liveRegExpCount(), before + 2)
 })
 
 test('leak: replacing a tool with 60 KB schemas and calling it returns the heap to its baseline', ATTACK, async (t) => {

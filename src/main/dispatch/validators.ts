@@ -60,16 +60,32 @@ const requireFromHere = createRequire(import.meta.url)
 const validators = new Map<string, WeakRef<ArgumentsValidator>>()
 const compiling = new Map<string, Promise<ArgumentsValidator>>()
 const refusals = new Map<string, { code: string, problem: string }>()
+/** RE2 objects the loaded validators have made on this thread and not yet freed. */
+let liveRegExps = 0
 const finalizer = new FinalizationRegistry<{ key: string, regexps: RE2[] }>(({ key, regexps }) => {
   if (validators.get(key)?.deref() === undefined) validators.delete(key)
-  for (const re of regexps) freeRegExp(re)
+  freeAll(regexps)
 })
+
+function freeAll (regexps: RE2[]): void {
+  for (const re of regexps) freeRegExp(re)
+  liveRegExps -= regexps.length
+  regexps.length = 0
+}
 
 /** Validators alive in the cache now (for tests and metrics). */
 export function cachedValidatorCount (): number {
   let n = 0
   for (const ref of validators.values()) if (ref.deref() !== undefined) n++
   return n
+}
+
+/**
+ * RE2 objects made by the validators loaded on this thread and not yet freed (for tests): a
+ * pattern compiles here on its first test, not when its tool is registered.
+ */
+export function liveRegExpCount (): number {
+  return liveRegExps
 }
 
 /**
@@ -128,7 +144,7 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
   try {
     validate = loadStandalone(reply.code, regexps)
   } catch (err) {
-    for (const re of regexps) freeRegExp(re)
+    freeAll(regexps)
     const problem = `its validator could not be loaded: ${(err as Error).message}`.slice(0, MAX_PROBLEM_CHARS)
     remember(key, 'invalid_schema', problem)
     throw schemaError('invalid_schema', problem)
@@ -173,11 +189,12 @@ interface StandaloneValidate {
 
 /**
  * Evaluates the compiler thread's standalone CommonJS module. Its `require` knows only Ajv's
- * runtime helpers, the RE2 engine (each RE2 object it makes is recorded in `regexps`) and the
+ * runtime helpers, the RE2 engine (each RE2 object it makes is recorded in `regexps`; a pattern
+ * compiles on its first test, as the compiler thread has already compiled it once) and the
  * shared formats: the code Ajv generates needs nothing else.
  */
 function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
-  const engine = re2Engine((re) => { regexps.push(re) }, `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`)
+  const engine = re2Engine((re) => { regexps.push(re); liveRegExps++ }, `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true)
   const load = (id: string): unknown => {
     if (id === STANDALONE_REGEXP_MODULE) return engine
     if (id === STANDALONE_FORMATS_MODULE) return SCHEMA_FORMATS
