@@ -4,6 +4,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
+import { Worker } from 'node:worker_threads'
 import { setImmediate as tick } from 'node:timers/promises'
 import { cachedValidatorCount, compileCount, liveRegExpCount } from '../../src/main/dispatch/validators.js'
 import type { Toolport } from '../../src/main/index.js'
@@ -156,6 +157,35 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
   assert.equal(ok.ok, true)
   const call = await other.callTool('A', { name: 'fine', arguments: { a: 1 } })
   assert.equal(call.is_error, true)
+})
+
+test('compile budget: the thread warms a dialect on its first job and says so before the reply, for the budget to restart', async (t) => {
+  // The compiler thread's own contract, on the module's source: a job's budget timer on the main
+  // thread restarts on `warmed`, so warming a dialect is never charged to a plugin's schema.
+  const source = new URL('../../src/workers/schema-compiler.ts', import.meta.url).href
+  const worker = new Worker(`(async () => { (await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();
+    await import(${JSON.stringify(source)}) })().catch((err) => { throw err })`, { eval: true })
+  t.after(() => worker.terminate())
+  const messages: Array<Record<string, unknown>> = []
+  let waiting: (() => void) | null = null
+  worker.on('message', (message: Record<string, unknown>) => { messages.push(message); waiting?.() })
+  const next = async (): Promise<Record<string, unknown>> => {
+    while (messages.length === 0) await new Promise<void>((resolve) => { waiting = resolve })
+    return messages.shift() as Record<string, unknown>
+  }
+  assert.deepEqual(await next(), { ready: true })
+  const job = (id: number, dialect: string): Record<string, unknown> =>
+    ({ id, dialect, maxCodeBytes: 1024 * 1024, schema: '{"type":"object","required":["a"]}' })
+  worker.postMessage(job(1, 'draft-07'))
+  assert.deepEqual(await next(), { warmed: 1 })
+  assert.deepEqual({ ...await next(), code: '…' }, { id: 1, ok: true, code: '…' })
+  worker.postMessage(job(2, 'draft-07'))
+  assert.deepEqual({ ...await next(), code: '…' }, { id: 2, ok: true, code: '…' }, 'draft-07 is warm now')
+  worker.postMessage(job(3, '2020-12'))
+  assert.deepEqual({ ...await next(), code: '…' }, { id: 3, ok: true, code: '…' }, 'the default dialect was warmed at start')
+  worker.postMessage(job(4, '2019-09'))
+  assert.deepEqual(await next(), { warmed: 4 })
+  assert.equal((await next()).ok, true)
 })
 
 test('pattern bomb: a schema of 40 costly patterns compiles them on the main thread only as arguments reach them', async (t) => {

@@ -27,7 +27,7 @@ import {
 } from '../../shared/json-schema.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
-import type { CompileJob, CompileReply } from '../../workers/schema-compiler.js'
+import type { CompileJob, CompileReply, CompilerNotice } from '../../workers/schema-compiler.js'
 import { workerModule, type WorkerModule } from './worker-module.js'
 
 /** The compile budgets (the `limits` options of the same names). */
@@ -289,7 +289,7 @@ class SchemaCompiler {
     })
     this.#worker = worker
     this.#ready = false
-    worker.on('message', (message: CompileReply | { ready: true }) => { this.#onMessage(worker, message) })
+    worker.on('message', (message: CompileReply | CompilerNotice) => { this.#onMessage(worker, message) })
     worker.on('error', (err: Error & { code?: string }) => {
       if (worker !== this.#worker) return
       const outOfMemory = err.code === 'ERR_WORKER_OUT_OF_MEMORY'
@@ -303,7 +303,7 @@ class SchemaCompiler {
     return worker
   }
 
-  #onMessage (worker: Worker, message: CompileReply | { ready: true }): void {
+  #onMessage (worker: Worker, message: CompileReply | CompilerNotice): void {
     if (worker !== this.#worker) return
     if ('ready' in message) {
       this.#ready = true
@@ -312,6 +312,11 @@ class SchemaCompiler {
       return
     }
     const current = this.#current
+    if ('warmed' in message) {
+      // The thread warmed this job's dialect first: the budget is for the schema, so it restarts.
+      if (current?.job.id === message.warmed) this.#timer?.refresh()
+      return
+    }
     if (current === null || current.job.id !== message.id) return
     this.#settle(message.ok
       ? { ok: true, code: message.code }
