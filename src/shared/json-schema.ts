@@ -17,7 +17,8 @@ import { _Code } from 'ajv/dist/compile/codegen/code.js'
 import { Ajv2019 } from 'ajv/dist/2019.js'
 import { Ajv2020 } from 'ajv/dist/2020.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
-import { RE2 } from 're2-wasm'
+import { createRequire } from 'node:module'
+import type { RE2 } from 're2-wasm'
 
 /** The dialects Toolport validates. */
 export const SCHEMA_DIALECTS = ['2020-12', '2019-09', 'draft-07'] as const
@@ -61,6 +62,18 @@ export function schemaDialect (schema: Record<string, unknown>): DialectVerdict 
   }
 }
 
+/**
+ * re2-wasm, loaded with the first RE2 object a thread makes: loading it compiles its WebAssembly,
+ * ~40 ms of CPU that a thread which never tests a pattern (the main thread of a start, until a
+ * tool with one is called) need not pay.
+ */
+let RE2Class: typeof RE2 | null = null
+
+function newRE2 (pattern: string, flags: string): RE2 {
+  RE2Class ??= (createRequire(import.meta.url)('re2-wasm') as typeof import('re2-wasm')).RE2
+  return new RE2Class(pattern, flags)
+}
+
 /** How standalone validator code (Toolport's compiler thread) names the RE2 engine and the formats. */
 export const STANDALONE_REGEXP_MODULE = 'toolport:re2'
 export const STANDALONE_FORMATS_MODULE = 'toolport:formats'
@@ -86,7 +99,7 @@ export type RegExpTracker = (re: RE2) => void
 export function re2Engine (track: RegExpTracker | null, code: string, lazy = false): Options['code'] extends infer C
   ? C extends { regExp?: infer R } ? NonNullable<R> : never : never {
   const compile = (pattern: string, flags: string): RE2 => {
-    const re = new RE2(pattern, flags.includes('u') ? flags : `${flags}u`)
+    const re = newRE2(pattern, flags.includes('u') ? flags : `${flags}u`)
     if (track !== null) track(re)
     return re
   }
@@ -124,7 +137,7 @@ function linearFormat (rx: RegExp): (input: string) => boolean {
 
 function compileFormat (rx: RegExp): (input: string) => boolean {
   try {
-    const re = new RE2(rx.source, `${rx.flags.replace(/[gy]/g, '')}u`)
+    const re = newRE2(rx.source, `${rx.flags.replace(/[gy]/g, '')}u`)
     return function re2Format (input: string): boolean { return re.test(input) }
   } catch {
     const plain = new RegExp(rx.source, rx.flags.replace(/[gy]/g, ''))
