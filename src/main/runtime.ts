@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kDispatchMode, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
+import { kDispatchMode, kDispatchReady, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
@@ -151,6 +151,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
 
   /** The dispatch mode in use (the CLI prints it; `health()` reports it to users). */
   get [kDispatchMode] (): 'pool' | 'inline' { return this.#dispatcher.mode }
+
+  get [kDispatchReady] (): Promise<void> { return this.#dispatcher.ready }
 
   /** The dispatch pool's worker threads (empty in inline mode). */
   get [kWorkerThreads] (): readonly Worker[] { return this.#dispatcher.threads }

@@ -11,5 +11,10 @@ export const kWorkerThreads = Symbol('toolport.workerThreads')
 export const kPendingCalls = Symbol('toolport.pendingCalls')
 /** `Runtime[kDispatchMode]`: the dispatch mode in use, `'pool'` or `'inline'`. */
 export const kDispatchMode = Symbol('toolport.dispatchMode')
+/**
+ * `Runtime[kDispatchReady]`: resolves when calls can be sent without waiting (inline mode loads
+ * its client's module first; see `loadInlineClient`).
+ */
+export const kDispatchReady = Symbol('toolport.dispatchReady')
 /** `Role[kSyncCount]`: syncs the role started so far (sessions present). */
 export const kSyncCount = Symbol('toolport.syncCount')

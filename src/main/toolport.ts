@@ -5,6 +5,7 @@ import { buildApp } from './http/app.js'
 import type { ToolportOptions } from './config.js'
 import { isLoopbackAddress } from '../shared/loopback.js'
 import { ConfigError } from './errors.js'
+import { kDispatchReady } from './symbols.js'
 
 export interface ListenOptions {
   /** Address to bind (default: the `host` option, 127.0.0.1). */
@@ -43,6 +44,7 @@ export class Toolport extends Runtime {
       }
       this.log.warn({ host }, 'binding a non-loopback address; non-loopback clients are still refused (403)')
     }
+    await this[kDispatchReady]
     await this.app.listen({ host, port })
     this.app.server.maxConnections = this.options.limits.maxConnections
     const address = this.app.server.address()
@@ -70,5 +72,7 @@ function isLoopbackBindHost (host: string): boolean {
  * const { url } = await tp.listen({ port: 0 })
  */
 export async function createToolport (options: ToolportOptions = {}): Promise<Toolport> {
-  return new Toolport(options)
+  const tp = new Toolport(options)
+  await tp[kDispatchReady]
+  return tp
 }

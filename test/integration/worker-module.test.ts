@@ -40,3 +40,74 @@ test('a pool-mode Toolport starts and dispatches in a process run with --expose-
   assert.equal(result.threads, 1)
   assert.equal(result.output, 'pong', 'the call went through the pool worker')
 })
+
+/** Runs an ES module script under tsx in a fresh process; resolves with the JSON its last line prints. */
+async function runScript (script: string): Promise<any> {
+  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script],
+    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  let err = ''
+  child.stdout.on('data', (chunk: Buffer) => { out += chunk.toString() })
+  child.stderr.on('data', (chunk: Buffer) => { err += chunk.toString() })
+  const [code] = await once(child, 'exit')
+  assert.equal(code, 0, err)
+  return JSON.parse(out.trim().split('\n').pop() as string)
+}
+
+const PONG_SERVER = `
+  import { createServer } from 'node:http'
+  const server = createServer((req, res) => {
+    req.resume()
+    req.on('end', () => { res.setHeader('content-type', 'application/json'); res.end('{"output":"pong"}') })
+  })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const callback = 'http://127.0.0.1:' + server.address().port + '/ping'
+`
+
+test('start-up: pool mode never loads undici on the main thread; inline mode has it before createToolport resolves', async () => {
+  const result = await runScript(`
+    import { createRequire } from 'node:module'
+    import { createToolport } from './src/main/index.ts'
+    ${PONG_SERVER}
+    const undiciLoaded = () => Object.keys(createRequire(import.meta.url).cache).some((f) => f.includes('/node_modules/undici/'))
+    const pool = await createToolport({ roles: ['A'], dispatch: { mode: 'pool' }, logger: false })
+    await pool.register({ name: 'ping', callback_url: callback })
+    const poolOutput = (await pool.callTool('A', { name: 'ping', arguments: {} })).output
+    const afterPool = undiciLoaded()
+    await pool.close()
+    const inline = await createToolport({ roles: ['A'], dispatch: { mode: 'inline' }, logger: false })
+    const afterInline = undiciLoaded()
+    await inline.close()
+    server.close()
+    console.log(JSON.stringify({ poolOutput, afterPool, afterInline }))
+  `)
+  assert.equal(result.poolOutput, 'pong', 'the pool-mode call went through its worker')
+  assert.equal(result.afterPool, false, 'the main thread of a pool-mode Toolport loaded no undici module')
+  assert.equal(result.afterInline, true, 'createToolport resolved with the inline client loaded')
+})
+
+test('start-up: an inline dispatcher made before its client loaded holds its first calls, then sends each; a cancelled one is answered at once', async () => {
+  const result = await runScript(`
+    import { Dispatcher } from './src/main/dispatch/dispatcher.ts'
+    import { parseOptions } from './src/main/config.ts'
+    ${PONG_SERVER}
+    const { origin, pathname } = new URL(callback)
+    const dispatcher = new Dispatcher(parseOptions({ dispatch: { mode: 'inline' } }).dispatch)
+    let ready = false
+    dispatcher.ready.then(() => { ready = true })
+    const request = (i) => ({ url: callback, origin, path: pathname, body: '{"i":' + i + '}', callId: 'c' + i,
+      deadline: Date.now() + 10000, timeoutMs: 10000, maxResponseBytes: 65536 })
+    const controller = new AbortController()
+    const calls = [dispatcher.dispatch(request(0)), dispatcher.dispatch(request(1), controller.signal), dispatcher.dispatch(request(2))]
+    const readyWhenSent = ready
+    controller.abort()
+    const outcomes = await Promise.all(calls)
+    await dispatcher.close()
+    server.close()
+    console.log(JSON.stringify({ readyWhenSent, kinds: outcomes.map((o) => o.kind), texts: outcomes.map((o) => o.text) }))
+  `)
+  assert.equal(result.readyWhenSent, false, 'the calls were sent before the client had loaded')
+  assert.deepEqual(result.kinds, ['ok', 'cancelled', 'ok'])
+  assert.equal(result.texts[0], 'pong')
+  assert.equal(result.texts[2], 'pong')
+})

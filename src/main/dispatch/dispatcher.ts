@@ -22,7 +22,7 @@ import type { MessagePort, Worker } from 'node:worker_threads'
 import { Piscina } from 'piscina'
 import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '../../workers/protocol.js'
 import type { CallOutcome, CallTask, LaneHello, OutcomeKind, WorkerOptions } from '../../workers/protocol.js'
-import { CallbackClient } from '../../shared/callback-client.js'
+import type { CallbackClient, CallbackClientOptions } from '../../shared/callback-client.js'
 import { ReplyBudget } from '../../shared/reply-budget.js'
 import type { CancelSignal } from '../../shared/cancel.js'
 import type { DispatchOptions } from '../config.js'
@@ -49,6 +49,21 @@ const QUEUED = 1
 const OUTBOX = 2
 /** With a worker (or the inline client). */
 const SENT = 3
+
+/**
+ * The inline client's class, loaded by `loadInlineClient()`. Its module loads undici (~0.05–0.1 s
+ * of CPU): pool mode never needs it on the main thread, so it is not a static import.
+ */
+let InlineClient: typeof CallbackClient | null = null
+
+/**
+ * Loads the inline client's module. `createToolport()` and `listen()` wait for it when the mode is
+ * inline (`Dispatcher.ready`), so no call waits for it; a dispatcher built before it loaded holds
+ * its first calls until it has.
+ */
+export async function loadInlineClient (): Promise<void> {
+  InlineClient ??= (await import('../../shared/callback-client.js')).CallbackClient
+}
 
 /** The bounds of one callback origin. */
 class OriginBound {
@@ -123,7 +138,12 @@ export class Dispatcher {
   #isFlushScheduled = false
   readonly #elu = new Map<Worker, EventLoopUtilization>()
   // Inline mode
-  readonly #client: CallbackClient | null = null
+  readonly #inline: boolean
+  #client: CallbackClient | null = null
+  /** Calls sent before the inline client's module loaded (ids, in order). */
+  #waiting: number[] = []
+  /** Resolves once the dispatcher can send: at once in pool mode, when the inline client exists inline. */
+  readonly ready: Promise<void>
 
   constructor (options: DispatchOptions, observer: DispatchObserver | null = null) {
     this.#options = options
@@ -147,8 +167,9 @@ export class Dispatcher {
     this.#freeTop = space
     this.#budget = ReplyBudget.create(options.maxBufferedReplyBytes)
     this.#replyBudget = new ReplyBudget(this.#budget)
-    if (options.mode === 'inline') {
-      this.#client = new CallbackClient({
+    this.#inline = options.mode === 'inline'
+    if (this.#inline) {
+      const clientOptions: CallbackClientOptions = {
         connectionsPerOrigin: options.connectionsPerOrigin,
         keepAliveTimeoutMs: options.keepAliveTimeoutMs,
         connectTimeoutMs: options.connectTimeoutMs,
@@ -157,9 +178,16 @@ export class Dispatcher {
         maxImageBytes: options.maxImageBytes,
         slotSpace: space,
         replyBudget: this.#budget
-      })
+      }
+      if (InlineClient !== null) {
+        this.#client = new InlineClient(clientOptions)
+        this.ready = Promise.resolve()
+      } else {
+        this.ready = loadInlineClient().then(() => { this.#startInlineClient(clientOptions) })
+      }
       return
     }
+    this.ready = Promise.resolve()
     const workerData: WorkerOptions = {
       slotSpace: space,
       replyBudget: this.#budget,
@@ -302,7 +330,21 @@ export class Dispatcher {
       lane.port.close()
     }
     if (this.#pool !== null) await this.#pool.destroy()
+    if (this.#inline) await this.ready
     if (this.#client !== null) await this.#client.close()
+  }
+
+  /** Makes the inline client once its module has loaded and sends the calls that waited for it. */
+  #startInlineClient (options: CallbackClientOptions): void {
+    const client = new (InlineClient as typeof CallbackClient)(options)
+    this.#client = client
+    const waiting = this.#waiting
+    this.#waiting = []
+    for (const id of waiting) {
+      const slot = id % this.#space
+      // A call cancelled meanwhile was answered already (its slot may hold a newer call).
+      if (this.#state[slot] === SENT && this.#ids[slot] === id) this.#startInline(client, slot, id)
+    }
   }
 
   /** Answers the call in `slot` as cancelled at once and tells whoever runs it to stop. */
@@ -310,7 +352,7 @@ export class Dispatcher {
     const state = this.#state[slot]
     if (state === FREE) return
     const id = this.#ids[slot] as number
-    if (state === SENT && this.#client === null) {
+    if (state === SENT && !this.#inline) {
       const lane = this.#lanes[this.#lanesOf[slot] as number]
       if (lane !== undefined && lane.isOpen) lane.port.postMessage([LANE_CANCEL, id])
     }
@@ -382,23 +424,11 @@ export class Dispatcher {
   }
 
   #send (slot: number, id: number): void {
-    const request = this.#requests[slot] as DispatchRequest
-    if (this.#client !== null) {
+    if (this.#inline) {
       this.#state[slot] = SENT
       this.#sentAt[slot] = this.#admittedAt[slot] as number
-      const task: CallTask = {
-        id,
-        url: request.url,
-        origin: request.origin,
-        path: request.path,
-        body: request.body,
-        callId: request.callId,
-        deadline: request.deadline,
-        timeoutMs: request.timeoutMs,
-        maxResponseBytes: request.maxResponseBytes
-      }
-      // The client stops the request on the caller's signal itself; `#abortSlot()` answers at once.
-      this.#client.start(task, this.#onOutcome, this.#signals[slot])
+      if (this.#client !== null) this.#startInline(this.#client, slot, id)
+      else this.#waiting.push(id)
       return
     }
     this.#state[slot] = OUTBOX
@@ -415,6 +445,23 @@ export class Dispatcher {
       this.#isFlushScheduled = true
       setImmediate(this.#flushNow)
     }
+  }
+
+  #startInline (client: CallbackClient, slot: number, id: number): void {
+    const request = this.#requests[slot] as DispatchRequest
+    const task: CallTask = {
+      id,
+      url: request.url,
+      origin: request.origin,
+      path: request.path,
+      body: request.body,
+      callId: request.callId,
+      deadline: request.deadline,
+      timeoutMs: request.timeoutMs,
+      maxResponseBytes: request.maxResponseBytes
+    }
+    // The client stops the request on the caller's signal itself; `#abortSlot()` answers at once.
+    client.start(task, this.#onOutcome, this.#signals[slot])
   }
 
   // Bound once per dispatcher: the slot listeners and timers call these without a closure per call.
