@@ -64,10 +64,17 @@ const PONG_SERVER = `
   const callback = 'http://127.0.0.1:' + server.address().port + '/ping'
 `
 
-test('start-up: pool mode never loads undici on the main thread; inline mode has it before createToolport resolves', async () => {
-  const result = await runScript(`
+/**
+ * One fresh process for the start-up checks below (a process per check would cost ~1.5 s of CPU
+ * each): pool mode first, then the first inline Toolport of the process, then an inline
+ * dispatcher from a second instance of its module (a query string), whose client is not loaded yet.
+ */
+let startup: Promise<any> | undefined
+function startupChecks (): Promise<any> {
+  startup ??= runScript(`
     import { createRequire } from 'node:module'
     import { createToolport } from './src/main/index.ts'
+    import { parseOptions } from './src/main/config.ts'
     ${PONG_SERVER}
     const undiciLoaded = () => Object.keys(createRequire(import.meta.url).cache).some((f) => f.includes('/node_modules/undici/'))
     const pool = await createToolport({ roles: ['A'], dispatch: { mode: 'pool' }, logger: false })
@@ -78,19 +85,8 @@ test('start-up: pool mode never loads undici on the main thread; inline mode has
     const inline = await createToolport({ roles: ['A'], dispatch: { mode: 'inline' }, logger: false })
     const afterInline = undiciLoaded()
     await inline.close()
-    server.close()
-    console.log(JSON.stringify({ poolOutput, afterPool, afterInline }))
-  `)
-  assert.equal(result.poolOutput, 'pong', 'the pool-mode call went through its worker')
-  assert.equal(result.afterPool, false, 'the main thread of a pool-mode Toolport loaded no undici module')
-  assert.equal(result.afterInline, true, 'createToolport resolved with the inline client loaded')
-})
 
-test('start-up: an inline dispatcher made before its client loaded holds its first calls, then sends each; a cancelled one is answered at once', async () => {
-  const result = await runScript(`
-    import { Dispatcher } from './src/main/dispatch/dispatcher.ts'
-    import { parseOptions } from './src/main/config.ts'
-    ${PONG_SERVER}
+    const { Dispatcher } = await import('./src/main/dispatch/dispatcher.ts?before-load')
     const { origin, pathname } = new URL(callback)
     const dispatcher = new Dispatcher(parseOptions({ dispatch: { mode: 'inline' } }).dispatch)
     let ready = false
@@ -104,8 +100,21 @@ test('start-up: an inline dispatcher made before its client loaded holds its fir
     const outcomes = await Promise.all(calls)
     await dispatcher.close()
     server.close()
-    console.log(JSON.stringify({ readyWhenSent, kinds: outcomes.map((o) => o.kind), texts: outcomes.map((o) => o.text) }))
+    console.log(JSON.stringify({ poolOutput, afterPool, afterInline, readyWhenSent,
+      kinds: outcomes.map((o) => o.kind), texts: outcomes.map((o) => o.text) }))
   `)
+  return startup
+}
+
+test('start-up: pool mode never loads undici on the main thread; inline mode has it before createToolport resolves', async () => {
+  const result = await startupChecks()
+  assert.equal(result.poolOutput, 'pong', 'the pool-mode call went through its worker')
+  assert.equal(result.afterPool, false, 'the main thread of a pool-mode Toolport loaded no undici module')
+  assert.equal(result.afterInline, true, 'createToolport resolved with the inline client loaded')
+})
+
+test('start-up: an inline dispatcher made before its client loaded holds its first calls, then sends each; a cancelled one is answered at once', async () => {
+  const result = await startupChecks()
   assert.equal(result.readyWhenSent, false, 'the calls were sent before the client had loaded')
   assert.deepEqual(result.kinds, ['ok', 'cancelled', 'ok'])
   assert.equal(result.texts[0], 'pong')
