@@ -16,7 +16,10 @@ export interface WorkerModule {
   readonly url: string
   /** True when the module is TypeScript and the thread needs tsx's hooks to load it. */
   readonly typescript: boolean
-  /** The thread's execArgv: undefined inherits the process's; without tsx for a built module under tsx. */
+  /**
+   * The thread's execArgv: undefined inherits the process's (built and not under tsx); else the
+   * process's flags a worker thread accepts, without tsx for a built module.
+   */
   readonly execArgv: string[] | undefined
 }
 
@@ -30,9 +33,11 @@ export function workerModule (name: string): WorkerModule {
   }
   const root = new URL('../../../', import.meta.url)
   if (process.env.TOOLPORT_WORKERS_FROM_SOURCE !== '1' && distIsFresh(fileURLToPath(root))) {
-    return { url: new URL(`dist/workers/${name}.js`, root).href, typescript: false, execArgv: withoutTsx(process.execArgv) }
+    return { url: new URL(`dist/workers/${name}.js`, root).href, typescript: false, execArgv: workerExecArgv(process.execArgv, false) }
   }
-  return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv: undefined }
+  // Explicit flags here too: inherited, a per-process flag of the parent (--expose-gc, or
+  // --input-type under `node -e`) makes the thread fail to start.
+  return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv: workerExecArgv(process.execArgv, true) }
 }
 
 /**
@@ -70,12 +75,12 @@ const WORKER_FLAGS = new Set(['--enable-source-maps', '--no-warnings', '--no-dep
   '--trace-uncaught'])
 
 /**
- * The parent's `execArgv` as a built worker may take it: module loaders other than tsx,
- * `--conditions` and a few harmless flags. Everything else is left out, because a worker thread
- * refuses per-process flags (`--expose-gc`, `--max-old-space-size`, any V8 option) with
- * ERR_WORKER_INVALID_EXEC_ARGV, which an explicit `execArgv` would otherwise pass on.
+ * The parent's `execArgv` as a worker thread may take it: module loaders (tsx only when
+ * `keepTsx`), `--conditions` and a few harmless flags. Everything else is left out, because a
+ * worker thread refuses per-process flags (`--expose-gc`, `--max-old-space-size`, any V8 option)
+ * with ERR_WORKER_INVALID_EXEC_ARGV, and `--input-type` (from `node -e`) fails its start.
  */
-function withoutTsx (execArgv: readonly string[]): string[] {
+function workerExecArgv (execArgv: readonly string[], keepTsx: boolean): string[] {
   const kept: string[] = []
   for (let i = 0; i < execArgv.length; i++) {
     const arg = execArgv[i] as string
@@ -89,7 +94,7 @@ function withoutTsx (execArgv: readonly string[]): string[] {
     const value = hasInlineValue ? flag[3] as string : execArgv[i + 1]
     if (!hasInlineValue) i++
     if (value === undefined) continue
-    if (flag[1] !== '--conditions' && flag[1] !== '-C' && /(^|[\\/])tsx([\\/]|$)/.test(value)) continue
+    if (!keepTsx && flag[1] !== '--conditions' && flag[1] !== '-C' && /(^|[\\/])tsx([\\/]|$)/.test(value)) continue
     if (hasInlineValue) kept.push(arg)
     else kept.push(arg, value)
   }
