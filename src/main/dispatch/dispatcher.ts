@@ -184,6 +184,9 @@ export class Dispatcher {
         this.ready = Promise.resolve()
       } else {
         this.ready = loadInlineClient().then(() => { this.#startInlineClient(clientOptions) })
+        // Failing to load a module of Toolport itself is a broken install: createToolport() and
+        // listen() reject with it; calls held meanwhile end at their deadline (the sweep).
+        this.ready.catch(noop)
       }
       return
     }
@@ -330,7 +333,7 @@ export class Dispatcher {
       lane.port.close()
     }
     if (this.#pool !== null) await this.#pool.destroy()
-    if (this.#inline) await this.ready
+    if (this.#inline) await this.ready.catch(noop)
     if (this.#client !== null) await this.#client.close()
   }
 
