@@ -30,10 +30,11 @@ export type CompileReply =
   | { id: number, ok: false, problem: string, overBudget?: boolean }
 
 /**
- * What the thread says besides replies: it has loaded and warmed the default dialect (`ready`), or
- * it warmed job `warmed`'s dialect before starting that job.
+ * What the thread says besides replies: it has loaded and warmed the default dialect (`ready`);
+ * it starts warming job `warming`'s dialect before that job, and has done so (`warmed`). The main
+ * thread stops the job's time budget between the two and starts it afresh after.
  */
-export type CompilerNotice = { ready: true } | { warmed: number }
+export type CompilerNotice = { ready: true } | { warming: number } | { warmed: number }
 
 class BudgetError extends Error {}
 
@@ -91,19 +92,20 @@ const warm = new Set<SchemaDialect>()
 
 /**
  * Compiles the dialect's meta-schema and one small schema (so Ajv's code generator has run once)
- * unless this thread has; true when it did. A job's time budget is then spent on its own schema:
- * the main thread restarts the budget when told a job's dialect was warmed first.
+ * unless this thread has. For a job (`id` > 0) it says `warming` first and `warmed` after, so that
+ * the job's time budget is spent on its own schema only.
  */
-function warmUp (dialect: SchemaDialect): boolean {
-  if (warm.has(dialect)) return false
+function warmUp (dialect: SchemaDialect, id = 0): void {
+  if (warm.has(dialect)) return
   warm.add(dialect)
+  if (id > 0) parentPort?.postMessage({ warming: id } satisfies CompilerNotice)
   compileSchema({
     id: 0,
     dialect,
     maxCodeBytes: 1024 * 1024,
     schema: '{"type":"object","properties":{"a":{"type":"string","pattern":"^a","format":"date"},"b":{"$ref":"#/properties/a"}}}'
   })
-  return true
+  if (id > 0) parentPort?.postMessage({ warmed: id } satisfies CompilerNotice)
 }
 
 // The dialect of schemas without `$schema` (nearly all tools) is warmed before saying ready; each
@@ -114,7 +116,7 @@ parentPort?.postMessage({ ready: true })
 parentPort?.on('message', (job: CompileJob) => {
   let reply: CompileReply
   try {
-    if (warmUp(job.dialect)) parentPort?.postMessage({ warmed: job.id } satisfies CompilerNotice)
+    warmUp(job.dialect, job.id)
     reply = compileSchema(job)
   } catch (err) {
     // A bug (the compile itself is caught above); answer rather than leave the job hanging.

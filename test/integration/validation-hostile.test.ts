@@ -6,7 +6,7 @@ import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { Worker } from 'node:worker_threads'
 import { setImmediate as tick } from 'node:timers/promises'
-import { cachedValidatorCount, compileCount, liveRegExpCount } from '../../src/main/dispatch/validators.js'
+import { cachedValidatorCount, compileCount, regExpCompileCount } from '../../src/main/dispatch/validators.js'
 import type { Toolport } from '../../src/main/index.js'
 import { createTestToolport, httpJson, startToolport, tool } from '../helpers.js'
 
@@ -159,9 +159,9 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
   assert.equal(call.is_error, true)
 })
 
-test('compile budget: the thread warms a dialect on its first job and says so before the reply, for the budget to restart', async (t) => {
-  // The compiler thread's own contract, on the module's source: a job's budget timer on the main
-  // thread restarts on `warmed`, so warming a dialect is never charged to a plugin's schema.
+test('compile budget: the thread warms a dialect on its first job between warming and warmed notices, for the budget to skip it', async (t) => {
+  // The compiler thread's own contract, on the module's source: the main thread stops a job's
+  // budget on `warming` and starts it afresh on `warmed`, so a warm-up is never charged to a schema.
   const source = new URL('../../src/workers/schema-compiler.ts', import.meta.url).href
   const worker = new Worker(`(async () => { (await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();
     await import(${JSON.stringify(source)}) })().catch((err) => { throw err })`, { eval: true })
@@ -177,6 +177,7 @@ test('compile budget: the thread warms a dialect on its first job and says so be
   const job = (id: number, dialect: string): Record<string, unknown> =>
     ({ id, dialect, maxCodeBytes: 1024 * 1024, schema: '{"type":"object","required":["a"]}' })
   worker.postMessage(job(1, 'draft-07'))
+  assert.deepEqual(await next(), { warming: 1 })
   assert.deepEqual(await next(), { warmed: 1 })
   assert.deepEqual({ ...await next(), code: '…' }, { id: 1, ok: true, code: '…' })
   worker.postMessage(job(2, 'draft-07'))
@@ -184,6 +185,7 @@ test('compile budget: the thread warms a dialect on its first job and says so be
   worker.postMessage(job(3, '2020-12'))
   assert.deepEqual({ ...await next(), code: '…' }, { id: 3, ok: true, code: '…' }, 'the default dialect was warmed at start')
   worker.postMessage(job(4, '2019-09'))
+  assert.deepEqual(await next(), { warming: 4 })
   assert.deepEqual(await next(), { warmed: 4 })
   assert.equal((await next()).ok, true)
 })
@@ -193,21 +195,21 @@ test('pattern bomb: a schema of 40 costly patterns compiles them on the main thr
   const properties: Record<string, unknown> = {}
   // Counted repetitions: RE2 expands each into a program of ~40 states, up to ~1 ms to compile.
   for (let i = 0; i < 40; i++) properties[`f${i}`] = { type: 'string', pattern: `^x${i}_[a-z]{1,${i + 2}}$` }
-  const before = liveRegExpCount()
+  const before = regExpCompileCount()
   await tp.register(tool('patterns', { parameters: { type: 'object', properties, required: ['f0'] } }))
-  assert.equal(liveRegExpCount(), before, 'registering compiled no pattern on the main thread')
+  assert.equal(regExpCompileCount(), before, 'registering compiled no pattern on the main thread')
   const wrong = await tp.callTool('A', { name: 'patterns', arguments: { f0: 'x0_abc' } })
   assert.equal(wrong.is_error, true)
   assert.match(wrong.error ?? '', /f0 must match pattern/)
-  assert.equal(liveRegExpCount(), before + 1, 'the one pattern an argument reached compiled')
+  assert.equal(regExpCompileCount(), before + 1, 'the one pattern an argument reached compiled')
   const right = await tp.callTool('A', { name: 'patterns', arguments: { f0: 'x0_ab', f39: 'x39_' + 'z'.repeat(42) } })
   assert.equal(right.is_error, true, 'f39 allows at most 41 letters after its prefix')
   assert.match(right.error ?? '', /f39 must match pattern/)
-  assert.equal(liveRegExpCount(), before + 2, 'each pattern compiles once')
+  assert.equal(regExpCompileCount(), before + 2, 'each pattern compiles once')
   // Valid arguments pass validation (the call then fails only at the test's closed callback port).
   const valid = await tp.callTool('A', { name: 'patterns', arguments: { f0: 'x0_a', f39: 'x39_' + 'z'.repeat(41) } })
   assert.doesNotMatch(valid.error ?? '', /must match pattern/)
-  assert.equal(liveRegExpCount(), before + 2)
+  assert.equal(regExpCompileCount(), before + 2)
 })
 
 test('leak: replacing a tool with 60 KB schemas and calling it returns the heap to its baseline', ATTACK, async (t) => {

@@ -29,6 +29,7 @@ import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
 import type { CompileJob, CompileReply, CompilerNotice } from '../../workers/schema-compiler.js'
 import { workerModule, type WorkerModule } from './worker-module.js'
+import { errorText, noop } from '../../shared/util.js'
 
 /** The compile budgets (the `limits` options of the same names). */
 export interface SchemaBudgets {
@@ -44,6 +45,11 @@ export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({
   maxSchemaCodeBytes: 4 * 1024 * 1024
 })
 
+/**
+ * How long the compiler thread may take to warm up a dialect before a job (~65 ms of CPU): past
+ * it the thread is taken as stuck and replaced. Not a plugin's budget: no schema is involved.
+ */
+const WARM_UP_BOUND_MS = 10_000
 /** Heap of the compiler thread: a schema that needs more is refused, the process is unharmed. */
 const COMPILER_HEAP_MB = 256
 /** Refusals remembered (by schema hash), so a hostile schema sent again costs no compile. */
@@ -60,18 +66,12 @@ const requireFromHere = createRequire(import.meta.url)
 const validators = new Map<string, WeakRef<ArgumentsValidator>>()
 const compiling = new Map<string, Promise<ArgumentsValidator>>()
 const refusals = new Map<string, { code: string, problem: string }>()
-/** RE2 objects the loaded validators have made on this thread and not yet freed. */
-let liveRegExps = 0
+/** RE2 objects the loaded validators have made on this thread (never decreases). */
+let compiledRegExps = 0
 const finalizer = new FinalizationRegistry<{ key: string, regexps: RE2[] }>(({ key, regexps }) => {
   if (validators.get(key)?.deref() === undefined) validators.delete(key)
-  freeAll(regexps)
-})
-
-function freeAll (regexps: RE2[]): void {
   for (const re of regexps) freeRegExp(re)
-  liveRegExps -= regexps.length
-  regexps.length = 0
-}
+})
 
 /** Validators alive in the cache now (for tests and metrics). */
 export function cachedValidatorCount (): number {
@@ -81,15 +81,15 @@ export function cachedValidatorCount (): number {
 }
 
 /**
- * RE2 objects made by the validators loaded on this thread and not yet freed (for tests): a
+ * RE2 objects the validators loaded on this thread have compiled since it started (for tests): a
  * pattern compiles here on its first test, not when its tool is registered.
  */
-export function liveRegExpCount (): number {
-  return liveRegExps
+export function regExpCompileCount (): number {
+  return compiledRegExps
 }
 
 /**
- * Starts the compiler thread now (it loads Ajv, RE2 and the meta-schemas) so that the first
+ * Starts the compiler thread now (it loads Ajv and RE2 and warms the default dialect) so that the first
  * registration does not wait for that. The thread stays unref'd while idle.
  */
 export function warmUpSchemaCompiler (): void {
@@ -144,13 +144,19 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
   try {
     validate = loadStandalone(reply.code, regexps)
   } catch (err) {
-    freeAll(regexps)
+    for (const re of regexps) freeRegExp(re)
     const problem = `its validator could not be loaded: ${(err as Error).message}`.slice(0, MAX_PROBLEM_CHARS)
     remember(key, 'invalid_schema', problem)
     throw schemaError('invalid_schema', problem)
   }
   const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
-    if (validate(value)) return ''
+    try {
+      if (validate(value)) return ''
+    } catch (err) {
+      // A pattern compiles on its first test (see loadStandalone): should RE2 fail there (it
+      // compiled the same pattern on the compiler thread), the call is refused, never thrown.
+      return `the arguments could not be checked against the tool's parameters: ${errorText(err)}`
+    }
     return `arguments do not match the tool's parameters: ${describeErrors(validate.errors)}`
   }
   validators.set(key, new WeakRef(validator))
@@ -194,7 +200,7 @@ interface StandaloneValidate {
  * shared formats: the code Ajv generates needs nothing else.
  */
 function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
-  const engine = re2Engine((re) => { regexps.push(re); liveRegExps++ }, `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true)
+  const engine = re2Engine((re) => { regexps.push(re); compiledRegExps++ }, `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true)
   const load = (id: string): unknown => {
     if (id === STANDALONE_REGEXP_MODULE) return engine
     if (id === STANDALONE_FORMATS_MODULE) return SCHEMA_FORMATS
@@ -271,11 +277,17 @@ class SchemaCompiler {
     const next = this.#queue.shift() as QueuedJob
     this.#current = next
     this.jobs++
-    this.#timer = setTimeout(() => {
-      this.#fail(`compiling it took longer than the budget of ${next.budgetMs} ms (limits.maxSchemaCompileMs)`, true,
-        false)
-    }, next.budgetMs)
+    this.#armBudget(next)
     worker.postMessage(next.job)
+  }
+
+  /** Starts (or starts again) the running job's time budget. */
+  #armBudget (job: QueuedJob): void {
+    if (this.#timer !== null) clearTimeout(this.#timer)
+    this.#timer = setTimeout(() => {
+      this.#fail(`compiling it took longer than the budget of ${job.budgetMs} ms (limits.maxSchemaCompileMs)`, true,
+        false)
+    }, job.budgetMs)
   }
 
   #start (): Worker {
@@ -312,9 +324,19 @@ class SchemaCompiler {
       return
     }
     const current = this.#current
+    if ('warming' in message) {
+      // The thread warms this job's dialect first (~65 ms of CPU, once per dialect and thread): the
+      // budget is for the schema, so it stops, and a bound of its own catches a stuck thread.
+      if (current?.job.id !== message.warming) return
+      if (this.#timer !== null) clearTimeout(this.#timer)
+      this.#timer = setTimeout(() => {
+        this.#fail(`the schema compiler thread did not warm up the ${current.job.dialect} dialect in ${WARM_UP_BOUND_MS} ms`,
+          false, false)
+      }, WARM_UP_BOUND_MS)
+      return
+    }
     if ('warmed' in message) {
-      // The thread warmed this job's dialect first: the budget is for the schema, so it restarts.
-      if (current?.job.id === message.warmed) this.#timer?.refresh()
+      if (current?.job.id === message.warmed) this.#armBudget(current)
       return
     }
     if (current === null || current.job.id !== message.id) return
@@ -357,5 +379,3 @@ function compilerBootstrap (module: WorkerModule): string {
   const register = module.typescript ? `(await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();` : ''
   return `(async () => { ${register} await import(${JSON.stringify(module.url)}) })().catch((err) => { throw err })`
 }
-
-function noop (): void {}
