@@ -73,6 +73,11 @@ function isLoopbackBindHost (host: string): boolean {
  */
 export async function createToolport (options: ToolportOptions = {}): Promise<Toolport> {
   const tp = new Toolport(options)
-  await tp[kDispatchReady]
+  try {
+    await tp[kDispatchReady]
+  } catch (err) {
+    await tp.close()
+    throw err
+  }
   return tp
 }

@@ -27,6 +27,7 @@ import { ReplyBudget } from '../../shared/reply-budget.js'
 import type { CancelSignal } from '../../shared/cancel.js'
 import type { DispatchOptions } from '../config.js'
 import { workerModule } from './worker-module.js'
+import { errorText, noop } from '../../shared/util.js'
 
 /**
  * Replies whose text is at least this many bytes stay bytes until someone reads the result's text
@@ -142,6 +143,8 @@ export class Dispatcher {
   #client: CallbackClient | null = null
   /** Calls sent before the inline client's module loaded (ids, in order). */
   #waiting: number[] = []
+  /** Why the inline client's module could not load, once it failed. */
+  #clientError: string | null = null
   /** Resolves once the dispatcher can send: at once in pool mode, when the inline client exists inline. */
   readonly ready: Promise<void>
 
@@ -183,9 +186,13 @@ export class Dispatcher {
         this.#client = new InlineClient(clientOptions)
         this.ready = Promise.resolve()
       } else {
-        this.ready = loadInlineClient().then(() => { this.#startInlineClient(clientOptions) })
-        // Failing to load a module of Toolport itself is a broken install: createToolport() and
-        // listen() reject with it; calls held meanwhile end at their deadline (the sweep).
+        this.ready = loadInlineClient().then(() => { this.#startInlineClient(clientOptions) }, (err: unknown) => {
+          // A module of Toolport itself that cannot load is a broken install: createToolport()
+          // and listen() reject with it, and every call (held or later) is answered with it.
+          this.#clientError = `the inline callback client could not be loaded: ${errorText(err)}`
+          this.#failWaiting()
+          throw err
+        })
         this.ready.catch(noop)
       }
       return
@@ -350,6 +357,13 @@ export class Dispatcher {
     }
   }
 
+  /** Answers every held call with the reason the inline client could not load. */
+  #failWaiting (): void {
+    const waiting = this.#waiting
+    this.#waiting = []
+    for (const id of waiting) this.#settle(failure(id, 'internal', this.#clientError as string))
+  }
+
   /** Answers the call in `slot` as cancelled at once and tells whoever runs it to stop. */
   #abortSlot (slot: number): void {
     const state = this.#state[slot]
@@ -430,8 +444,12 @@ export class Dispatcher {
     if (this.#inline) {
       this.#state[slot] = SENT
       this.#sentAt[slot] = this.#admittedAt[slot] as number
-      if (this.#client !== null) this.#startInline(this.#client, slot, id)
-      else this.#waiting.push(id)
+      if (this.#client !== null) {
+        this.#startInline(this.#client, slot, id)
+      } else {
+        this.#waiting.push(id)
+        if (this.#clientError !== null) this.#failWaiting()
+      }
       return
     }
     this.#state[slot] = OUTBOX
@@ -600,5 +618,3 @@ function leastBusy (lanes: readonly Lane[]): Lane {
 export function failure (id: number, kind: OutcomeKind, message: string): CallOutcome {
   return { id, kind, status: 0, text: '', textIsJson: false, toolError: '', contentType: '', message, bytes: 0 }
 }
-
-function noop (): void {}
