@@ -10,56 +10,26 @@ import { distIsFresh } from '../../src/main/dispatch/worker-module.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 
-test('a pool-mode Toolport starts and dispatches in a process run with --expose-gc under tsx', async () => {
-  const script = `
-    import { createServer } from 'node:http'
-    import { createToolport } from './src/main/index.ts'
-    const server = createServer((req, res) => {
-      req.resume()
-      req.on('end', () => { res.setHeader('content-type', 'application/json'); res.end('{"output":"pong"}') })
-    })
-    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
-    const tp = await createToolport({ roles: ['A'], dispatch: { mode: 'pool' } })
-    await tp.register({ name: 'ping', callback_url: 'http://127.0.0.1:' + server.address().port + '/ping' })
-    const result = await tp.callTool('A', { name: 'ping', arguments: {} })
-    const threads = tp.health().dispatch.threads
-    await tp.close()
-    server.close()
-    console.log(JSON.stringify({ gc: typeof globalThis.gc, threads, output: result.output }))
-  `
-  const child = spawn(process.execPath, ['--expose-gc', '--import', 'tsx', '--input-type=module', '-e', script],
-    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
-  let out = ''
-  let err = ''
-  child.stdout.on('data', (chunk: Buffer) => { out += chunk.toString() })
-  child.stderr.on('data', (chunk: Buffer) => { err += chunk.toString() })
-  const [code] = await once(child, 'exit')
-  assert.equal(code, 0, err)
-  assert.doesNotMatch(err, /ERR_WORKER_INVALID_EXEC_ARGV/)
-  const result = JSON.parse(out.trim().split('\n').pop() as string) as { gc: string, threads: number, output: unknown }
-  assert.equal(result.gc, 'function', 'the parent kept its own flag')
-  assert.equal(result.threads, 1)
-  assert.equal(result.output, 'pong', 'the call went through the pool worker')
-})
-
 /**
- * Runs an ES module script in a fresh process; resolves with the JSON its last line prints. `$`
- * in an import path stands for the modules: the built `dist/` as users load it when it is fresh
- * (a process without tsx costs ~0.6 s of CPU less), else the sources under tsx.
+ * Runs an ES module script in a fresh process with `flags`; resolves with the JSON its last line
+ * prints and its stderr. `$` in an import path stands for the modules: the built `dist/` as users
+ * load it when it is fresh (a process without tsx costs ~0.6 s of CPU less) unless `tsx` is asked
+ * for, else the sources under tsx.
  */
-async function runScript (script: string): Promise<any> {
-  const built = distIsFresh(ROOT)
+async function runScript (script: string, { flags = [], tsx = false }: { flags?: string[], tsx?: boolean } = {}):
+Promise<{ result: any, stderr: string }> {
+  const built = !tsx && distIsFresh(ROOT)
   const source = script.replaceAll(/'\$\/([^'?]+)\.ts(\?[^']*)?'/g, (_, path: string, query = '') =>
     built ? `'./dist/${path.replace(/^src\//, '')}.js${query}'` : `'./${path}.ts${query}'`)
-  const child = spawn(process.execPath, [...(built ? [] : ['--import', 'tsx']), '--input-type=module', '-e', source],
+  const child = spawn(process.execPath, [...flags, ...(built ? [] : ['--import', 'tsx']), '--input-type=module', '-e', source],
     { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
-  let err = ''
+  let stderr = ''
   child.stdout.on('data', (chunk: Buffer) => { out += chunk.toString() })
-  child.stderr.on('data', (chunk: Buffer) => { err += chunk.toString() })
+  child.stderr.on('data', (chunk: Buffer) => { stderr += chunk.toString() })
   const [code] = await once(child, 'exit')
-  assert.equal(code, 0, err)
-  return JSON.parse(out.trim().split('\n').pop() as string)
+  assert.equal(code, 0, stderr)
+  return { result: JSON.parse(out.trim().split('\n').pop() as string), stderr }
 }
 
 const PONG_SERVER = `
@@ -73,6 +43,24 @@ const PONG_SERVER = `
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
   const callback = 'http://127.0.0.1:' + server.address().port + '/ping'
 `
+
+test('a pool-mode Toolport starts and dispatches in a process run with --expose-gc under tsx', async () => {
+  const { result, stderr } = await runScript(`
+    import { createToolport } from '$/src/main/index.ts'
+    ${PONG_SERVER}
+    const tp = await createToolport({ roles: ['A'], dispatch: { mode: 'pool' } })
+    await tp.register({ name: 'ping', callback_url: callback })
+    const result = await tp.callTool('A', { name: 'ping', arguments: {} })
+    const threads = tp.health().dispatch.threads
+    await tp.close()
+    server.close()
+    console.log(JSON.stringify({ gc: typeof globalThis.gc, threads, output: result.output }))
+  `, { flags: ['--expose-gc'], tsx: true })
+  assert.doesNotMatch(stderr, /ERR_WORKER_INVALID_EXEC_ARGV/)
+  assert.equal(result.gc, 'function', 'the parent kept its own flag')
+  assert.equal(result.threads, 1)
+  assert.equal(result.output, 'pong', 'the call went through the pool worker')
+})
 
 /**
  * One fresh process for the start-up checks below (a process per check would cost ~1.5 s of CPU
@@ -113,7 +101,7 @@ function startupChecks (): Promise<any> {
     server.close()
     console.log(JSON.stringify({ poolOutput, afterPool, afterInline, received: received.sort(),
       kinds: outcomes.map((o) => o.kind), texts: outcomes.map((o) => o.text) }))
-  `)
+  `).then(({ result }) => result)
   return startup
 }
 
