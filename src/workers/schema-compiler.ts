@@ -31,10 +31,10 @@ export type CompileReply =
 
 /**
  * What the thread says besides replies: it has loaded and warmed the default dialect (`ready`);
- * it starts warming job `warming`'s dialect before that job, and has done so (`warmed`). The main
- * thread stops the job's time budget between the two and starts it afresh after.
+ * it starts compiling job `started`'s schema, after warming the job's dialect if it had to. The
+ * main thread's time budget for a job runs from `started`, so it is spent on the schema alone.
  */
-export type CompilerNotice = { ready: true } | { warming: number } | { warmed: number }
+export type CompilerNotice = { ready: true } | { started: number }
 
 class BudgetError extends Error {}
 
@@ -92,20 +92,17 @@ const warm = new Set<SchemaDialect>()
 
 /**
  * Compiles the dialect's meta-schema and one small schema (so Ajv's code generator has run once)
- * unless this thread has. For a job (`id` > 0) it says `warming` first and `warmed` after, so that
- * the job's time budget is spent on its own schema only.
+ * unless this thread has.
  */
-function warmUp (dialect: SchemaDialect, id = 0): void {
+function warmUp (dialect: SchemaDialect): void {
   if (warm.has(dialect)) return
   warm.add(dialect)
-  if (id > 0) parentPort?.postMessage({ warming: id } satisfies CompilerNotice)
   compileSchema({
     id: 0,
     dialect,
     maxCodeBytes: 1024 * 1024,
     schema: '{"type":"object","properties":{"a":{"type":"string","pattern":"^a","format":"date"},"b":{"$ref":"#/properties/a"}}}'
   })
-  if (id > 0) parentPort?.postMessage({ warmed: id } satisfies CompilerNotice)
 }
 
 // The dialect of schemas without `$schema` (nearly all tools) is warmed before saying ready; each
@@ -116,7 +113,8 @@ parentPort?.postMessage({ ready: true })
 parentPort?.on('message', (job: CompileJob) => {
   let reply: CompileReply
   try {
-    warmUp(job.dialect, job.id)
+    warmUp(job.dialect)
+    parentPort?.postMessage({ started: job.id } satisfies CompilerNotice)
     reply = compileSchema(job)
   } catch (err) {
     // A bug (the compile itself is caught above); answer rather than leave the job hanging.

@@ -46,10 +46,11 @@ export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({
 })
 
 /**
- * How long the compiler thread may take to warm up a dialect before a job (~65 ms of CPU): past
- * it the thread is taken as stuck and replaced. Not a plugin's budget: no schema is involved.
+ * How long the compiler thread may take to start a job it was sent (warming the job's dialect
+ * first, ~65 ms of CPU once per dialect and thread): past it the thread is taken as stuck and
+ * replaced. Not a plugin's budget, which runs from the start of the compile.
  */
-const WARM_UP_BOUND_MS = 10_000
+const START_BOUND_MS = 10_000
 /** Heap of the compiler thread: a schema that needs more is refused, the process is unharmed. */
 const COMPILER_HEAP_MB = 256
 /** Refusals remembered (by schema hash), so a hostile schema sent again costs no compile. */
@@ -277,17 +278,15 @@ class SchemaCompiler {
     const next = this.#queue.shift() as QueuedJob
     this.#current = next
     this.jobs++
-    this.#armBudget(next)
+    this.#setTimer(START_BOUND_MS, () => {
+      this.#fail(`the schema compiler thread did not start compiling it in ${START_BOUND_MS} ms`, false, false)
+    })
     worker.postMessage(next.job)
   }
 
-  /** Starts (or starts again) the running job's time budget. */
-  #armBudget (job: QueuedJob): void {
+  #setTimer (ms: number, onTimeout: () => void): void {
     if (this.#timer !== null) clearTimeout(this.#timer)
-    this.#timer = setTimeout(() => {
-      this.#fail(`compiling it took longer than the budget of ${job.budgetMs} ms (limits.maxSchemaCompileMs)`, true,
-        false)
-    }, job.budgetMs)
+    this.#timer = setTimeout(onTimeout, ms)
   }
 
   #start (): Worker {
@@ -324,19 +323,13 @@ class SchemaCompiler {
       return
     }
     const current = this.#current
-    if ('warming' in message) {
-      // The thread warms this job's dialect first (~65 ms of CPU, once per dialect and thread): the
-      // budget is for the schema, so it stops, and a bound of its own catches a stuck thread.
-      if (current?.job.id !== message.warming) return
-      if (this.#timer !== null) clearTimeout(this.#timer)
-      this.#timer = setTimeout(() => {
-        this.#fail(`the schema compiler thread did not warm up the ${current.job.dialect} dialect in ${WARM_UP_BOUND_MS} ms`,
-          false, false)
-      }, WARM_UP_BOUND_MS)
-      return
-    }
-    if ('warmed' in message) {
-      if (current?.job.id === message.warmed) this.#armBudget(current)
+    if ('started' in message) {
+      // The budget is for compiling the schema: it runs from here, not from the send.
+      if (current?.job.id !== message.started) return
+      this.#setTimer(current.budgetMs, () => {
+        this.#fail(`compiling it took longer than the budget of ${current.budgetMs} ms (limits.maxSchemaCompileMs)`,
+          true, false)
+      })
       return
     }
     if (current === null || current.job.id !== message.id) return
