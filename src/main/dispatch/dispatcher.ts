@@ -189,8 +189,11 @@ export class Dispatcher {
         this.ready = loadInlineClient().then(() => { this.#startInlineClient(clientOptions) }, (err: unknown) => {
           // A module of Toolport itself that cannot load is a broken install: createToolport()
           // and listen() reject with it, and every call (held or later) is answered with it.
-          this.#clientError = `the inline callback client could not be loaded: ${errorText(err)}`
-          this.#failWaiting()
+          const reason = `the inline callback client could not be loaded: ${errorText(err)}`
+          this.#clientError = reason
+          const waiting = this.#waiting
+          this.#waiting = []
+          for (const id of waiting) this.#settle(failure(id, 'internal', reason))
           throw err
         })
         this.ready.catch(noop)
@@ -357,13 +360,6 @@ export class Dispatcher {
     }
   }
 
-  /** Answers every held call with the reason the inline client could not load. */
-  #failWaiting (): void {
-    const waiting = this.#waiting
-    this.#waiting = []
-    for (const id of waiting) this.#settle(failure(id, 'internal', this.#clientError as string))
-  }
-
   /** Answers the call in `slot` as cancelled at once and tells whoever runs it to stop. */
   #abortSlot (slot: number): void {
     const state = this.#state[slot]
@@ -444,12 +440,9 @@ export class Dispatcher {
     if (this.#inline) {
       this.#state[slot] = SENT
       this.#sentAt[slot] = this.#admittedAt[slot] as number
-      if (this.#client !== null) {
-        this.#startInline(this.#client, slot, id)
-      } else {
-        this.#waiting.push(id)
-        if (this.#clientError !== null) this.#failWaiting()
-      }
+      if (this.#client !== null) this.#startInline(this.#client, slot, id)
+      else if (this.#clientError === null) this.#waiting.push(id)
+      else this.#settle(failure(id, 'internal', this.#clientError))
       return
     }
     this.#state[slot] = OUTBOX
