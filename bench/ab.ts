@@ -24,16 +24,12 @@ import { writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
 import { distIsFresh } from '../src/main/dispatch/worker-module.js'
 import type { CpuPerCall } from './lib/cpu.js'
-import { BENCH_DIR, runProfileTarget } from './lib/processes.js'
-import type { ProfileTargetOptions, ProfileTargetResult } from './lib/processes.js'
+import { BENCH_DIR, readTargetFlag, runProfileTarget } from './lib/processes.js'
+import type { ProfileTargetResult, TargetFlags } from './lib/processes.js'
 import { fmtRate, fmtRatio, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 
-interface Flags {
+interface Flags extends TargetFlags {
   baseline: string
-  path: ProfileTargetOptions['path']
-  reply: ProfileTargetOptions['route']
-  concurrency: number
-  seconds: number
   reps: number
   out: string
 }
@@ -57,22 +53,12 @@ function parseFlags (argv: readonly string[]): Flags {
       if (!Number.isInteger(n) || n < 1 || n > max) fail(`${flag} needs an integer from 1 to ${max}`)
       return n
     }
+    if (readTargetFlag(flag, value, flags, fail)) {
+      i++
+      continue
+    }
     switch (flag) {
       case '--baseline': flags.baseline = resolve(text()); break
-      case '--path': {
-        const path = text()
-        if (path !== 'pool' && path !== 'inline' && path !== 'raw' && path !== 'route') fail('--path is pool, inline, raw or route')
-        flags.path = path
-        break
-      }
-      case '--reply': {
-        const reply = text()
-        if (reply !== 'small' && reply !== 'large') fail('--reply is small or large')
-        flags.reply = reply
-        break
-      }
-      case '-c': flags.concurrency = number(10_000); break
-      case '--seconds': flags.seconds = number(120); break
       case '--reps': flags.reps = number(50); break
       case '--out':
         flags.out = text()

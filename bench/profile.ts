@@ -19,15 +19,11 @@ import { once } from 'node:events'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { runProfileTarget } from './lib/processes.js'
-import type { ProfileTargetOptions, ProfileTargetReady, ProfileTargetResult } from './lib/processes.js'
+import { readTargetFlag, runProfileTarget } from './lib/processes.js'
+import type { ProfileTargetReady, ProfileTargetResult, TargetFlags } from './lib/processes.js'
 import { parsePerfScript, profileByGroup } from './lib/perf-script.js'
 
-interface Flags {
-  path: ProfileTargetOptions['path']
-  reply: ProfileTargetOptions['route']
-  concurrency: number
-  seconds: number
+interface Flags extends TargetFlags {
   top: number
   keep: boolean
 }
@@ -37,8 +33,12 @@ const USAGE = 'usage: npm run profile -- [--path pool|inline|raw|route] [--reply
 function parseFlags (argv: readonly string[]): Flags {
   const flags: Flags = { path: 'pool', reply: 'small', concurrency: 128, seconds: 5, top: 15, keep: false }
   for (let i = 0; i < argv.length; i++) {
-    const flag = argv[i]
+    const flag = argv[i] as string
     const value = argv[i + 1]
+    if (readTargetFlag(flag, value, flags, fail)) {
+      i++
+      continue
+    }
     const number = (): number => {
       const n = Number(value)
       if (!Number.isInteger(n) || n < 1) fail(`${flag ?? ''} needs a positive integer`)
@@ -46,27 +46,13 @@ function parseFlags (argv: readonly string[]): Flags {
       return n
     }
     switch (flag) {
-      case '--path':
-        if (value !== 'pool' && value !== 'inline' && value !== 'raw' && value !== 'route') {
-          fail('--path is pool, inline, raw or route')
-        }
-        flags.path = value
-        i++
-        break
-      case '--reply':
-        if (value !== 'small' && value !== 'large') fail('--reply is small or large')
-        flags.reply = value
-        i++
-        break
-      case '-c': flags.concurrency = number(); break
-      case '--seconds': flags.seconds = number(); break
       case '--top': flags.top = number(); break
       case '--keep': flags.keep = true; break
       case '--help': case '-h':
         process.stdout.write(USAGE + '\n')
         process.exit(0)
         break
-      default: fail(`unknown flag ${flag ?? ''}`)
+      default: fail(`unknown flag ${flag}`)
     }
   }
   return flags

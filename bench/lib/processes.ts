@@ -83,6 +83,40 @@ export interface ProfileTargetOptions {
   seconds: number
 }
 
+/** The command-line flags that choose a target run, as `npm run ab` and `npm run profile` take them. */
+export interface TargetFlags {
+  path: ProfileTargetOptions['path']
+  reply: ProfileTargetOptions['route']
+  concurrency: number
+  seconds: number
+}
+
+/**
+ * Reads `flag` into `flags` when it is one of the target flags (`--path`, `--reply`, `-c`,
+ * `--seconds`), each taking `value`; false for any other flag. A bad value goes to `fail`.
+ */
+export function readTargetFlag (flag: string, value: string | undefined, flags: TargetFlags,
+  fail: (message: string) => never): boolean {
+  const count = (max: number): number => {
+    const n = Number(value)
+    if (!Number.isInteger(n) || n < 1 || n > max) fail(`${flag} needs an integer from 1 to ${max}`)
+    return n
+  }
+  switch (flag) {
+    case '--path':
+      if (value !== 'pool' && value !== 'inline' && value !== 'raw' && value !== 'route') fail('--path is pool, inline, raw or route')
+      flags.path = value
+      return true
+    case '--reply':
+      if (value !== 'small' && value !== 'large') fail('--reply is small or large')
+      flags.reply = value
+      return true
+    case '-c': flags.concurrency = count(10_000); return true
+    case '--seconds': flags.seconds = count(120); return true
+    default: return false
+  }
+}
+
 /** The target's line once warmed up: its pid and its pool workers' thread ids. */
 export interface ProfileTargetReady {
   pid: number
