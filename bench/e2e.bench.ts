@@ -44,6 +44,8 @@ interface Target {
   url: string
   body: string
   headers: Record<string, string>
+  /** Measured only at concurrencies up to this. */
+  maxConcurrency?: number
 }
 
 /** MCP's `tools/call` runs on one session, which takes at most 32 calls at once by default. */
@@ -128,10 +130,12 @@ export const e2eScenario: Scenario = {
       if (p.concurrency.some((c) => c <= MCP_MAX_CONCURRENCY)) {
         const mcpUrl = `${poolUrl}/mcp/bench`
         mcp = await mcpSession(mcpUrl)
-        targets.push({ name: MCP_TARGET, url: mcpUrl, body: MCP_CALL_BODY, headers: mcp.headers })
+        targets.push({
+          name: MCP_TARGET, url: mcpUrl, body: MCP_CALL_BODY, headers: mcp.headers, maxConcurrency: MCP_MAX_CONCURRENCY
+        })
       }
       for (const c of p.concurrency) {
-        const cTargets = c <= MCP_MAX_CONCURRENCY ? targets : targets.filter((t) => t.name !== MCP_TARGET)
+        const cTargets = targets.filter((t) => c <= (t.maxConcurrency ?? Infinity))
         for (let rep = 0; rep < ctx.reps; rep++) {
           for (let k = 0; k < cTargets.length; k++) {
             const target = cTargets[(k + rep) % cTargets.length] as Target
