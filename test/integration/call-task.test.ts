@@ -10,11 +10,13 @@ import { Piscina } from 'piscina'
 import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '../../src/workers/protocol.js'
 import type { CallOutcome, CallTask, LaneHello, WorkerOptions } from '../../src/workers/protocol.js'
 import { ReplyBudget } from '../../src/shared/reply-budget.js'
+import { workerModule, type WorkerModule } from '../../src/main/dispatch/worker-module.js'
 import { buildCallTask, startCallbackServer } from '../fixtures/callback-server.js'
 import type { CallbackServer, CallbackServerOptions } from '../fixtures/callback-server.js'
 
-// tsx is inherited by the worker threads (execArgv), so the .ts task file loads as it is.
-const TASK_FILE = new URL('../../src/workers/call-task.ts', import.meta.url).href
+// The task module the pool loads: the built dist/workers/call-task.js when it is fresh, else the
+// .ts file with tsx in the thread (see src/main/dispatch/worker-module.ts).
+const TASK = workerModule('call-task')
 
 interface Harness {
   server: CallbackServer
@@ -29,7 +31,8 @@ interface Harness {
   arrivals: number[]
 }
 
-async function setup (t: TestContext, serverOptions: CallbackServerOptions = {}): Promise<Harness> {
+async function setup (t: TestContext, serverOptions: CallbackServerOptions = {}, task: WorkerModule = TASK):
+Promise<Harness> {
   const server = await startCallbackServer(serverOptions)
   const workerData: WorkerOptions = {
     slotSpace: 1024,
@@ -39,7 +42,8 @@ async function setup (t: TestContext, serverOptions: CallbackServerOptions = {})
     connectTimeoutMs: 2000
   }
   const pool = new Piscina({
-    filename: TASK_FILE,
+    filename: task.url,
+    execArgv: task.execArgv,
     workerData,
     atomics: 'disabled',
     maxThreads: 1,
@@ -85,8 +89,27 @@ async function setup (t: TestContext, serverOptions: CallbackServerOptions = {})
   return { server, pool, run, cancel, outcome, arrivals }
 }
 
-test('R9: a batch on the lane answers every call with its outcome', async (t) => {
-  const { server, run, outcome } = await setup(t)
+/** The task module as TOOLPORT_WORKERS_FROM_SOURCE=1 picks it: the .ts source, with tsx in the thread. */
+function sourceTask (): WorkerModule {
+  const saved = process.env.TOOLPORT_WORKERS_FROM_SOURCE
+  process.env.TOOLPORT_WORKERS_FROM_SOURCE = '1'
+  try {
+    return workerModule('call-task')
+  } finally {
+    if (saved === undefined) delete process.env.TOOLPORT_WORKERS_FROM_SOURCE
+    else process.env.TOOLPORT_WORKERS_FROM_SOURCE = saved
+  }
+}
+
+for (const task of [TASK, sourceTask()]) {
+  const from = task.typescript ? 'its .ts source, tsx in the thread' : 'the built dist/ module'
+  test(`R9: a batch on the lane answers every call with its outcome (the task from ${from})`, async (t) => {
+    await batchAnswersEveryCall(t, task)
+  })
+}
+
+async function batchAnswersEveryCall (t: TestContext, task: WorkerModule): Promise<void> {
+  const { server, run, outcome } = await setup(t, {}, task)
   const calls = [buildCallTask(server.url, '/echo'), buildCallTask(server.url, '/status/500'), buildCallTask(server.url,
     '/text')]
   const count = await run(calls)
@@ -98,7 +121,7 @@ test('R9: a batch on the lane answers every call with its outcome', async (t) =>
   assert.equal(failed?.status, 500)
   assert.equal(text?.kind, 'ok')
   assert.equal(text?.text, 'plain text reply, not JSON')
-})
+}
 
 test('R12: a fast call arrives before a slow call of the same batch has finished', async (t) => {
   const { server, run, outcome, arrivals } = await setup(t)

@@ -36,9 +36,16 @@ export function workerModule (name: string): WorkerModule {
     return { url: new URL(`dist/workers/${name}.js`, root).href, typescript: false, execArgv: workerExecArgv(process.execArgv, false) }
   }
   // Explicit flags here too: inherited, a per-process flag of the parent (--expose-gc, or
-  // --input-type under `node -e`) makes the thread fail to start.
-  return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv: workerExecArgv(process.execArgv, true) }
+  // --input-type under `node -e`) makes the thread fail to start. The .ts file needs tsx in the
+  // thread, also when this process runs the sources without tsx's flag (the test suite runs them
+  // bundled by esbuild, see scripts/test-node.mjs).
+  const execArgv = workerExecArgv(process.execArgv, true)
+  if (!execArgv.some((arg) => TSX.test(arg))) execArgv.push('--import', import.meta.resolve('tsx'))
+  return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv }
 }
+
+/** A module specifier or path that names tsx. */
+const TSX = /(^|[\\/=])tsx([\\/]|$)/
 
 /**
  * True when `root`'s dist/ holds a compiled file at least as new as each source file under its
@@ -94,7 +101,7 @@ function workerExecArgv (execArgv: readonly string[], keepTsx: boolean): string[
     const value = hasInlineValue ? flag[3] as string : execArgv[i + 1]
     if (!hasInlineValue) i++
     if (value === undefined) continue
-    if (!keepTsx && flag[1] !== '--conditions' && flag[1] !== '-C' && /(^|[\\/])tsx([\\/]|$)/.test(value)) continue
+    if (!keepTsx && flag[1] !== '--conditions' && flag[1] !== '-C' && TSX.test(value)) continue
     if (hasInlineValue) kept.push(arg)
     else kept.push(arg, value)
   }
