@@ -182,7 +182,10 @@ test('R14: a call event carries metadata only, never arguments, replies or a fre
 
 test('call events carry no id, are never replayed, and at most maxCallEventsPerSecond stream per second', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['Lanlan'], events: { maxCallEventsPerSecond: 5 } })
-  await tp.roles.get('Lanlan').registerLocalTool({ name: 'noop', handler: () => 'ok' })
+  // The longest name and source there are: each call's event is ~470 bytes instead of ~130, so the
+  // socket buffers below fill after fewer calls.
+  const name = 'n'.repeat(64)
+  await tp.roles.get('Lanlan').registerLocalTool({ name, source: 's'.repeat(256), handler: () => 'ok' })
   const reader = await openStream(t, `${url}/api/events?types=call,registered`)
   await reader.next('hello')
   const started = performance.now()
@@ -292,7 +295,10 @@ test('a subscriber that stops reading is dropped, and calls keep being answered 
       maxCallEventsPerSecond: 1_000_000
     }
   })
-  await tp.roles.get('Lanlan').registerLocalTool({ name: 'noop', handler: () => 'ok' })
+  // The longest name and source there are: each call's event is ~470 bytes instead of ~130, so the
+  // socket buffers below fill after fewer calls.
+  const name = 'n'.repeat(64)
+  await tp.roles.get('Lanlan').registerLocalTool({ name, source: 's'.repeat(256), handler: () => 'ok' })
   // A raw socket that sends the request and then never reads: the kernel buffers fill, then ours.
   const socket = connect(port, '127.0.0.1')
   await once(socket, 'connect')
@@ -307,11 +313,11 @@ test('a subscriber that stops reading is dropped, and calls keep being answered 
   }
   assert.equal(stats.body.events.subscribers, 1)
 
-  // Bounded: at most 200 000 calls (about 40 MB of events), stopping once the subscriber is gone.
+  // Bounded: at most 200 000 calls (about 90 MB of events), stopping once the subscriber is gone.
   let answered = 0
   for (let round = 0; round < 200; round++) {
     const batch = []
-    for (let i = 0; i < 1000; i++) batch.push(tp.callTool('Lanlan', { name: 'noop', arguments: {} }))
+    for (let i = 0; i < 1000; i++) batch.push(tp.callTool('Lanlan', { name, arguments: {} }))
     for (const result of await Promise.all(batch)) if (!result.is_error) answered++
     await sleep(15)
     stats = await httpJson(`${url}/api/console/stats`, 'GET')
