@@ -17,6 +17,7 @@ import { _Code } from 'ajv/dist/compile/codegen/code.js'
 import { Ajv2019 } from 'ajv/dist/2019.js'
 import { Ajv2020 } from 'ajv/dist/2020.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
+import traverse from 'json-schema-traverse'
 import { createRequire } from 'node:module'
 import type { RE2 } from 're2-wasm'
 
@@ -60,6 +61,38 @@ export function schemaDialect (schema: Record<string, unknown>): DialectVerdict 
       'https://json-schema.org/draft/2020-12/schema (or omit $schema), ' +
       'https://json-schema.org/draft/2019-09/schema or http://json-schema.org/draft-07/schema#'
   }
+}
+
+/** Annotations no validator reads, left out of the text that keys a compiled validator. */
+const ANNOTATIONS: ReadonlySet<string> = new Set(['description', 'title', '$comment'])
+
+/**
+ * A schema's JSON without the text annotations of its subschemas (`description`, `title`,
+ * `$comment` with a string value), which validation never reads: tools that share a shape but
+ * describe it in their own words share one compiled validator.
+ *
+ * Subschemas are the ones json-schema-traverse finds (as Ajv does): a property named
+ * `description`, or a `const`, `enum`, `default` or `examples` value, is never touched; a
+ * subschema in a place it does not walk keeps its annotations, which costs only a compile of
+ * its own.
+ *
+ * @example
+ * validationJson({ type: 'string', description: 'A city' }) // '{"type":"string"}'
+ */
+export function validationJson (schema: Record<string, unknown>): string {
+  const annotated = new Set<object>()
+  traverse(schema, (subschema: traverse.SchemaObject) => {
+    for (const key of ANNOTATIONS) {
+      if (typeof subschema[key] === 'string') {
+        annotated.add(subschema)
+        return
+      }
+    }
+  })
+  if (annotated.size === 0) return JSON.stringify(schema)
+  return JSON.stringify(schema, function leaveOutAnnotations (this: object, key: string, value: unknown) {
+    return typeof value === 'string' && ANNOTATIONS.has(key) && annotated.has(this) ? undefined : value
+  })
 }
 
 /**

@@ -3,8 +3,10 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { z } from 'zod'
-import { compileValidator, DEFAULT_SCHEMA_BUDGETS } from '../../src/main/dispatch/validators.js'
-import { MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect } from '../../src/shared/json-schema.js'
+import { compileCount, compileValidator, DEFAULT_SCHEMA_BUDGETS } from '../../src/main/dispatch/validators.js'
+import {
+  MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect, validationJson
+} from '../../src/shared/json-schema.js'
 import { resolvePluginOptions } from '../../src/plugin/options.js'
 import { createTestToolport, inject, tool } from '../helpers.js'
 
@@ -36,6 +38,66 @@ test('$schema picks the dialect: 2020-12 (also when absent), 2019-09, draft-07; 
   for (const $schema of ['http://json-schema.org/draft-04/schema#', 'https://example.com/schema', 7, '']) {
     assert.equal(schemaDialect({ $schema }).ok, false, String($schema))
   }
+})
+
+test('the validator cache key leaves out text annotations of subschemas, and nothing else', () => {
+  const described = {
+    title: 'Weather',
+    description: 'Arguments',
+    $comment: 'v2',
+    type: 'object',
+    properties: {
+      // A property may be named like an annotation: its name and schema stay.
+      description: { type: 'string', description: 'the text', maxLength: 10 },
+      title: { type: 'string', title: 'A title' },
+      when: { anyOf: [{ type: 'string', description: 'ISO date' }, { type: 'null', title: 'none' }] },
+      tags: { type: 'array', items: { type: 'string', description: 'a tag' } },
+      mode: { const: { description: 'kept: a value, not a schema' }, default: { title: 'kept too' } },
+      kind: { enum: [{ description: 'kept' }], examples: [{ description: 'kept' }] },
+      count: { type: 'integer', description: 7 }
+    },
+    $defs: { point: { type: 'number', description: 'a point' } },
+    required: ['description', 'title']
+  }
+  assert.deepEqual(JSON.parse(validationJson(described)), {
+    type: 'object',
+    properties: {
+      description: { type: 'string', maxLength: 10 },
+      title: { type: 'string' },
+      when: { anyOf: [{ type: 'string' }, { type: 'null' }] },
+      tags: { type: 'array', items: { type: 'string' } },
+      mode: { const: { description: 'kept: a value, not a schema' }, default: { title: 'kept too' } },
+      kind: { enum: [{ description: 'kept' }], examples: [{ description: 'kept' }] },
+      // Not a string: not an annotation Toolport leaves out (the meta-schema refuses it).
+      count: { type: 'integer', description: 7 }
+    },
+    $defs: { point: { type: 'number' } },
+    required: ['description', 'title']
+  })
+  // Nothing to leave out: the text JSON.stringify writes.
+  const bare = { type: 'object', properties: { q: { type: 'string' } } }
+  assert.equal(validationJson(bare), JSON.stringify(bare))
+})
+
+test('schemas that differ only in their descriptions share one compiled validator', async () => {
+  const shape = (description: string): Record<string, unknown> => ({
+    type: 'object',
+    description,
+    properties: { city: { type: 'string', minLength: 2, description: `${description}: the city` } },
+    required: ['city']
+  })
+  const first = await compile(shape('Weather now'))
+  const before = compileCount()
+  const second = await compile(shape('Weather tomorrow'))
+  assert.equal(compileCount(), before, 'no second compile')
+  assert.equal(second, first)
+  assert.equal(second({ city: 'Oslo' }), '')
+  assert.match(second({ city: 'O' }), /must NOT have fewer than 2 characters/)
+  // A different constraint is a different validator.
+  const other = await compile({ ...shape('Weather now'), required: [] })
+  assert.equal(compileCount(), before + 1)
+  assert.equal(other({}), '')
+  assert.notEqual(second({}), '')
 })
 
 test('2020-12 with $defs and $ref validates', async () => {

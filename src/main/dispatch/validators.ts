@@ -11,8 +11,9 @@
 //
 // Lifetime. Each schema gets its own Ajv (on the compiler thread) and its own module here, so
 // nothing one schema does (`$id`, refs, Ajv's ever-growing scope) reaches another tool. The
-// cache maps a hash of the schema text to a WeakRef of its validator: identical schemas
-// registered by 1000 tools compile once, and when the last ToolEntry holding a validator is
+// cache maps a hash of the schema text (without the descriptions and titles no validator reads)
+// to a WeakRef of its validator: schemas registered by 1000 tools that differ only in how they
+// describe their fields compile once, and when the last ToolEntry holding a validator is
 // gone (replaced, unregistered, cleared, evicted, its role removed) the garbage collector frees
 // it; a FinalizationRegistry then drops the cache slot and frees its RE2 objects, whose
 // WebAssembly memory the collector cannot see.
@@ -23,7 +24,8 @@ import { Worker } from 'node:worker_threads'
 import type { ErrorObject } from 'ajv'
 import type { RE2 } from 're2-wasm'
 import {
-  freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE
+  freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE,
+  validationJson
 } from '../../shared/json-schema.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
@@ -116,7 +118,8 @@ export async function compileValidator (parameters: Record<string, unknown>,
   budgets: SchemaBudgets): Promise<ArgumentsValidator> {
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
-  const text = JSON.stringify(parameters)
+  // Annotations left out: schemas that differ only in their descriptions compile once.
+  const text = validationJson(parameters)
   const key = cacheKey(text, budgets)
   const cached = validators.get(key)?.deref()
   if (cached !== undefined) return cached
