@@ -93,6 +93,13 @@ const FIRST = ['test/integration/validation-hostile.test.ts']
 /** Files that keep a process of their own (none need one today; flags of their own would). */
 const ISOLATED = []
 
+/**
+ * Files that must never run at the same time, so each set goes into one group, run one after
+ * the other. The netns test adds network interfaces, and chromium aborts the page loads it has in
+ * flight when the machine's network changes (net::ERR_NETWORK_CHANGED).
+ */
+const APART = [['test/integration/netns.test.ts', 'test/integration/console-browser.test.ts']]
+
 function testFiles () {
   const files = []
   for (const dir of ['unit', 'integration']) {
@@ -103,15 +110,20 @@ function testFiles () {
   return files
 }
 
-/** Longest first onto the lightest group; each group keeps FIRST files ahead of the rest. */
+/**
+ * Longest first onto the lightest group, an APART set as one unit; each group keeps FIRST files
+ * ahead of the rest.
+ */
 function plan (files) {
   const groups = Array.from({ length: SHARDS }, () => ({ files: [], weight: 0 }))
-  const weight = (f) => WEIGHTS[f] ?? DEFAULT_WEIGHT
   const shared = files.filter((f) => !ISOLATED.includes(f))
-  for (const file of [...shared].sort((a, b) => weight(b) - weight(a) || a.localeCompare(b))) {
+  const units = APART.map((set) => set.filter((f) => shared.includes(f))).filter((set) => set.length > 0)
+  for (const file of shared) if (!units.some((unit) => unit.includes(file))) units.push([file])
+  const weight = (unit) => unit.reduce((sum, f) => sum + (WEIGHTS[f] ?? DEFAULT_WEIGHT), 0)
+  for (const unit of units.sort((a, b) => weight(b) - weight(a) || a[0].localeCompare(b[0]))) {
     const lightest = groups.reduce((min, g) => (g.weight < min.weight ? g : min))
-    lightest.files.push(file)
-    lightest.weight += weight(file)
+    lightest.files.push(...unit)
+    lightest.weight += weight(unit)
   }
   for (const g of groups) g.files.sort((a, b) => Number(FIRST.includes(b)) - Number(FIRST.includes(a)))
   return groups.filter((g) => g.files.length > 0).sort((a, b) => b.weight - a.weight)
