@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -13,7 +14,7 @@ import pytest
 
 from toolport_plugin import Plugin, PluginError, RegisteredEvent
 
-from .conftest import REPO, Api, start_toolport
+from .conftest import REPO, Api, Toolport, start_toolport
 
 EXAMPLE = REPO / "examples" / "weather_plugin_sdk.py"
 
@@ -125,23 +126,32 @@ async def test_a_clean_stop_clears_the_source(api: Api) -> None:
             await s.post(started.url + "/", json={})
 
 
-async def test_start_waits_for_a_toolport_that_is_not_up_yet(own_api: Api) -> None:
-    api = own_api
-    api.tp.kill()
-    plugin = new_plugin(api, start_timeout=30)
+async def test_start_waits_for_a_toolport_that_is_not_up_yet() -> None:
+    # A Toolport that is not started yet, on a port nothing listens on.
+    tp = Toolport(["default"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        tp.port = probe.getsockname()[1]
+    tp.url = f"http://127.0.0.1:{tp.port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            api = Api(session, tp)
+            plugin = new_plugin(api, start_timeout=30)
 
-    @plugin.tool
-    async def echo(text: str) -> str:
-        return text
+            @plugin.tool
+            async def echo(text: str) -> str:
+                return text
 
-    starting = asyncio.create_task(plugin.start())
-    await asyncio.sleep(0.5)
-    assert not starting.done()
-    await asyncio.to_thread(api.tp.start)
-    result = await asyncio.wait_for(starting, 20)
-    assert result.names == ["echo"]
-    await plugin.stop()
-    assert "echo" not in await api.names()
+            starting = asyncio.create_task(plugin.start())
+            await asyncio.sleep(0.5)
+            assert not starting.done()
+            await asyncio.to_thread(tp.start)
+            result = await asyncio.wait_for(starting, 20)
+            assert result.names == ["echo"]
+            await plugin.stop()
+            assert "echo" not in await api.names()
+    finally:
+        tp.stop()
 
 
 @pytest.mark.timeout(120)
