@@ -59,28 +59,25 @@ function count (name, fallback) {
  * its CPU (its child processes' included) more than its waits. Files not listed are light.
  */
 const WEIGHTS = {
-  'test/integration/package-install.test.ts': 26,
-  'test/integration/dispatch.test.ts': 23,
-  'test/integration/validation-hostile.test.ts': 15,
-  'test/integration/mcp-bridge.test.ts': 14,
-  'test/integration/call-task.test.ts': 11,
-  'test/integration/events-stream.test.ts': 7,
-  'test/integration/callback-client.test.ts': 7,
+  'test/integration/package-install.test.ts': 33,
+  'test/integration/dispatch.test.ts': 24,
+  'test/integration/validation-hostile.test.ts': 12,
+  'test/integration/mcp-bridge.test.ts': 11,
+  'test/integration/call-task.test.ts': 8,
   'test/integration/console-browser.test.ts': 6,
-  'test/integration/mcp-transport.test.ts': 5,
-  'test/integration/plugin-sdk.test.ts': 5,
-  'test/integration/cli.test.ts': 4,
-  'test/unit/json-scan.test.ts': 4,
+  'test/integration/mcp-transport.test.ts': 6,
+  'test/integration/callback-client.test.ts': 6,
+  'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
-  'test/integration/mcp-conformance.test.ts': 4,
-  'test/integration/definitions-size.test.ts': 3,
-  'test/integration/plugin-replies.test.ts': 3,
+  'test/integration/plugin-replies.test.ts': 4,
+  'test/integration/cli.test.ts': 3,
+  'test/integration/mcp-python.test.ts': 3,
+  'test/integration/events-stream.test.ts': 3,
   'test/integration/netns.test.ts': 3,
-  'test/integration/dispatch-bounds.test.ts': 2,
-  'test/integration/api-unregister-clear.test.ts': 2,
+  'test/integration/mcp-conformance.test.ts': 3,
   'test/integration/connections.test.ts': 2,
-  'test/integration/ownership.test.ts': 2,
-  'test/integration/mcp-python.test.ts': 2
+  'test/unit/json-scan.test.ts': 2,
+  'test/integration/dispatch-bounds.test.ts': 2
 }
 const DEFAULT_WEIGHT = 1
 

@@ -6,7 +6,10 @@ import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { Worker } from 'node:worker_threads'
 import { setImmediate as tick } from 'node:timers/promises'
-import { cachedValidatorCount, compileCount, regExpCompileCount } from '../../src/main/dispatch/validators.js'
+import {
+  cachedValidatorCount, compileCount, compilerBootstrap, regExpCompileCount
+} from '../../src/main/dispatch/validators.js'
+import { workerModule } from '../../src/main/dispatch/worker-module.js'
 import type { Toolport } from '../../src/main/index.js'
 import { createTestToolport, httpJson, startToolport, tool } from '../helpers.js'
 
@@ -160,12 +163,12 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
 })
 
 test('compile budget: the thread says when it starts each job, after warming a cold dialect, and the budget runs from there', async (t) => {
-  // The compiler thread's own contract, on the module's source: the main thread runs a job's
-  // budget from `started`, so warming a dialect (draft-07 and 2019-09 here), or RE2 for the first
-  // schema with a pattern (job 5), is never charged to it.
-  const source = new URL('../../src/workers/schema-compiler.ts', import.meta.url).href
-  const worker = new Worker(`(async () => { (await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();
-    await import(${JSON.stringify(source)}) })().catch((err) => { throw err })`, { eval: true })
+  // The compiler thread's own contract, on the module Toolport loads (the built one when it is
+  // fresh, else the source through tsx): the main thread runs a job's budget from `started`, so
+  // warming a dialect (draft-07 and 2019-09 here), or RE2 for the first schema with a pattern
+  // (job 5), is never charged to it.
+  const module = workerModule('schema-compiler')
+  const worker = new Worker(compilerBootstrap(module), { eval: true, execArgv: module.execArgv })
   t.after(() => worker.terminate())
   const messages: Array<Record<string, unknown>> = []
   let waiting: (() => void) | null = null

@@ -369,9 +369,9 @@ const compiler = new SchemaCompiler()
  * The compiler thread's entry: imports the compiler module. Under a TypeScript loader (tsx, in
  * tests and the bench) the module may be a .ts file (see worker-module.ts), and a worker thread
  * does not reliably get the loader's hooks from `--import`, so the entry then registers tsx's hooks
- * in the thread first.
+ * in the thread first. (Exported for the compiler thread's contract test.)
  */
-function compilerBootstrap (module: WorkerModule): string {
+export function compilerBootstrap (module: WorkerModule): string {
   const register = module.typescript ? `(await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();` : ''
   return `(async () => { ${register} await import(${JSON.stringify(module.url)}) })().catch((err) => { throw err })`
 }
