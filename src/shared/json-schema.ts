@@ -67,37 +67,63 @@ export function schemaDialect (schema: Record<string, unknown>): DialectVerdict 
 const ANNOTATIONS: ReadonlySet<string> = new Set(['description', 'title', '$comment'])
 
 /**
+ * Keywords whose value, items or members' values are subschemas: json-schema-traverse's tables.
+ * (It tests them with `in`, so it also walks an unknown keyword named `constructor`; a subschema
+ * counts here only when reached through one of these.)
+ */
+const SUBSCHEMA_KEYWORDS: ReadonlySet<string> = new Set([
+  'additionalItems', 'items', 'contains', 'additionalProperties', 'propertyNames', 'not', 'if', 'then', 'else',
+  'allOf', 'anyOf', 'oneOf', '$defs', 'definitions', 'properties', 'patternProperties', 'dependencies'
+])
+
+/** A `$ref`-like value that points into an annotation (`#/properties/a/description`). */
+const REF_INTO_ANNOTATION = /\/(description|title|\$comment|%24comment)(\/|$)/
+
+/**
  * A schema's JSON without the text annotations of its subschemas (`description`, `title`,
  * `$comment` with a string value), which validation never reads: tools that share a shape but
  * describe it in their own words share one compiled validator.
  *
- * Subschemas are the ones json-schema-traverse finds (as Ajv does): a property named
- * `description`, or a `const`, `enum`, `default` or `examples` value, is never touched; a
- * subschema in a place it does not walk keeps its annotations, which costs only a compile of
- * its own.
+ * Subschemas are the ones json-schema-traverse walks (as Ajv does), reached through a keyword of
+ * its own tables only: a property named `description`, a `const`, `enum`, `default` or `examples`
+ * value, or an unknown keyword's value, is never touched, and a subschema in a place it does not
+ * walk keeps its annotations (which costs only a compile of its own). A schema with a reference
+ * into an annotation is left whole. The schema is read from its JSON text, so objects it shares
+ * with other places (an in-process tool's schema) are never confused.
  *
  * @example
  * validationJson({ type: 'string', description: 'A city' }) // '{"type":"string"}'
  */
 export function validationJson (schema: Record<string, unknown>): string {
-  const annotated = new Set<object>()
-  traverse(schema, (subschema: traverse.SchemaObject) => {
-    for (const key of ANNOTATIONS) {
-      if (typeof subschema[key] === 'string') {
-        annotated.add(subschema)
-        return
-      }
+  const text = JSON.stringify(schema)
+  if (!text.includes('"description"') && !text.includes('"title"') && !text.includes('"$comment"')) return text
+  const copy = JSON.parse(text) as traverse.SchemaObject
+  const subschemas = new Set<object>([copy])
+  let refIntoAnnotation = false
+  traverse(copy, (subschema, _pointer, _root, _parentPointer, parentKeyword, parentSchema) => {
+    if (parentSchema !== undefined && parentKeyword !== undefined && subschemas.has(parentSchema) &&
+      SUBSCHEMA_KEYWORDS.has(parentKeyword)) subschemas.add(subschema)
+    for (const key of ['$ref', '$dynamicRef', '$recursiveRef']) {
+      const ref = subschema[key]
+      if (typeof ref === 'string' && REF_INTO_ANNOTATION.test(ref)) refIntoAnnotation = true
     }
   })
-  if (annotated.size === 0) return JSON.stringify(schema)
-  return JSON.stringify(schema, function leaveOutAnnotations (this: object, key: string, value: unknown) {
-    return typeof value === 'string' && ANNOTATIONS.has(key) && annotated.has(this) ? undefined : value
-  })
+  if (refIntoAnnotation) return text
+  let stripped = false
+  for (const subschema of subschemas as Set<Record<string, unknown>>) {
+    for (const key of ANNOTATIONS) {
+      if (typeof subschema[key] === 'string') {
+        delete subschema[key]
+        stripped = true
+      }
+    }
+  }
+  return stripped ? JSON.stringify(copy) : text
 }
 
 /**
  * re2-wasm, loaded with the first RE2 object a thread makes: loading it compiles its WebAssembly,
- * ~40 ms of CPU that a thread which never tests a pattern (the main thread of a start, until a
+ * ~50 ms of CPU that a thread which never tests a pattern (the main thread of a start, until a
  * tool with one is called) need not pay.
  */
 let RE2Class: typeof RE2 | null = null

@@ -77,6 +77,17 @@ test('the validator cache key leaves out text annotations of subschemas, and not
   // Nothing to leave out: the text JSON.stringify writes.
   const bare = { type: 'object', properties: { q: { type: 'string' } } }
   assert.equal(validationJson(bare), JSON.stringify(bare))
+  // An unknown keyword's value is not a subschema, even under a name json-schema-traverse's
+  // tables would match through the prototype chain.
+  const unknown = { $ref: '#/constructor', constructor: { const: { description: 'd' } } }
+  assert.equal(validationJson(unknown), JSON.stringify(unknown))
+  // A reference into an annotation keeps the schema whole (it resolves to the annotation).
+  const intoAnnotation = { properties: { a: { type: 'string', description: 'x' } }, $ref: '#/properties/a/description' }
+  assert.equal(validationJson(intoAnnotation), JSON.stringify(intoAnnotation))
+  // One object used as a subschema and inside a value (an in-process tool's schema): the value keeps it.
+  const shared = { type: 'string', description: 'x' }
+  assert.deepEqual(JSON.parse(validationJson({ properties: { a: shared }, default: { a: shared } })),
+    { properties: { a: { type: 'string' } }, default: { a: { type: 'string', description: 'x' } } })
 })
 
 test('schemas that differ only in their descriptions share one compiled validator', async () => {
