@@ -31,10 +31,11 @@ export type CompileReply =
 
 /**
  * What the thread says besides replies: it has loaded and warmed the default dialect (`ready`);
- * it starts compiling job `started`'s schema, after warming the job's dialect if it had to. The
- * main thread's time budget for a job runs from `started`, so it is spent on the schema alone.
+ * it starts compiling job `started`'s schema, after warming what the job needed first (`warmed`:
+ * the job's dialect, `re2`). The main thread's time budget for a job runs from `started`, so it
+ * is spent on the schema alone.
  */
-export type CompilerNotice = { ready: true } | { started: number }
+export type CompilerNotice = { ready: true } | { started: number, warmed: string[] }
 
 class BudgetError extends Error {}
 
@@ -94,23 +95,26 @@ let re2Warm = false
 
 /**
  * Compiles the dialect's meta-schema and one small schema (so Ajv's code generator has run once)
- * unless this thread has.
+ * unless this thread has; says whether it did.
  */
-function warmUp (dialect: SchemaDialect): void {
-  if (warm.has(dialect)) return
+function warmUp (dialect: SchemaDialect): boolean {
+  if (warm.has(dialect)) return false
   warm.add(dialect)
   compile(dialect, '{"type":"object","properties":{"a":{"type":"string","format":"date"},"b":{"$ref":"#/properties/a"}}}')
+  return true
 }
 
 /**
  * Makes the thread's first RE2 object when a job's schema may have a `pattern` or
- * `patternProperties` (~60 ms of CPU to load re2-wasm, which a Toolport whose tools have no
- * pattern never spends). Before the job starts, so it is not spent from the job's budget.
+ * `patternProperties` (~50 ms of CPU to load re2-wasm, which a Toolport whose tools have no
+ * pattern never spends). Before the job starts, so it is not spent from the job's budget; says
+ * whether it did.
  */
-function warmRe2 (schema: string): void {
-  if (re2Warm || !schema.includes('"pattern')) return
+function warmRe2 (schema: string): boolean {
+  if (re2Warm || !schema.includes('"pattern')) return false
   re2Warm = true
   compile(SCHEMA_DIALECTS[0], '{"type":"string","pattern":"^a"}')
+  return true
 }
 
 function compile (dialect: SchemaDialect, schema: string): void {
@@ -125,9 +129,10 @@ parentPort?.postMessage({ ready: true })
 parentPort?.on('message', (job: CompileJob) => {
   let reply: CompileReply
   try {
-    warmUp(job.dialect)
-    warmRe2(job.schema)
-    parentPort?.postMessage({ started: job.id } satisfies CompilerNotice)
+    const warmed: string[] = []
+    if (warmUp(job.dialect)) warmed.push(job.dialect)
+    if (warmRe2(job.schema)) warmed.push('re2')
+    parentPort?.postMessage({ started: job.id, warmed } satisfies CompilerNotice)
     reply = compileSchema(job)
   } catch (err) {
     // A bug (the compile itself is caught above); answer rather than leave the job hanging.

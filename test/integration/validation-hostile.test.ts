@@ -180,11 +180,12 @@ test('compile budget: the thread says when it starts each job, after warming a c
   assert.deepEqual(await next(), { ready: true })
   const plain = '{"type":"object","required":["a"]}'
   const patterned = '{"type":"object","properties":{"a":{"type":"string","pattern":"^[a-z]+$"}}}'
-  const jobs = [[1, 'draft-07', plain], [2, 'draft-07', plain], [3, '2020-12', plain], [4, '2019-09', plain],
-    [5, '2020-12', patterned], [6, '2020-12', patterned]] as const
-  for (const [id, dialect, schema] of jobs) {
+  // [id, dialect, schema, what the thread warms before it starts the job]
+  const jobs = [[1, 'draft-07', plain, ['draft-07']], [2, 'draft-07', plain, []], [3, '2020-12', plain, []],
+    [4, '2019-09', plain, ['2019-09']], [5, '2020-12', patterned, ['re2']], [6, '2020-12', patterned, []]] as const
+  for (const [id, dialect, schema, warmed] of jobs) {
     worker.postMessage({ id, dialect, maxCodeBytes: 1024 * 1024, schema })
-    assert.deepEqual(await next(), { started: id }, `job ${id} (${dialect}) says it started before its reply`)
+    assert.deepEqual(await next(), { started: id, warmed }, `job ${id} (${dialect}) says it started before its reply`)
     assert.deepEqual({ ...await next(), code: '…' }, { id, ok: true, code: '…' })
   }
 })

@@ -92,7 +92,7 @@ export function regExpCompileCount (): number {
 }
 
 /**
- * Starts the compiler thread now (it loads Ajv and RE2 and warms the default dialect) so that the first
+ * Starts the compiler thread now (it loads Ajv and warms the default dialect) so that the first
  * registration does not wait for that. The thread stays unref'd while idle.
  */
 export function warmUpSchemaCompiler (): void {
