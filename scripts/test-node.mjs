@@ -16,16 +16,19 @@
 // Why bundles: each group (or named file) is bundled by esbuild, with the Toolport sources it
 // imports, into one ES module; packages are left as imports. Run under tsx instead, every module
 // a test process imports, packages included, passes through tsx's resolve and load hooks on a
-// separate thread: ~1.5 s of CPU per group more. The code run is the same esbuild output tsx
-// would run. The bundles are written to node_modules/.cache/toolport/test-bundles-*/ (removed
-// when the run ends) and have source maps: positions in the bundles that the report prints
-// (failure locations, stack traces) are rewritten to the source files' as the report streams.
+// separate thread: ~1.5 s of CPU per group more. Each file gets the same esbuild transform tsx
+// applies, and keeps its own `import.meta.url`; the bundle links the files into one module
+// (ES module semantics, one scope). The bundles are written to
+// node_modules/.cache/toolport/test-bundles-*/ (removed when the run ends) and have source maps:
+// positions in the bundles that the report prints (failure locations, stack traces) are
+// rewritten to the source files' as the report streams. `--watch` is refused (it would watch
+// the bundles); APART applies to the whole-suite run only.
 //
 // Every test/*/*.test.ts file runs, whether listed below or not: a file not in WEIGHTS counts
 // DEFAULT_WEIGHT. The groups are balanced by the weights (seconds measured in a whole run) so
 // the processes end together. ISOLATED files keep a process of their own.
 import { spawn, spawnSync } from 'node:child_process'
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { SourceMap } from 'node:module'
 import { basename, join, relative, resolve } from 'node:path'
@@ -35,6 +38,9 @@ import { build as esbuild, stop as stopEsbuild } from 'esbuild'
 import { withTestTmpdir } from './test-tmpdir.mjs'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
+
+/** The binding that holds a bundled source's own `import.meta.url`. */
+const OWN_URL = '__toolportModuleUrl'
 
 /**
  * Processes the shared files are grouped into, all running at once: on 2 cores, four keep both
@@ -130,11 +136,14 @@ const args = process.argv.slice(2)
 const flags = args.filter((a) => a.startsWith('-'))
 const named = args.filter((a) => !a.startsWith('-'))
 
-const build = spawnSync('bash', [join(ROOT, 'scripts/build-if-stale.sh')], { stdio: 'inherit' })
-if (build.status !== 0) {
-  process.exitCode = build.status ?? 1
+const watch = flags.find((f) => /^--watch($|=|-)/.test(f))
+if (watch !== undefined) {
+  console.error(`${watch} would watch the bundles, not the sources: run \`node --import tsx --test --watch <file>\``)
+  process.exitCode = 2
 } else {
-  await run()
+  const build = spawnSync('bash', [join(ROOT, 'scripts/build-if-stale.sh')], { stdio: 'inherit' })
+  if (build.status !== 0) process.exitCode = build.status ?? 1
+  else await run()
 }
 
 async function run () {
@@ -142,13 +151,20 @@ async function run () {
   // from its node_modules as they do from the sources.
   const cacheDir = join(ROOT, 'node_modules/.cache/toolport')
   mkdirSync(cacheDir, { recursive: true })
+  removeStaleBundles(cacheDir)
   const dir = mkdtempSync(join(cacheDir, 'test-bundles-'))
   const cleanup = () => rmSync(dir, { recursive: true, force: true })
   let child = null
   for (const signal of ['SIGINT', 'SIGTERM']) {
     process.on(signal, () => {
-      if (child !== null) child.kill(signal)
-      else cleanup()
+      // The test processes end on the signal, and their end cleans up; before they run, stop here.
+      if (child !== null) {
+        child.kill(signal)
+      } else {
+        cleanup()
+        process.removeAllListeners(signal)
+        process.kill(process.pid, signal)
+      }
     })
   }
 
@@ -179,6 +195,7 @@ async function run () {
   const env = withTestTmpdir(tty && process.env.NO_COLOR === undefined ? { ...process.env, FORCE_COLOR: '1' } : process.env)
   child = spawn(process.execPath, ['--test', `--test-concurrency=${CONCURRENCY}`, ...(tty ? ['--test-reporter=spec'] : []),
     ...flags, ...outputs], { cwd: ROOT, stdio: ['inherit', 'pipe', 'pipe'], env })
+  child.on('error', (err) => { console.error(`node --test did not start: ${err.message}`) })
   // Positions in a bundle, in locations and stack traces, are reported at their source.
   const toSource = sourcePositions(dir)
   createInterface({ input: child.stdout }).on('line', (line) => { process.stdout.write(`${toSource(line)}\n`) })
@@ -187,6 +204,16 @@ async function run () {
     cleanup()
     process.exitCode = code ?? (signal === null ? 1 : 128)
   })
+}
+
+/** Removes bundle directories a run left behind (killed before it could) more than a day ago. */
+function removeStaleBundles (cacheDir) {
+  for (const entry of readdirSync(cacheDir, { withFileTypes: true })) {
+    const path = join(cacheDir, entry.name)
+    if (entry.isDirectory() && entry.name.startsWith('test-bundles-') && statSync(path).mtimeMs < Date.now() - 86_400_000) {
+      rmSync(path, { recursive: true, force: true })
+    }
+  }
 }
 
 /**
@@ -205,12 +232,17 @@ async function bundleTests (bundles, dir) {
     writeFileSync(entry, files.map((f) => `import ${JSON.stringify(f)}\n`).join(''))
     entryPoints.push({ in: entry, out: name })
   }
+  // Each source declares its own URL (on its first line, so no line moves in the source maps), and
+  // `import.meta.url` in it becomes that binding: esbuild's define works on the syntax, per module.
   const ownUrls = {
     name: 'own-import-meta-url',
     setup (b) {
       b.onLoad({ filter: /\.ts$/ }, async ({ path }) => {
         const source = await readFile(path, 'utf8')
-        return { contents: source.replaceAll('import.meta.url', JSON.stringify(pathToFileURL(path).href)), loader: 'ts' }
+        const declaration = `const ${OWN_URL} = ${JSON.stringify(pathToFileURL(path).href)};`
+        // After a `#!` line, which must stay first.
+        const at = source.startsWith('#!') ? source.indexOf('\n') + 1 : 0
+        return { contents: source.slice(0, at) + declaration + source.slice(at), loader: 'ts' }
       })
     }
   }
@@ -226,6 +258,7 @@ async function bundleTests (bundles, dir) {
     packages: 'external',
     sourcemap: 'linked',
     plugins: [ownUrls],
+    define: { 'import.meta.url': OWN_URL },
     logLevel: 'error'
   }).finally(() => stopEsbuild())
   return [...bundles.keys()].map((name) => join(dir, `${name}.mjs`))
@@ -237,20 +270,23 @@ async function bundleTests (bundles, dir) {
  */
 function sourcePositions (dir) {
   const maps = new Map()
-  const position = new RegExp(`(file://)?${dir.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}/([^/:\\s]+\\.mjs):(\\d+):(\\d+)`, 'g')
-  return (line) => line.replace(position, (match, scheme, file, row, column) => {
-    let map = maps.get(file)
+  const escape = (text) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
+  // A stack frame of an ES module names it by URL (percent-encoded), a location by path.
+  const position = new RegExp(`(?:(${escape(pathToFileURL(dir).href)})|${escape(dir)})/([^/:]+?\\.mjs):(\\d+)(?::(\\d+))?`, 'g')
+  return (line) => line.replace(position, (match, url, file, row, column = '1') => {
+    const name = url === undefined ? file : decodeURIComponent(file)
+    let map = maps.get(name)
     if (map === undefined) {
       try {
-        map = new SourceMap(JSON.parse(readFileSync(join(dir, `${file}.map`), 'utf8')))
+        map = new SourceMap(JSON.parse(readFileSync(join(dir, `${name}.map`), 'utf8')))
       } catch {
         map = null
       }
-      maps.set(file, map)
+      maps.set(name, map)
     }
     const entry = map?.findEntry(Number(row) - 1, Number(column) - 1)
     if (entry?.originalSource === undefined) return match
     const source = resolve(dir, entry.originalSource)
-    return `${scheme === undefined ? source : pathToFileURL(source).href}:${entry.originalLine + 1}:${entry.originalColumn + 1}`
+    return `${url === undefined ? source : pathToFileURL(source).href}:${entry.originalLine + 1}:${entry.originalColumn + 1}`
   })
 }

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -82,6 +83,18 @@ class Toolport:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+def unstarted_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:
+    """A Toolport not started yet, on a port nothing listens on (``start()`` serves there)."""
+    if not CLI.exists():
+        pytest.fail(f"{CLI} is missing: run `npm run build` in {REPO} first (scripts/test-python.sh does)")
+    tp = Toolport(roles, extra_args)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        tp.port = probe.getsockname()[1]
+    tp.url = f"http://127.0.0.1:{tp.port}"
+    return tp
 
 
 def start_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:

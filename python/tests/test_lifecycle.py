@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -14,7 +13,7 @@ import pytest
 
 from toolport_plugin import Plugin, PluginError, RegisteredEvent
 
-from .conftest import REPO, Api, Toolport, start_toolport
+from .conftest import REPO, Api, start_toolport, unstarted_toolport
 
 EXAMPLE = REPO / "examples" / "weather_plugin_sdk.py"
 
@@ -127,12 +126,7 @@ async def test_a_clean_stop_clears_the_source(api: Api) -> None:
 
 
 async def test_start_waits_for_a_toolport_that_is_not_up_yet() -> None:
-    # A Toolport that is not started yet, on a port nothing listens on.
-    tp = Toolport(["default"])
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        tp.port = probe.getsockname()[1]
-    tp.url = f"http://127.0.0.1:{tp.port}"
+    tp = unstarted_toolport(["default"])
     try:
         async with aiohttp.ClientSession() as session:
             api = Api(session, tp)

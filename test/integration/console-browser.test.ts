@@ -16,6 +16,7 @@ import { CONSOLE_CSP } from '../../src/main/http/console.js'
 const BROWSER = [
   { path: process.env.CHROMIUM_PATH, headless: true },
   { path: '/usr/lib/chromium/chromium-headless-shell', headless: 'shell' },
+  { path: '/usr/bin/chromium-headless-shell', headless: 'shell' },
   { path: '/usr/bin/chromium', headless: true },
   { path: '/usr/bin/chromium-browser', headless: true },
   { path: '/usr/bin/google-chrome', headless: true }

@@ -1,12 +1,13 @@
 // Where a worker thread's module is loaded from.
 //
-// Built (dist/…/*.js), a worker module sits next to this module. Run from the sources under a
-// TypeScript loader (tsx: tests, the bench), every worker thread would have to load tsx and run
+// Built (dist/…/*.js), a worker module sits next to this module. Run from the sources (the bench
+// under tsx, the tests bundled by esbuild), every worker thread would have to load tsx and run
 // its hooks on each module it imports, which costs hundreds of milliseconds per thread on a busy
-// machine (and the test suite starts many pools). So under tsx a worker loads the compiled
+// machine (and the test suite starts many pools). So from the sources a worker loads the compiled
 // dist/workers/<name>.js instead, but only when every source file has its compiled file in dist/
 // at least as new as the source: a stale or partial build is never used, the worker then loads
-// the .ts file through tsx. TOOLPORT_WORKERS_FROM_SOURCE=1 always loads the sources (coverage).
+// the .ts file, with tsx in its execArgv. TOOLPORT_WORKERS_FROM_SOURCE=1 always loads the
+// sources (coverage).
 import { readdirSync, statSync } from 'node:fs'
 import { join, relative } from 'node:path'
 import { fileURLToPath } from 'node:url'
