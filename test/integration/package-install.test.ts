@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { cp, copyFile, mkdir, mkdtemp, readdir, rm, stat } from 'node:fs/promises'
+import { cp, copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -74,6 +74,9 @@ test('the packed tarball installs globally and its toolport bin serves, and brid
       '--outDir', join(pkg, 'dist')], ROOT)
   }
   for (const file of ['package.json', 'README.md']) await copyFile(join(ROOT, file), join(pkg, file))
+  // The rest of what package.json's `files` ships (the console's static files).
+  const { files } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { files: string[] }
+  for (const entry of files) if (entry !== 'dist') await cp(join(ROOT, entry), join(pkg, entry), { recursive: true })
   await run('npm', ['pack', '--silent', '--pack-destination', work], pkg)
   const tarball = (await readdir(work)).find((f) => /^toolport-.*\.tgz$/.test(f))
   assert.ok(tarball !== undefined, 'npm pack wrote toolport-<version>.tgz')
@@ -96,6 +99,10 @@ test('the packed tarball installs globally and its toolport bin serves, and brid
   const health = await httpJson(`${url}/api/health`, 'GET')
   assert.equal(health.statusCode, 200)
   assert.equal(health.body.ok, true)
+  // The web console ships in the package and is served from it.
+  const page = await fetch(`${url}/`)
+  assert.equal(page.status, 200)
+  assert.match(await page.text(), /<html/i)
   const registered = await httpJson(`${url}/api/tools/register`, 'POST',
     { name: 'get_weather', description: 'Weather now', callback_url: 'http://127.0.0.1:9/tools/get_weather' })
   assert.equal(registered.statusCode, 200)
