@@ -192,9 +192,11 @@ async function run () {
   // Node picks TAP for a pipe and spec for a terminal; the output goes through a pipe here (see
   // below), so a terminal is asked for spec (in colour) as `node --test` would pick it.
   const tty = process.stdout.isTTY === true && !flags.some((f) => f.startsWith('--test-reporter'))
-  const env = withTestTmpdir(tty && process.env.NO_COLOR === undefined ? { ...process.env, FORCE_COLOR: '1' } : process.env)
-  child = spawn(process.execPath, ['--test', `--test-concurrency=${CONCURRENCY}`, ...(tty ? ['--test-reporter=spec'] : []),
-    ...flags, ...outputs], { cwd: ROOT, stdio: ['inherit', 'pipe', 'pipe'], env })
+  const colour = tty && process.env.NO_COLOR === undefined
+  const env = withTestTmpdir(colour ? { ...process.env, FORCE_COLOR: '1' } : process.env)
+  const reporter = tty ? ['--test-reporter=spec'] : []
+  child = spawn(process.execPath, ['--test', `--test-concurrency=${CONCURRENCY}`, ...reporter, ...flags, ...outputs],
+    { cwd: ROOT, stdio: ['inherit', 'pipe', 'pipe'], env })
   child.on('error', (err) => { console.error(`node --test did not start: ${err.message}`) })
   // Positions in a bundle, in locations and stack traces, are reported at their source.
   const toSource = sourcePositions(dir)
@@ -210,9 +212,9 @@ async function run () {
 function removeStaleBundles (cacheDir) {
   for (const entry of readdirSync(cacheDir, { withFileTypes: true })) {
     const path = join(cacheDir, entry.name)
-    if (entry.isDirectory() && entry.name.startsWith('test-bundles-') && statSync(path).mtimeMs < Date.now() - 86_400_000) {
-      rmSync(path, { recursive: true, force: true })
-    }
+    const stale = entry.isDirectory() && entry.name.startsWith('test-bundles-') &&
+      statSync(path).mtimeMs < Date.now() - 86_400_000
+    if (stale) rmSync(path, { recursive: true, force: true })
   }
 }
 
@@ -272,7 +274,8 @@ function sourcePositions (dir) {
   const maps = new Map()
   const escape = (text) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
   // A stack frame of an ES module names it by URL (percent-encoded), a location by path.
-  const position = new RegExp(`(?:(${escape(pathToFileURL(dir).href)})|${escape(dir)})/([^/:]+?\\.mjs):(\\d+)(?::(\\d+))?`, 'g')
+  const position = new RegExp(`(?:(${escape(pathToFileURL(dir).href)})|${escape(dir)})` +
+    '/([^/:]+?\\.mjs):(\\d+)(?::(\\d+))?', 'g')
   return (line) => line.replace(position, (match, url, file, row, column = '1') => {
     const name = url === undefined ? file : decodeURIComponent(file)
     let map = maps.get(name)
@@ -287,6 +290,7 @@ function sourcePositions (dir) {
     const entry = map?.findEntry(Number(row) - 1, Number(column) - 1)
     if (entry?.originalSource === undefined) return match
     const source = resolve(dir, entry.originalSource)
-    return `${url === undefined ? source : pathToFileURL(source).href}:${entry.originalLine + 1}:${entry.originalColumn + 1}`
+    const where = url === undefined ? source : pathToFileURL(source).href
+    return `${where}:${entry.originalLine + 1}:${entry.originalColumn + 1}`
   })
 }
