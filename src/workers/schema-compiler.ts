@@ -15,6 +15,7 @@ import {
   createSchemaAjv, freeRegExp, metaSchemaProblems, SCHEMA_DIALECTS, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE,
   type SchemaDialect
 } from '../shared/json-schema.js'
+import { errorText } from '../shared/util.js'
 
 /** A compile job: the schema as JSON text, its dialect, and the generated-code budget. */
 export interface CompileJob {
@@ -44,7 +45,7 @@ export function compileSchema (job: CompileJob): CompileReply {
   try {
     schema = JSON.parse(job.schema)
   } catch (err) {
-    return { id: job.id, ok: false, problem: `the schema is not JSON: ${(err as Error).message}` }
+    return { id: job.id, ok: false, problem: `the schema is not JSON: ${errorText(err)}` }
   }
   if (typeof schema !== 'object' || schema === null || Array.isArray(schema)) {
     return { id: job.id, ok: false, problem: 'the schema must be a JSON object' }
@@ -82,61 +83,48 @@ export function compileSchema (job: CompileJob): CompileReply {
     return { id: job.id, ok: true, code }
   } catch (err) {
     if (err instanceof BudgetError) return { id: job.id, ok: false, problem: err.message, overBudget: true }
-    return { id: job.id, ok: false, problem: `it does not compile: ${(err as Error).message}` }
+    return { id: job.id, ok: false, problem: `it does not compile: ${errorText(err)}` }
   } finally {
     for (const re of regexps) freeRegExp(re)
   }
 }
 
-/** Dialects whose meta-schema and code generator have run on this thread. */
-const warm = new Set<SchemaDialect>()
-/** Whether this thread has made an RE2 object (the first loads re2-wasm and compiles its WebAssembly). */
-let re2Warm = false
+/** What this thread has warmed: dialects (their meta-schema and Ajv's code generator) and `re2`. */
+const warm = new Set<string>()
 
 /**
- * Compiles the dialect's meta-schema and one small schema (so Ajv's code generator has run once)
- * unless this thread has; says whether it did.
+ * Compiles `schema` in `dialect` unless this thread has warmed `what` already; says whether it
+ * did. A dialect is warmed with one small schema (its meta-schema and Ajv's code generator run
+ * once), RE2 with one pattern (the first RE2 object loads re2-wasm, ~50 ms of CPU).
  */
-function warmUp (dialect: SchemaDialect): boolean {
-  if (warm.has(dialect)) return false
-  warm.add(dialect)
-  compile(dialect, '{"type":"object","properties":{"a":{"type":"string","format":"date"},"b":{"$ref":"#/properties/a"}}}')
-  return true
-}
-
-/**
- * Makes the thread's first RE2 object when a job's schema may have a `pattern` or
- * `patternProperties` (~50 ms of CPU to load re2-wasm, which a Toolport whose tools have no
- * pattern never spends). Before the job starts, so it is not spent from the job's budget; says
- * whether it did.
- */
-function warmRe2 (schema: string): boolean {
-  if (re2Warm || !schema.includes('"pattern')) return false
-  re2Warm = true
-  compile(SCHEMA_DIALECTS[0], '{"type":"string","pattern":"^a"}')
-  return true
-}
-
-function compile (dialect: SchemaDialect, schema: string): void {
+function warmOnce (what: string, dialect: SchemaDialect, schema: string): boolean {
+  if (warm.has(what)) return false
+  warm.add(what)
   compileSchema({ id: 0, dialect, maxCodeBytes: 1024 * 1024, schema })
+  return true
 }
+
+const DIALECT_WARM_UP = '{"type":"object","properties":{"a":{"type":"string","format":"date"},"b":{"$ref":"#/properties/a"}}}'
+const RE2_WARM_UP = '{"type":"string","pattern":"^a"}'
 
 // The dialect of schemas without `$schema` (nearly all tools) is warmed before saying ready; each
-// other dialect on its first job (~65 ms of CPU each, which a process that never sees one saves).
-warmUp(SCHEMA_DIALECTS[0])
+// other dialect on its first job (~65 ms of CPU each, which a process that never sees one saves),
+// and RE2 before the first job whose schema may have a `pattern` or `patternProperties` (which a
+// Toolport whose tools have none never pays). Before the job starts: not spent from its budget.
+warmOnce(SCHEMA_DIALECTS[0], SCHEMA_DIALECTS[0], DIALECT_WARM_UP)
 parentPort?.postMessage({ ready: true })
 
 parentPort?.on('message', (job: CompileJob) => {
   let reply: CompileReply
   try {
     const warmed: string[] = []
-    if (warmUp(job.dialect)) warmed.push(job.dialect)
-    if (warmRe2(job.schema)) warmed.push('re2')
+    if (warmOnce(job.dialect, job.dialect, DIALECT_WARM_UP)) warmed.push(job.dialect)
+    if (job.schema.includes('"pattern') && warmOnce('re2', SCHEMA_DIALECTS[0], RE2_WARM_UP)) warmed.push('re2')
     parentPort?.postMessage({ started: job.id, warmed } satisfies CompilerNotice)
     reply = compileSchema(job)
   } catch (err) {
     // A bug (the compile itself is caught above); answer rather than leave the job hanging.
-    reply = { id: job.id, ok: false, problem: `the schema compiler failed: ${(err as Error).message}` }
+    reply = { id: job.id, ok: false, problem: `the schema compiler failed: ${errorText(err)}` }
   }
   parentPort?.postMessage(reply)
 })
