@@ -13,6 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { Client } from 'undici'
 import { createParser, type EventSourceMessage } from 'eventsource-parser'
 import type { PluginLogger } from './options.js'
+import { errorText } from '../shared/util.js'
 
 export interface EventWatchOptions {
   /** The API base, ending in `/`. */
@@ -96,7 +97,7 @@ export class EventWatch {
       } catch (err) {
         if (signal.aborted) break
         failures++
-        if (failures === 1) this.#options.logger.debug?.(`event stream lost, polling meanwhile: ${(err as Error).message}`)
+        if (failures === 1) this.#options.logger.debug?.(`event stream lost, polling meanwhile: ${errorText(err)}`)
         const ceiling = Math.min(this.#options.maxBackoffMs, 500 * 2 ** Math.min(failures, 20))
         waitMs = ceiling / 2 + Math.random() * ceiling / 2
       }

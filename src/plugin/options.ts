@@ -308,7 +308,7 @@ function resolveTool (name: string, tool: unknown, problem: (path: string,
       try {
         validate = createSchemaAjv(dialect.dialect).compile(parameters)
       } catch (err) {
-        problem(`${at}.parameters`, `the schema does not compile: ${(err as Error).message}`)
+        problem(`${at}.parameters`, `the schema does not compile: ${errorText(err)}`)
       }
     }
   } else {

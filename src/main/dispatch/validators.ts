@@ -149,7 +149,7 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
     validate = loadStandalone(reply.code, regexps)
   } catch (err) {
     for (const re of regexps) freeRegExp(re)
-    const problem = `its validator could not be loaded: ${(err as Error).message}`.slice(0, MAX_PROBLEM_CHARS)
+    const problem = `its validator could not be loaded: ${errorText(err)}`.slice(0, MAX_PROBLEM_CHARS)
     remember(key, 'invalid_schema', problem)
     throw schemaError('invalid_schema', problem)
   }
