@@ -10,7 +10,7 @@ import { Piscina } from 'piscina'
 import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '../../src/workers/protocol.js'
 import type { CallOutcome, CallTask, LaneHello, WorkerOptions } from '../../src/workers/protocol.js'
 import { ReplyBudget } from '../../src/shared/reply-budget.js'
-import { workerModule, type WorkerModule } from '../../src/main/dispatch/worker-module.js'
+import { sourceWorkerModule, workerModule, type WorkerModule } from '../../src/main/dispatch/worker-module.js'
 import { buildCallTask, startCallbackServer } from '../fixtures/callback-server.js'
 import type { CallbackServer, CallbackServerOptions } from '../fixtures/callback-server.js'
 
@@ -89,20 +89,8 @@ Promise<Harness> {
   return { server, pool, run, cancel, outcome, arrivals }
 }
 
-/** The task module as TOOLPORT_WORKERS_FROM_SOURCE=1 picks it: the .ts source, with tsx in the thread. */
-function sourceTask (): WorkerModule {
-  const saved = process.env.TOOLPORT_WORKERS_FROM_SOURCE
-  process.env.TOOLPORT_WORKERS_FROM_SOURCE = '1'
-  try {
-    return workerModule('call-task')
-  } finally {
-    if (saved === undefined) delete process.env.TOOLPORT_WORKERS_FROM_SOURCE
-    else process.env.TOOLPORT_WORKERS_FROM_SOURCE = saved
-  }
-}
-
 // Both when the built module is fresh (else the task runs from its source either way).
-for (const task of TASK.typescript ? [TASK] : [TASK, sourceTask()]) {
+for (const task of TASK.typescript ? [TASK] : [TASK, sourceWorkerModule('call-task')]) {
   const from = task.typescript ? 'its .ts source, tsx in the thread' : 'the built dist/ module'
   test(`R9: a batch on the lane answers every call with its outcome (the task from ${from})`, async (t) => {
     await batchAnswersEveryCall(t, task)

@@ -36,6 +36,14 @@ export function workerModule (name: string): WorkerModule {
   if (process.env.TOOLPORT_WORKERS_FROM_SOURCE !== '1' && distIsFresh(fileURLToPath(root))) {
     return { url: new URL(`dist/workers/${name}.js`, root).href, typescript: false, execArgv: workerExecArgv(process.execArgv, false) }
   }
+  return sourceWorkerModule(name)
+}
+
+/**
+ * Worker `name`'s .ts source, for a process that runs the sources (what `workerModule` picks when
+ * dist/ is stale or TOOLPORT_WORKERS_FROM_SOURCE=1).
+ */
+export function sourceWorkerModule (name: string): WorkerModule {
   // Explicit flags here too: inherited, a per-process flag of the parent (--expose-gc, or
   // --input-type under `node -e`) makes the thread fail to start. The .ts file needs tsx in the
   // thread, also when this process runs the sources without tsx's flag (the test suite runs them
