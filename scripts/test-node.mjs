@@ -26,7 +26,7 @@
 //
 // Every test/*/*.test.ts file runs, whether listed below or not: a file not in WEIGHTS counts
 // DEFAULT_WEIGHT. The groups are balanced by the weights (seconds measured in a whole run) so
-// the processes end together. ISOLATED files keep a process of their own.
+// the processes end together.
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
@@ -93,9 +93,6 @@ const DEFAULT_WEIGHT = 1
  */
 const FIRST = ['test/integration/validation-hostile.test.ts']
 
-/** Files that keep a process of their own (none need one today; flags of their own would). */
-const ISOLATED = []
-
 /**
  * Files that must never run at the same time, so each set goes into one group, run one after
  * the other. The netns test adds network interfaces, and chromium aborts the page loads it has in
@@ -119,9 +116,8 @@ function testFiles () {
  */
 function plan (files) {
   const groups = Array.from({ length: SHARDS }, () => ({ files: [], weight: 0 }))
-  const shared = files.filter((f) => !ISOLATED.includes(f))
-  const units = APART.map((set) => set.filter((f) => shared.includes(f))).filter((set) => set.length > 0)
-  for (const file of shared) if (!units.some((unit) => unit.includes(file))) units.push([file])
+  const units = APART.map((set) => set.filter((f) => files.includes(f))).filter((set) => set.length > 0)
+  for (const file of files) if (!units.some((unit) => unit.includes(file))) units.push([file])
   const weight = (unit) => unit.reduce((sum, f) => sum + (WEIGHTS[f] ?? DEFAULT_WEIGHT), 0)
   for (const unit of units.sort((a, b) => weight(b) - weight(a) || a[0].localeCompare(b[0]))) {
     const lightest = groups.reduce((min, g) => (g.weight < min.weight ? g : min))
@@ -177,7 +173,6 @@ async function run () {
       bundles.set(`group-${i + 1}`, g.files.map((f) => join(ROOT, f)))
       console.log(`# group-${i + 1}: ${g.files.map((f) => relative('test', f)).join(' ')}`)
     })
-    for (const f of ISOLATED) bundles.set(basename(f, '.ts'), [join(ROOT, f)])
   }
   let outputs
   try {
