@@ -85,11 +85,16 @@ class Toolport:
                 self.proc.wait(5)
 
 
-def unstarted_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:
-    """A Toolport not started yet, on a port nothing listens on (``start()`` serves there)."""
+def new_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:
+    """A Toolport not started yet (its port 0: any free port once started)."""
     if not CLI.exists():
         pytest.fail(f"{CLI} is missing: run `npm run build` in {REPO} first (scripts/test-python.sh does)")
-    tp = Toolport(roles, extra_args)
+    return Toolport(roles, extra_args)
+
+
+def unstarted_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:
+    """A Toolport not started yet, on a port nothing listens on (``start()`` serves there)."""
+    tp = new_toolport(roles, extra_args)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         tp.port = probe.getsockname()[1]
@@ -98,9 +103,7 @@ def unstarted_toolport(roles: list[str], extra_args: list[str] | None = None) ->
 
 
 def start_toolport(roles: list[str], extra_args: list[str] | None = None) -> Toolport:
-    if not CLI.exists():
-        pytest.fail(f"{CLI} is missing: run `npm run build` in {REPO} first (scripts/test-python.sh does)")
-    tp = Toolport(roles, extra_args)
+    tp = new_toolport(roles, extra_args)
     tp.start()
     return tp
 
