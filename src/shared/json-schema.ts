@@ -76,7 +76,9 @@ const SUBSCHEMA_KEYWORDS: ReadonlySet<string> = new Set([
   'allOf', 'anyOf', 'oneOf', '$defs', 'definitions', 'properties', 'patternProperties', 'dependencies'
 ])
 
-/** A `$ref`-like value that points into an annotation (`#/properties/a/description`). */
+/** Keywords whose value is a reference. */
+const REF_KEYWORDS = ['$ref', '$dynamicRef', '$recursiveRef'] as const
+/** A reference that points into an annotation (`#/properties/a/description`). */
 const REF_INTO_ANNOTATION = /\/(description|title|\$comment|%24comment)(\/|$)/
 
 /**
@@ -103,7 +105,7 @@ export function validationJson (schema: Record<string, unknown>): string {
   traverse(copy, (subschema, _pointer, _root, _parentPointer, parentKeyword, parentSchema) => {
     if (parentSchema !== undefined && parentKeyword !== undefined && subschemas.has(parentSchema) &&
       SUBSCHEMA_KEYWORDS.has(parentKeyword)) subschemas.add(subschema)
-    for (const key of ['$ref', '$dynamicRef', '$recursiveRef']) {
+    for (const key of REF_KEYWORDS) {
       const ref = subschema[key]
       if (typeof ref === 'string' && REF_INTO_ANNOTATION.test(ref)) refIntoAnnotation = true
     }
