@@ -48,8 +48,8 @@ export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({
 })
 
 /**
- * How long the compiler thread may take to start a job it was sent (warming the job's dialect
- * first, ~65 ms of CPU once per dialect and thread): past it the thread is taken as stuck and
+ * How long the compiler thread may take to start a job it was sent (warming the job's dialect or
+ * RE2 first, ~50–65 ms of CPU each, once per thread): past it the thread is taken as stuck and
  * replaced. Not a plugin's budget, which runs from the start of the compile.
  */
 const START_BOUND_MS = 10_000
