@@ -2,7 +2,7 @@ import neostandard from 'neostandard'
 import globals from 'globals'
 
 export default [
-  ...neostandard({ ts: true, ignores: ['dist/**', 'coverage/**', 'bench/results/**'] }),
+  ...neostandard({ ts: true, ignores: ['dist/**', 'coverage/**', 'bench/results/**', 'assembly/**'] }),
   {
     rules: {
       'n/prefer-node-protocol': 'error',

@@ -105,3 +105,42 @@ test('property: the output member\'s slice is the output JSON.parse reads', () =
     assert.deepEqual(JSON.parse(slice), JSON.parse(body.toString()).output)
   }), { numRuns: 1000 })
 })
+
+test('property: strings of any length, with a special byte anywhere in a 16-byte step, are judged as JSON.parse judges them', () => {
+  // Plain bytes, the three a string stops at (quote, backslash, control), escapes and UTF-8.
+  const piece = fc.constantFrom('a', 'Z', ' ', '~', '\u007f', 'é', '€', '"', '\\', '\\"', '\\\\', '\\u00e9', '\\x', '\n',
+    '\u0001', '\u001f', '\\u12')
+  fc.assert(fc.property(fc.array(piece, { maxLength: 80 }), fc.nat(3), (pieces, lead) => {
+    const content = pieces.join('')
+    agree(Buffer.from(`${' '.repeat(lead)}"${content}"`, 'utf8'))
+    agree(Buffer.from(`{"k${content}":["${content}"]}`, 'utf8'))
+  }), { numRuns: 5000 })
+})
+
+test('property: a root key spelled with escapes names the member JSON.parse reads', () => {
+  const scanner = new JsonScanner()
+  const spell = (name: string, escapes: boolean[]): string => [...name].map((c, k) =>
+    escapes[k % escapes.length] === true ? `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}` : c).join('')
+  const names = ['output', 'is_error', 'error', 'images', 'outpu', 'outputs', 'errors', 'image', 'érror', 'is_error ',
+    'outpüt']
+  const members = ['output', 'is_error', 'error', 'images']
+  const whichEscaped = fc.array(fc.boolean(), { minLength: 1, maxLength: 9 })
+  fc.assert(fc.property(fc.constantFrom(...names), whichEscaped, (name, escapes) => {
+    const body = Buffer.from(`{"${spell(name, escapes)}":[1],"z":2}`, 'utf8')
+    assert.equal(scanner.scan(body), true)
+    const found = [0, 1, 2, 3].filter((m) => scanner.memberStart[m] !== -1).map((m) => members[m])
+    assert.deepEqual(found, members.includes(name) ? [name] : [], body.toString())
+  }), { numRuns: 2000 })
+})
+
+test('the scan\'s memory grows for a larger body, and a smaller one after it is scanned on its own', () => {
+  const scanner = new JsonScanner()
+  const large = Buffer.from(JSON.stringify({ output: 'x'.repeat(300_000), is_error: false }))
+  assert.equal(scanner.scan(large), true)
+  assert.equal(scanner.memberEnd[RootMember.output], 10 + 300_002)
+  // The smaller body is invalid exactly where the larger one's bytes would have continued it.
+  assert.equal(scanner.scan(Buffer.from('{"output":"xx')), false)
+  assert.equal(scanner.scan(Buffer.from('{"is_error":true}')), true)
+  assert.equal(scanner.memberStart[RootMember.output], -1)
+  assert.equal(scanner.memberStart[RootMember.isError], 12)
+})
