@@ -10,7 +10,8 @@
 // `npm run build:wasm` into json-scan-wasm.ts: the same byte loop runs there 1.6–1.8× faster than
 // in JavaScript, and plain string bytes go 16 at a time (docs/architecture.md, "Reading a reply").
 // Each thread instantiates the module once; a body is copied into its memory, which grows to the
-// largest body seen (twice its size: the bytes and the nesting stack) and is kept.
+// largest body seen (twice its size: the bytes and the nesting stack) and is kept, up to bodies of
+// 4 MiB (the default reply cap); a larger body gets an instance of its own, dropped after it.
 //
 // Which bytes count as JSON: exactly those whose WHATWG UTF-8 decoding (one leading BOM dropped,
 // invalid sequences turned into U+FFFD, as the reply reader decodes) `JSON.parse` accepts. Bytes
@@ -18,6 +19,7 @@
 // allowed, and the decoder never swallows an ASCII byte into a replacement, so both readings agree
 // byte for byte (test/unit/json-scan.test.ts checks this against JSON.parse on random bytes).
 import { JSON_SCAN_WASM } from './json-scan-wasm.js'
+import { errorText } from './util.js'
 
 /** The root-object members the reply reader needs, as indexes into `JsonScanner`'s arrays. */
 export const RootMember = { output: 0, isError: 1, error: 2, images: 3 } as const
@@ -46,17 +48,33 @@ interface WasmApi {
   Instance: new (module: object, imports: object) => { exports: unknown }
 }
 const { Module, Instance } = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly
-const wasm = new Instance(new Module(Buffer.from(JSON_SCAN_WASM, 'base64')), {
-  env: { abort () { throw new Error('json-scan: the WebAssembly scan aborted') } }
-}).exports as ScanExports
-let memory = new Uint8Array(wasm.memory.buffer)
-let results = new Int32Array(wasm.memory.buffer, 0, RESULTS)
+const scanModule = new Module(Buffer.from(JSON_SCAN_WASM, 'base64'))
+const imports = { env: { abort () { throw new Error('json-scan: the WebAssembly scan aborted') } } }
 
-/** Makes room for a body of `length` bytes and its nesting stack (the memory never shrinks). */
+// Bodies up to this size keep the memory they grew (twice this, at most); a larger one is scanned
+// in an instance of its own, dropped after it, so one rare huge reply does not pin its memory.
+const KEEP_BYTES = 4 * 1024 * 1024
+
+let wasm: ScanExports
+let memory: Uint8Array
+let results: Int32Array
+
+function instantiate (): void {
+  wasm = new Instance(scanModule, imports).exports as ScanExports
+  memory = new Uint8Array(wasm.memory.buffer)
+  results = new Int32Array(wasm.memory.buffer, 0, RESULTS)
+}
+instantiate()
+
+/** Makes room for a body of `length` bytes and its nesting stack. */
 function reserve (length: number): void {
   const needed = INPUT + 2 * length
   if (needed <= memory.length) return
-  wasm.memory.grow(Math.ceil((needed - memory.length) / PAGE))
+  try {
+    wasm.memory.grow(Math.ceil((needed - memory.length) / PAGE))
+  } catch (err) {
+    throw new Error(`json-scan: no memory to scan a reply of ${length} bytes (${errorText(err)})`)
+  }
   memory = new Uint8Array(wasm.memory.buffer)
   results = new Int32Array(wasm.memory.buffer, 0, RESULTS)
 }
@@ -101,6 +119,7 @@ export class JsonScanner {
     this.rootStart = r[ROOT_START] as number
     this.rootEnd = r[ROOT_END] as number
     this.lastStringEscaped = r[ROOT_ESCAPED] === 1
+    if (length > KEEP_BYTES) instantiate()
     return isJson
   }
 }

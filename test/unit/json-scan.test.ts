@@ -133,7 +133,7 @@ test('property: a root key spelled with escapes names the member JSON.parse read
   }), { numRuns: 2000 })
 })
 
-test('the scan\'s memory grows for a larger body, and a smaller one after it is scanned on its own', () => {
+test('the scan\'s memory grows for a larger body, a huge one gets its own, and a smaller one after either is scanned on its own', () => {
   const scanner = new JsonScanner()
   const large = Buffer.from(JSON.stringify({ output: 'x'.repeat(300_000), is_error: false }))
   assert.equal(scanner.scan(large), true)
@@ -143,4 +143,11 @@ test('the scan\'s memory grows for a larger body, and a smaller one after it is 
   assert.equal(scanner.scan(Buffer.from('{"is_error":true}')), true)
   assert.equal(scanner.memberStart[RootMember.output], -1)
   assert.equal(scanner.memberStart[RootMember.isError], 12)
+  // Past 4 MiB the scan runs in an instance of its own; the next scans run in a fresh one.
+  const huge = Buffer.from(`[${'"x",'.repeat(1_100_000)}{"output":1}]`)
+  assert.equal(scanner.scan(huge), true)
+  assert.equal(scanner.rootEnd, huge.length)
+  assert.equal(scanner.scan(huge.subarray(0, huge.length - 1)), false)
+  assert.equal(scanner.scan(Buffer.from(' {"output":[1]} ')), true)
+  assert.deepEqual([scanner.memberStart[RootMember.output], scanner.memberEnd[RootMember.output]], [11, 14])
 })
