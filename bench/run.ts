@@ -31,6 +31,11 @@ import { startCallbackServer } from './lib/processes.js'
 import { renderChart } from './lib/svg.js'
 import { renderMarkdown, renderText } from './lib/report.js'
 import type { BenchContext, MachineInfo, RunReport, Scenario, ScenarioReport } from './lib/report.js'
+import { applyServerV8Flags } from '../src/main/v8-flags.js'
+
+// Toolport is measured as `toolport serve` runs it: with the server's V8 setting (see
+// src/main/v8-flags.ts and bench/README.md, "Two GC regimes"). Baselines share the process.
+applyServerV8Flags(process.execArgv)
 
 const SCENARIOS: readonly Scenario[] = [
   dispatchScenario, mixedScenario, e2eScenario, controlScenario, microScenario, peersScenario, memoryScenario,

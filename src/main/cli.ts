@@ -163,8 +163,8 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     io.stdout.write(USAGE)
     return 0
   }
-  const [{ optionsFromEnv, parseOptions }, { Toolport }, { createLogger }] = await Promise.all([
-    import('./config.js'), import('./toolport.js'), import('./logger.js')
+  const [{ optionsFromEnv, parseOptions }, { Toolport }, { createLogger }, { applyServerV8Flags }] = await Promise.all([
+    import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')
   ])
   const options: Record<string, unknown> = {}
   const configFile = flags.config ?? io.env.TOOLPORT_CONFIG
@@ -189,13 +189,16 @@ async function serve (args: string[], io: CliIo): Promise<number> {
 
   // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
   const settings = parseOptions(options)
+  // Before the first call: a process settles into its GC regime in its first seconds of load.
+  const v8Flags = applyServerV8Flags(process.execArgv)
   const tp = new Toolport(settings, createLogger(settings.logger, {
     pretty: io.stdout.isTTY === true,
     destination: io.stdout
   }))
   try {
     const { url } = await tp.listen()
-    io.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp[kDispatchMode]})\n`)
+    io.stdout.write(`Toolport listening on ${url} (roles: ${tp.roles.names().join(', ')}; dispatch: ${tp[kDispatchMode]}` +
+      `${v8Flags.length === 0 ? '' : `; V8: ${v8Flags.join(' ')}`})\n`)
     io.stdout.write(`Toolport stopping (${String(await stopped(io.stop))})\n`)
   } finally {
     await tp.close()
