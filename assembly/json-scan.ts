@@ -1,6 +1,6 @@
 // AssemblyScript source of the strict JSON validity scan (src/shared/json-scan.ts is its only
-// user; `npm run build:wasm` compiles it into src/shared/json-scan-wasm.ts, and a unit test checks
-// that the two agree). It is the scanner the reply reader runs on every JSON reply, in WebAssembly
+// user; `npm run build:wasm` compiles it into src/shared/json-scan-wasm.ts, and `npm run lint`
+// checks that the committed module is what this source compiles to). It is the scanner the reply reader runs on every JSON reply, in WebAssembly
 // because that runs it 1.6–1.8× faster than the same loop in JavaScript (docs/architecture.md,
 // "Reading a reply"), and runs of plain string bytes 16 at a time with SIMD.
 //
@@ -19,7 +19,7 @@ const MEMBER_START = 0 // 4 entries: where each root member's value starts, -1 w
 const MEMBER_END = 4 // 4 entries: index just past each root member's value
 const MEMBER_ESCAPED = 8 // 4 entries: 1 when the member's value is a string with an escape
 const ROOT_START = 12 // the root value's first byte (after a BOM and whitespace)
-const ROOT_END = 13 // index just past the root value
+const ROOT_END = 13 // index just past the root value; -1 until the root value is complete
 const ROOT_ESCAPED = 14 // 1 when the root value is a string with an escape
 
 // The root members the reply reader needs (json-scan.ts RootMember), by index.
@@ -232,6 +232,7 @@ export function scan (input: usize, length: i32, stack: usize): i32 {
     result(MEMBER_END + m, -1)
     result(MEMBER_ESCAPED + m, 0)
   }
+  result(ROOT_END, -1)
   result(ROOT_ESCAPED, 0)
   let i = 0
   if (end >= 3 && at(p, 0) === 0xef && at(p, 1) === 0xbb && at(p, 2) === 0xbf) i = 3

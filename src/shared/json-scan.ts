@@ -12,6 +12,7 @@
 // Each thread instantiates the module once; a body is copied into its memory, which grows to the
 // largest body seen (twice its size: the bytes and the nesting stack) and is kept, up to bodies of
 // 4 MiB (the default reply cap); a larger body gets an instance of its own, dropped after it.
+// WebAssembly is required (it is off only under `node --jitless`).
 //
 // Which bytes count as JSON: exactly those whose WHATWG UTF-8 decoding (one leading BOM dropped,
 // invalid sequences turned into U+FFFD, as the reply reader decodes) `JSON.parse` accepts. Bytes
@@ -47,41 +48,58 @@ interface WasmApi {
   Module: new (bytes: Uint8Array) => object
   Instance: new (module: object, imports: object) => { exports: unknown }
 }
-const { Module, Instance } = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly
-// The module imports nothing: the scan allocates nothing and has no assertions (--noAssert).
-const scanModule = new Module(Buffer.from(JSON_SCAN_WASM, 'base64'))
+const api = webAssembly()
 
-// Bodies up to this size keep the memory they grew (twice this, at most); a larger one is scanned
-// in an instance of its own, dropped after it, so one rare huge reply does not pin its memory.
+function webAssembly (): WasmApi {
+  const found = (globalThis as unknown as { WebAssembly?: WasmApi }).WebAssembly
+  if (found === undefined) {
+    throw new Error('Toolport needs WebAssembly to read callback replies, and this process has none (node --jitless?)')
+  }
+  return found
+}
+// The module imports nothing: the scan allocates nothing and has no assertions (--noAssert).
+const scanModule = new api.Module(Buffer.from(JSON_SCAN_WASM, 'base64'))
+
+// Bodies up to this size are scanned in the thread's kept instance, whose memory stays as large
+// as the largest of them needed (twice this, at most); a larger body is scanned in an instance of
+// its own, dropped after it, so one rare huge reply does not pin its memory.
 const KEEP_BYTES = 4 * 1024 * 1024
 
-let wasm: ScanExports
-let memory: Uint8Array
-let results: Int32Array
+/** One instance of the module, with views of its memory (renewed when the memory grows). */
+class ScanInstance {
+  readonly #exports = new api.Instance(scanModule, {}).exports as ScanExports
+  memory = new Uint8Array(this.#exports.memory.buffer)
+  results = new Int32Array(this.#exports.memory.buffer, 0, RESULTS)
 
-function instantiate (): void {
-  wasm = new Instance(scanModule, {}).exports as ScanExports
-  memory = new Uint8Array(wasm.memory.buffer)
-  results = new Int32Array(wasm.memory.buffer, 0, RESULTS)
-}
-instantiate()
-
-/** Makes room for a body of `length` bytes and its nesting stack. */
-function reserve (length: number): void {
-  const needed = INPUT + 2 * length
-  if (needed <= memory.length) return
-  try {
-    wasm.memory.grow(Math.ceil((needed - memory.length) / PAGE))
-  } catch (err) {
-    throw new Error(`json-scan: no memory to scan a reply of ${length} bytes (${errorText(err)})`)
+  /** Copies `b` in and scans it; the results are then in `results`. */
+  scan (b: Uint8Array): boolean {
+    const length = b.length
+    const needed = INPUT + 2 * length // the body, then its nesting stack
+    if (needed > this.memory.length) {
+      try {
+        this.#exports.memory.grow(Math.ceil((needed - this.memory.length) / PAGE))
+      } catch (err) {
+        throw new Error(`json-scan: no memory to scan a reply of ${length} bytes (${errorText(err)})`)
+      }
+      this.memory = new Uint8Array(this.#exports.memory.buffer)
+      this.results = new Int32Array(this.#exports.memory.buffer, 0, RESULTS)
+    }
+    this.memory.set(b, INPUT)
+    return this.#exports.scan(INPUT, length, INPUT + length) === 1
   }
-  memory = new Uint8Array(wasm.memory.buffer)
-  results = new Int32Array(wasm.memory.buffer, 0, RESULTS)
+}
+
+const kept = new ScanInstance()
+
+/** Bytes of memory the thread's kept scan instance holds (for tests and diagnostics). */
+export function keptScanMemoryBytes (): number {
+  return kept.memory.length
 }
 
 /**
  * Validates JSON over bytes and records the root object's members. One instance per thread is
- * enough (`scan` is synchronous); its fields describe the last scan.
+ * enough (`scan` is synchronous); its fields describe the last scan that returned true (after a
+ * false one, `rootEnd` is -1 and the members are whatever the scan had passed).
  *
  * @example
  * const scanner = new JsonScanner()
@@ -90,7 +108,7 @@ function reserve (length: number): void {
 export class JsonScanner {
   /** Index of the root value's first byte (after a BOM and whitespace). */
   rootStart = 0
-  /** Index just past the root value (before trailing whitespace). */
+  /** Index just past the root value (before trailing whitespace); -1 when the scan failed. */
   rootEnd = 0
   /** Whether the root value is a string with a backslash escape. */
   lastStringEscaped = false
@@ -106,11 +124,9 @@ export class JsonScanner {
 
   /** True when `b` is one JSON text (optionally after a UTF-8 BOM, with whitespace around it). */
   scan (b: Uint8Array): boolean {
-    const length = b.length
-    reserve(length)
-    memory.set(b, INPUT)
-    const isJson = wasm.scan(INPUT, length, INPUT + length) === 1
-    const r = results
+    const instance = b.length > KEEP_BYTES ? new ScanInstance() : kept
+    const isJson = instance.scan(b)
+    const r = instance.results
     for (let m = 0; m < MEMBER_COUNT; m++) {
       this.memberStart[m] = r[MEMBER_START + m] as number
       this.memberEnd[m] = r[MEMBER_END + m] as number
@@ -119,7 +135,6 @@ export class JsonScanner {
     this.rootStart = r[ROOT_START] as number
     this.rootEnd = r[ROOT_END] as number
     this.lastStringEscaped = r[ROOT_ESCAPED] === 1
-    if (length > KEEP_BYTES) instantiate()
     return isJson
   }
 }
@@ -128,7 +143,8 @@ const shared = new JsonScanner()
 
 /**
  * True when `bytes` is one JSON text: exactly when `JSON.parse` accepts its UTF-8 decoding (a
- * leading BOM ignored, RFC 8259 §8.1). Allocates nothing.
+ * leading BOM ignored, RFC 8259 §8.1). Allocates nothing per call (the thread's scan memory
+ * grows once to fit the largest body up to 4 MiB).
  *
  * @example
  * isValidJson(Buffer.from('{"a":[1,2]}')) // true

@@ -4,7 +4,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fc from 'fast-check'
-import { isValidJson, JsonScanner, RootMember } from '../../src/shared/json-scan.js'
+import { isValidJson, JsonScanner, keptScanMemoryBytes, RootMember } from '../../src/shared/json-scan.js'
 
 const utf8 = new TextDecoder('utf-8')
 
@@ -133,21 +133,27 @@ test('property: a root key spelled with escapes names the member JSON.parse read
   }), { numRuns: 2000 })
 })
 
-test('the scan\'s memory grows for a larger body, a huge one gets its own, and a smaller one after either is scanned on its own', () => {
+test('the scan\'s memory grows for a larger body and is kept; a huge body gets an instance of its own; a failed scan has no root end', () => {
   const scanner = new JsonScanner()
   const large = Buffer.from(JSON.stringify({ output: 'x'.repeat(300_000), is_error: false }))
   assert.equal(scanner.scan(large), true)
   assert.equal(scanner.memberEnd[RootMember.output], 10 + 300_002)
+  // The body and its nesting stack, after the first 64 KiB page.
+  const kept = keptScanMemoryBytes()
+  assert.ok(kept >= 65_536 + 2 * large.length, `kept ${kept}`)
   // The smaller body is invalid exactly where the larger one's bytes would have continued it.
   assert.equal(scanner.scan(Buffer.from('{"output":"xx')), false)
+  assert.equal(scanner.rootEnd, -1)
   assert.equal(scanner.scan(Buffer.from('{"is_error":true}')), true)
   assert.equal(scanner.memberStart[RootMember.output], -1)
   assert.equal(scanner.memberStart[RootMember.isError], 12)
-  // Past 4 MiB the scan runs in an instance of its own; the next scans run in a fresh one.
+  // Past 4 MiB the scan runs in an instance of its own: the kept memory does not grow for it.
   const huge = Buffer.from(`[${'"x",'.repeat(1_100_000)}{"output":1}]`)
   assert.equal(scanner.scan(huge), true)
   assert.equal(scanner.rootEnd, huge.length)
   assert.equal(scanner.scan(huge.subarray(0, huge.length - 1)), false)
+  assert.equal(keptScanMemoryBytes(), kept)
   assert.equal(scanner.scan(Buffer.from(' {"output":[1]} ')), true)
   assert.deepEqual([scanner.memberStart[RootMember.output], scanner.memberEnd[RootMember.output]], [11, 14])
+  assert.equal(scanner.rootEnd, 15)
 })
