@@ -1,28 +1,33 @@
 // AssemblyScript source of the strict JSON validity scan (src/shared/json-scan.ts is its only
 // user; `npm run build:wasm` compiles it into src/shared/json-scan-wasm.ts, and `npm run lint`
-// checks that the committed module is what this source compiles to). It is the scanner the reply reader runs on every JSON reply, in WebAssembly
-// because that runs it 1.6–1.8× faster than the same loop in JavaScript (docs/architecture.md,
-// "Reading a reply"), and runs of plain string bytes 16 at a time with SIMD.
+// checks that the committed module is what this source compiles to). It is the scanner the reply
+// reader runs on every JSON reply, in WebAssembly because that runs it 1.6–1.8× faster than the
+// same loop in JavaScript (docs/architecture.md, "Reading a reply"), and runs of plain string
+// bytes 16 at a time with SIMD.
 //
 // What it accepts: exactly the bytes whose WHATWG UTF-8 decoding (one leading BOM dropped)
 // JSON.parse accepts (RFC 8259 §2–§7). Bytes of 0x80 and above are only legal inside strings,
 // where every decoded character >= U+0020 is allowed, and the decoder never swallows an ASCII
 // byte into a replacement character, so a byte-level check of the ASCII structure is exact.
 //
-// Memory layout (the caller owns it; see json-scan.ts):
-//   [0, 64)       results, 16 i32 (RESULT_* below)
-//   [input, +len) the bytes to scan, copied in by the caller
-//   [stack, +len) the nesting stack, one byte per open container (depth <= len)
+// Memory layout, exported below so that json-scan.ts reads it from the module:
+//   [0, 64)          results, 16 i32 (the indexes below)
+//   [64, ...)        the module's static data (a few hundred bytes; --memoryBase 64)
+//   [INPUT, +len)    the bytes to scan, copied in by the caller
+//   [stack, +len)    the nesting stack, one byte per open container (depth <= len)
 
 // Results, as i32 indexes (byte offset = index * 4).
-const MEMBER_START = 0 // 4 entries: where each root member's value starts, -1 when absent
-const MEMBER_END = 4 // 4 entries: index just past each root member's value
-const MEMBER_ESCAPED = 8 // 4 entries: 1 when the member's value is a string with an escape
-const ROOT_START = 12 // the root value's first byte (after a BOM and whitespace)
-const ROOT_END = 13 // index just past the root value; -1 until the root value is complete
-const ROOT_ESCAPED = 14 // 1 when the root value is a string with an escape
+export const MEMBER_START: i32 = 0 // 4 entries: where each root member's value starts, -1 when absent
+export const MEMBER_END: i32 = 4 // 4 entries: index just past each root member's value
+export const MEMBER_ESCAPED: i32 = 8 // 4 entries: 1 when the member's value is a string with an escape
+export const ROOT_START: i32 = 12 // the root value's first byte (after a BOM and whitespace)
+export const ROOT_END: i32 = 13 // index just past the root value; -1 until the root value is complete
+export const ROOT_ESCAPED: i32 = 14 // 1 when the root value is a string with an escape
+export const RESULTS: i32 = 16 // i32 slots reserved for results
+// Where the caller puts the bytes: the second 64 KiB page, above the results and static data.
+export const INPUT: i32 = 65536
 
-// The root members the reply reader needs (json-scan.ts RootMember), by index.
+// The root members the reply reader needs, by index (the order of json-scan.ts RootMember).
 const OUTPUT = 0
 const IS_ERROR = 1
 const ERROR = 2
@@ -190,39 +195,36 @@ function escapedRootMember (p: usize, start: i32, end: i32): i32 {
   return -1
 }
 
+// The root member whose value is being read, or -1, and where that value starts: set by scanKey
+// for each key of the root object, recorded and cleared once its value ends.
+let member: i32 = -1
+let valueStart: i32 = 0
+
 /**
  * Reads an object key at `i` (just past `{` or `,` and whitespace), its colon and the whitespace
- * after it; returns the value's index or -1. At depth 1 (a root object's member) sets `member`.
+ * after it; returns the value's index or -1. At `depth` 1 (a key of the root object) sets
+ * `member` and `valueStart`.
  */
-@inline function scanKey (p: usize, i: i32, end: i32): i32 {
+@inline function scanKey (p: usize, i: i32, end: i32, depth: i32): i32 {
   if (i >= end || at(p, i) !== 0x22) return -1
   const keyStart = i
   escaped = false
   i = scanString(p, i, end)
   if (i < 0) return -1
-  keyEnd = i
-  keyEscaped = escaped
+  if (depth === 1) member = escaped ? escapedRootMember(p, keyStart, i) : rootMember(p, keyStart, i)
   if (i >= end || at(p, i) !== 0x3a) { // : (usually right after the key)
     i = skipWhitespace(p, i, end)
     if (i >= end || at(p, i) !== 0x3a) return -1
   }
-  keyBegin = keyStart
-  return skipWhitespace(p, i + 1, end)
-}
-
-// The last key scanned by scanKey: [keyBegin, keyEnd), quotes included.
-let keyBegin: i32 = 0
-let keyEnd: i32 = 0
-let keyEscaped: bool = false
-
-@inline function memberOfKey (p: usize): i32 {
-  return keyEscaped ? escapedRootMember(p, keyBegin, keyEnd) : rootMember(p, keyBegin, keyEnd)
+  i = skipWhitespace(p, i + 1, end)
+  if (depth === 1) valueStart = i
+  return i
 }
 
 /**
  * Scans `[input, input + length)`; 1 when it is one JSON text (optionally after a UTF-8 BOM, with
  * whitespace around it), else 0. The nesting stack goes to `[stack, stack + length)`. Results
- * (RESULT_* above) are written at [0, 64).
+ * (the indexes above) are written at [0, 64).
  */
 export function scan (input: usize, length: i32, stack: usize): i32 {
   const p = input
@@ -239,9 +241,7 @@ export function scan (input: usize, length: i32, stack: usize): i32 {
   i = skipWhitespace(p, i, end)
   result(ROOT_START, i)
   let depth = 0
-  // The root member whose value is being read (depth 1 of a root object), or -1.
-  let member = -1
-  let valueStart = 0
+  member = -1
   while (true) {
     // At a value, whitespace skipped.
     if (i >= end) return 0
@@ -257,12 +257,8 @@ export function scan (input: usize, length: i32, stack: usize): i32 {
         store<u8>(stack + <usize>depth, c === 0x7b ? OBJECT : ARRAY)
         depth++
         if (c === 0x5b) continue
-        i = scanKey(p, i, end)
+        i = scanKey(p, i, end, depth)
         if (i < 0) return 0
-        if (depth === 1) {
-          member = memberOfKey(p)
-          valueStart = i
-        }
         continue
       }
     } else if (c === 0x2d || isDigit(c)) { // - 0-9
@@ -301,12 +297,8 @@ export function scan (input: usize, length: i32, stack: usize): i32 {
       if (c === 0x2c) { // ,
         i = skipWhitespace(p, i + 1, end)
         if (top === OBJECT) {
-          i = scanKey(p, i, end)
+          i = scanKey(p, i, end, depth)
           if (i < 0) return 0
-          if (depth === 1) {
-            member = memberOfKey(p)
-            valueStart = i
-          }
         }
         break
       }

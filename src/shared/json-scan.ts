@@ -27,23 +27,25 @@ export const RootMember = { output: 0, isError: 1, error: 2, images: 3 } as cons
 export type RootMember = typeof RootMember[keyof typeof RootMember]
 const MEMBER_COUNT = 4
 
-// The results the module writes at the start of its memory, as i32 indexes (assembly/json-scan.ts).
-const MEMBER_START = 0
-const MEMBER_END = 4
-const MEMBER_ESCAPED = 8
-const ROOT_START = 12
-const ROOT_END = 13
-const ROOT_ESCAPED = 14
-const RESULTS = 16
-
-// The body goes at the second 64 KiB page (the first holds the results and the module's static
-// data), the nesting stack right after it.
+// WebAssembly memory grows in pages of 64 KiB.
 const PAGE = 65_536
-const INPUT = PAGE
 
 // The parts of the WebAssembly API used here (Node's types leave WebAssembly to the DOM library).
 interface WasmMemory { readonly buffer: ArrayBuffer, grow: (pages: number) => number }
-interface ScanExports { scan: (input: number, length: number, stack: number) => number, memory: WasmMemory }
+interface WasmGlobal { readonly value: number }
+interface ScanExports {
+  scan: (input: number, length: number, stack: number) => number
+  memory: WasmMemory
+  // The memory layout (assembly/json-scan.ts): i32 indexes of the results, and the input's offset.
+  MEMBER_START: WasmGlobal
+  MEMBER_END: WasmGlobal
+  MEMBER_ESCAPED: WasmGlobal
+  ROOT_START: WasmGlobal
+  ROOT_END: WasmGlobal
+  ROOT_ESCAPED: WasmGlobal
+  RESULTS: WasmGlobal
+  INPUT: WasmGlobal
+}
 interface WasmApi {
   Module: new (bytes: Uint8Array) => object
   Instance: new (module: object, imports: object) => { exports: unknown }
@@ -60,6 +62,21 @@ function webAssembly (): WasmApi {
 // The module imports nothing: the scan allocates nothing and has no assertions (--noAssert).
 const scanModule = new api.Module(Buffer.from(JSON_SCAN_WASM, 'base64'))
 
+function instantiate (): ScanExports {
+  return new api.Instance(scanModule, {}).exports as ScanExports
+}
+
+// The thread's kept instance, and the layout as the module declares it.
+const first = instantiate()
+const MEMBER_START = first.MEMBER_START.value
+const MEMBER_END = first.MEMBER_END.value
+const MEMBER_ESCAPED = first.MEMBER_ESCAPED.value
+const ROOT_START = first.ROOT_START.value
+const ROOT_END = first.ROOT_END.value
+const ROOT_ESCAPED = first.ROOT_ESCAPED.value
+const RESULTS = first.RESULTS.value
+const INPUT = first.INPUT.value
+
 // Bodies up to this size are scanned in the thread's kept instance, whose memory stays as large
 // as the largest of them needed (twice this, at most); a larger body is scanned in an instance of
 // its own, dropped after it, so one rare huge reply does not pin its memory.
@@ -67,9 +84,15 @@ const KEEP_BYTES = 4 * 1024 * 1024
 
 /** One instance of the module, with views of its memory (renewed when the memory grows). */
 class ScanInstance {
-  readonly #exports = new api.Instance(scanModule, {}).exports as ScanExports
-  memory = new Uint8Array(this.#exports.memory.buffer)
-  results = new Int32Array(this.#exports.memory.buffer, 0, RESULTS)
+  readonly #exports: ScanExports
+  memory: Uint8Array
+  results: Int32Array
+
+  constructor (exports = instantiate()) {
+    this.#exports = exports
+    this.memory = new Uint8Array(exports.memory.buffer)
+    this.results = new Int32Array(exports.memory.buffer, 0, RESULTS)
+  }
 
   /** Copies `b` in and scans it; the results are then in `results`. */
   scan (b: Uint8Array): boolean {
@@ -89,7 +112,7 @@ class ScanInstance {
   }
 }
 
-const kept = new ScanInstance()
+const kept = new ScanInstance(first)
 
 /** Bytes of memory the thread's kept scan instance holds (for tests and diagnostics). */
 export function keptScanMemoryBytes (): number {
