@@ -1,6 +1,8 @@
 // Scenario 1 — dispatch: one callback call, closed loop at c = 1, 16, 128, 1024, with ~100 B and
 // 64 KiB replies, through every path beside the floor (raw undici on the main thread):
-// Toolport pool (the default), Toolport inline, global fetch, node:http keep-alive.
+// Toolport pool (the default), Toolport inline, global fetch, node:http keep-alive. At c=1 with
+// 100 B replies, beside pool mode: a bare thread round trip, the part of pool mode's latency no
+// design that runs the client in a worker can avoid.
 //
 // Interleaving: for each (reply size, concurrency) every path runs once per repetition, in an
 // order rotated by one each repetition (A B C D E, B C D E A, …), so no path always runs first
@@ -9,7 +11,7 @@
 import { captureNewThreads, CpuMeter } from './lib/cpu.js'
 import { closedLoop } from './lib/loop.js'
 import type { LoopResult, SteadyWarmup } from './lib/loop.js'
-import { fetchPath, loadCreateToolport, nodeHttpPath, rawUndiciPath, toolportPath } from './lib/clients.js'
+import { fetchPath, loadCreateToolport, nodeHttpPath, rawUndiciPath, threadRoundTripPath, toolportPath } from './lib/clients.js'
 import type { DispatchPath, Route } from './lib/clients.js'
 import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedDiff, pairedRatio, stat } from './lib/stats.js'
 import type { Stat } from './lib/stats.js'
@@ -42,7 +44,7 @@ function plan (ctx: BenchContext): Plan {
 }
 
 const PATH_ORDER = [
-  'raw undici', 'raw undici + JSON.parse', 'toolport pool', 'baseline pool', 'toolport inline', 'baseline inline',
+  'raw undici', 'raw undici + JSON.parse', 'thread round trip', 'toolport pool', 'baseline pool', 'toolport inline', 'baseline inline',
   'fetch', 'node:http'
 ] as const
 
@@ -50,12 +52,18 @@ function pathCount (ctx: BenchContext): number {
   return selectedPaths(ctx).length
 }
 
+function hasRoundTrip (ctx: BenchContext): boolean {
+  return selectedPaths(ctx).includes('thread round trip')
+}
+
 /** The paths this run measures: every path, or --paths (raw undici always), baselines with --baseline. */
 function selectedPaths (ctx: BenchContext): string[] {
   return PATH_ORDER.filter((name) => {
     if (name.startsWith('baseline') && (ctx.baseline ?? null) === null) return false
     if (name === 'raw undici' || ctx.paths === null || ctx.paths === undefined) return true
-    // A baseline path runs whenever its counterpart in this tree runs.
+    // The round trip is pool mode's floor at c=1; a baseline path runs whenever its counterpart in
+    // this tree runs.
+    if (name === 'thread round trip') return ctx.paths.includes('toolport pool')
     return ctx.paths.includes(name.startsWith('baseline') ? name.replace('baseline', 'toolport') : name)
   })
 }
@@ -74,7 +82,9 @@ export const dispatchScenario: Scenario = {
   title: '1. Dispatch: one callback call per request, closed loop',
   steps (ctx) {
     const p = plan(ctx)
-    return p.sizes.length * p.concurrency.length * ctx.reps * pathCount(ctx) + 1
+    const everyCell = pathCount(ctx) - (hasRoundTrip(ctx) ? 1 : 0)
+    const roundTrips = hasRoundTrip(ctx) && p.concurrency.includes(1) && p.sizes.includes('small') ? ctx.reps : 0
+    return p.sizes.length * p.concurrency.length * ctx.reps * everyCell + roundTrips + 1
   },
   async run (ctx) {
     const p = plan(ctx)
@@ -88,6 +98,7 @@ export const dispatchScenario: Scenario = {
       switch (name) {
         case 'raw undici': paths.push(rawUndiciPath(server.origin)); break
         case 'raw undici + JSON.parse': paths.push(rawUndiciPath(server.origin, undefined, name, true)); break
+        case 'thread round trip': paths.push(await captureNewThreads(threadRoundTripPath)); break
         case 'toolport pool': paths.push(await captureNewThreads(() => toolportPath(server.origin, 'pool'))); break
         case 'toolport inline': paths.push(await toolportPath(server.origin, 'inline')); break
         case 'baseline pool':
@@ -107,14 +118,16 @@ export const dispatchScenario: Scenario = {
       for (const size of p.sizes) {
         for (const concurrency of p.concurrency) {
           const row = new Map<string, Cell>()
-          for (const path of paths) {
+          const cellPaths = paths.filter((path) => path.only === undefined ||
+            (path.only.concurrency === concurrency && path.only.route === size))
+          for (const path of cellPaths) {
             const cell: Cell = { size, concurrency, path: path.name, runs: [] }
             row.set(path.name, cell)
             cells.push(cell)
           }
           for (let rep = 0; rep < ctx.reps; rep++) {
-            for (let k = 0; k < paths.length; k++) {
-              const path = paths[(k + rep) % paths.length] as DispatchPath
+            for (let k = 0; k < cellPaths.length; k++) {
+              const path = cellPaths[(k + rep) % cellPaths.length] as DispatchPath
               ctx.progress.step(`${SIZE_LABEL[size] ?? size} c=${concurrency} ${path.name} (rep ${rep + 1}/${ctx.reps})`)
               const result = await closedLoop(path.caller(size), {
                 concurrency,
@@ -179,13 +192,17 @@ function summarize (cells: readonly Cell[], p: Plan): {
         const rps = stat(series(cell, (r) => r.rps))
         const p50 = stat(series(cell, (r) => r.p50Us))
         const p99 = stat(series(cell, (r) => r.p99Us))
-        const ratio = path === 'raw undici' ? null : pairedRatio(series(cell, (r) => r.rps), series(raw, (r) => r.rps))
+        // The round trip makes no call: its req/s is not comparable with a client's.
+        const ratio = path === 'raw undici' || path === 'thread round trip'
+          ? null
+          : pairedRatio(series(cell, (r) => r.rps), series(raw, (r) => r.rps))
         const failed = cell.runs.reduce((n, r) => n + r.errors, 0)
         errors += failed
         const cpu = cpuCell(cell)
         rows.push([
           String(concurrency), path, fmtStat(rps, fmtRate), fmtStat(p50, fmtUs), fmtStat(p99, fmtUs),
-          ratio === null ? '1 (floor)' : fmtStat(ratio, fmtRatio), cpu, failed === 0 ? '' : String(failed)
+          path === 'raw undici' ? '1 (floor)' : ratio === null ? '–' : fmtStat(ratio, fmtRatio), cpu,
+          failed === 0 ? '' : String(failed)
         ])
         data.push({
           size,
@@ -225,7 +242,8 @@ function summarize (cells: readonly Cell[], p: Plan): {
     '"req/s vs raw" is the median of per-repetition ratios (each run paired with the raw-undici run of the same repetition).',
     `raw undici and Toolport use ${64} connections per origin; fetch and node:http use their defaults (no cap).`,
     'CPU µs/call: CPU time over the window divided by the calls completed in it, from each thread\'s /proc/<pid>/task/<tid>/schedstat: the bench process (every thread), its main thread, its pool worker threads, its other threads (GC helpers, JIT compiler, libuv), and the callback server process. CPU is what runs out on 2 cores, and it moves far less than wall-clock figures when other processes compete. `*`: a repetition in which other processes took more than 25 % of the cores (run-queue wait of our threads beyond what they oversubscribed themselves).',
-    '"raw undici + JSON.parse" is the fair floor for 64 KiB replies: a correct client must at least check that the reply is JSON.'
+    '"raw undici + JSON.parse" is the fair floor for 64 KiB replies: a correct client must at least check that the reply is JSON.',
+    '"thread round trip" (c=1, 100 B only) makes no call: one lane-sized message to a worker thread and its echo back on a MessageChannel, the worker idle in between. Pool mode runs the client in a worker, so its p50 at c=1 cannot go below raw undici\'s plus this.'
   ]
   if (errors > 0) notes.push(`${errors} calls failed in measuring windows (see the "failed" column).`)
   return { tables, checks: checks(cells), notes, chart, data }
@@ -272,13 +290,17 @@ function checks (cells: readonly Cell[]): Check[] {
   const pool1 = find(cells, 'small', 1, 'toolport pool')
   const inline1 = find(cells, 'small', 1, 'toolport inline')
   const raw1 = find(cells, 'small', 1, 'raw undici')
+  const hop = find(cells, 'small', 1, 'thread round trip')
   if (pool1 !== undefined && raw1 !== undefined) {
     const diff = pairedDiff(series(pool1, (r) => r.p50Us), series(raw1, (r) => r.p50Us))
+    // Beside it, the floor of that difference: a bare round trip to a worker, measured in the same
+    // repetitions.
+    const floor = hop === undefined ? '' : ` (bare thread round trip ${fmtUs(stat(series(hop, (r) => r.p50Us)).median)})`
     out.push({
       scenario: 'dispatch 100 B',
       what: 'toolport pool p50 at c=1',
       measured: fmtStat(stat(series(pool1, (r) => r.p50Us)), fmtUs),
-      ratio: `raw ${diff.median >= 0 ? '+' : '−'} ${fmtUs(Math.abs(diff.median))}`,
+      ratio: `raw ${diff.median >= 0 ? '+' : '−'} ${fmtUs(Math.abs(diff.median))}${floor}`,
       target: '≤ raw + 40 µs',
       met: diff.median <= 40
     })

@@ -9,7 +9,12 @@
 //   and validates the arguments, builds the body, maps the reply to a ToolResult.
 // - fetch: Node's global fetch with its default dispatcher (what a naive implementation uses).
 // - node:http: `http.request` with a keep-alive Agent and default options (ditto).
+// - thread round trip: no call at all, one message to a worker thread and its echo back on a
+//   MessageChannel, as a pool-mode call crosses a lane. Pool mode runs the raw client in a worker,
+//   so at c=1 its latency cannot go below raw undici's plus this.
+import { once } from 'node:events'
 import { Agent as HttpAgent, request as httpRequest } from 'node:http'
+import { MessageChannel, Worker } from 'node:worker_threads'
 import { resolve as resolvePath } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { Pool } from 'undici'
@@ -69,6 +74,8 @@ export interface DispatchPath {
   name: string
   caller: (route: Route) => Caller
   close: () => Promise<void>
+  /** Runs only at this concurrency and reply size (default: every cell). */
+  only?: { concurrency: number, route: Route }
 }
 
 /** Toolport's default connection cap per origin; raw undici uses the same for a fair floor. */
@@ -93,6 +100,48 @@ export function rawUndiciPath (origin: string, connections = CONNECTIONS, name =
       }
     },
     close: () => pool.destroy()
+  }
+}
+
+/**
+ * The floor of any design that hands a call to another thread: a worker that echoes each message
+ * on a MessageChannel (the worker's event loop idle in between, as a pool worker's is at c=1). The
+ * message is a lane batch of one call's size: the opcode and the nine fields of a task.
+ */
+export async function threadRoundTripPath (): Promise<DispatchPath> {
+  const worker = new Worker(`
+    const { parentPort } = require('node:worker_threads')
+    parentPort.once('message', (port) => {
+      port.on('message', (message) => { port.postMessage(message) })
+      parentPort.postMessage('ready')
+    })
+  `, { eval: true })
+  const { port1, port2 } = new MessageChannel()
+  worker.postMessage(port2, [port2])
+  await once(worker, 'message')
+  let answer: ((ok: boolean) => void) | null = null
+  port1.on('message', () => {
+    const settle = answer
+    answer = null
+    settle?.(true)
+  })
+  const message = [1, 1, 'http://127.0.0.1:1/small', 'http://127.0.0.1:1', '/small', callbackBody('small', 'call_rt'),
+    'call_rt', Date.now() + CALL_BUDGET_MS, CALL_BUDGET_MS, 4_194_304]
+  return {
+    name: 'thread round trip',
+    only: { concurrency: 1, route: 'small' },
+    caller () {
+      return function roundTrip (): Promise<boolean> {
+        return new Promise((resolve) => {
+          answer = resolve
+          port1.postMessage(message)
+        })
+      }
+    },
+    close: async () => {
+      port1.close()
+      await worker.terminate()
+    }
   }
 }
 
