@@ -1,6 +1,7 @@
 // Scenario 2 — end to end over HTTP: autocannon (its own process) → `POST /api/tools/call` on a
 // listening Toolport (in this process) → the callback server (its own process), pool vs inline,
-// against the ceiling: autocannon → the callback server directly, same body. Beside them, at
+// against the ceiling: autocannon → the callback server directly, same body, and the floor: a bare
+// node:http server that calls the callback with raw undici (bench/lib/proxy.ts). Beside them, at
 // concurrencies an MCP session accepts (`mcp.maxCallsPerSession`, 32), the same call as MCP
 // `tools/call` on one session of the pool's `/mcp/<role>` endpoint (what an MCP client costs).
 //
@@ -10,6 +11,7 @@ import { CpuMeter } from './lib/cpu.js'
 import type { CpuPerCall } from './lib/cpu.js'
 import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
 import { runNodeJson } from './lib/processes.js'
+import { startBareProxy } from './lib/proxy.js'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
@@ -51,6 +53,8 @@ interface Target {
 /** MCP's `tools/call` runs on one session, which takes at most 32 calls at once by default. */
 const MCP_MAX_CONCURRENCY = 32
 const MCP_TARGET = 'toolport pool, MCP tools/call'
+const CEILING = 'ceiling: callback server'
+const FLOOR = 'floor: bare node:http + undici'
 
 function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, durationS: number, maxRequests: number } {
   return ctx.isQuick
@@ -110,20 +114,22 @@ export const e2eScenario: Scenario = {
   steps (ctx) {
     const p = plan(ctx)
     const withMcp = p.concurrency.filter((c) => c <= MCP_MAX_CONCURRENCY).length
-    return p.concurrency.length * ctx.reps * 3 + withMcp * ctx.reps + 1
+    return p.concurrency.length * ctx.reps * 4 + withMcp * ctx.reps + 1
   },
   async run (ctx) {
     const p = plan(ctx)
     ctx.progress.step('starting Toolport servers')
     const pool = await createBenchToolport(ctx.server.origin, { dispatch: { mode: 'pool' } })
     const inline = await createBenchToolport(ctx.server.origin, { dispatch: { mode: 'inline' } })
+    const proxy = await startBareProxy(ctx.server.origin)
     const results = new Map<string, LoadResult[]>()
     let mcp: McpSession | null = null
     try {
       const poolUrl = (await pool.listen({ port: 0 })).url
       const inlineUrl = (await inline.listen({ port: 0 })).url
       const targets: Target[] = [
-        { name: 'ceiling: callback server', url: ctx.server.url('/small'), body: CALL_BODY, headers: JSON_HEADERS },
+        { name: CEILING, url: ctx.server.url('/small'), body: CALL_BODY, headers: JSON_HEADERS },
+        { name: FLOOR, url: proxy.url, body: CALL_BODY, headers: JSON_HEADERS },
         { name: 'toolport pool', url: `${poolUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS },
         { name: 'toolport inline', url: `${inlineUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS }
       ]
@@ -160,13 +166,14 @@ export const e2eScenario: Scenario = {
       await mcp?.close()
       await pool.close()
       await inline.close()
+      await proxy.close()
     }
     const get = (c: number, name: string): LoadResult[] => results.get(`${c}|${name}`) ?? []
     const rows: string[][] = []
     for (const c of p.concurrency) {
-      const ceiling = get(c, 'ceiling: callback server')
+      const ceiling = get(c, CEILING)
       const inlineRuns = get(c, 'toolport inline')
-      for (const name of ['ceiling: callback server', 'toolport pool', 'toolport inline', MCP_TARGET]) {
+      for (const name of [CEILING, FLOOR, 'toolport pool', 'toolport inline', MCP_TARGET]) {
         const runs = get(c, name)
         if (runs.length === 0) continue
         const failed = runs.reduce((n, r) => n + r.errors + r.non2xx, 0)
@@ -197,11 +204,16 @@ export const e2eScenario: Scenario = {
     const checks: Check[] = []
     const c128Pool = get(128, 'toolport pool')
     const c128Inline = get(128, 'toolport inline')
-    const c128Ceiling = get(128, 'ceiling: callback server')
+    const c128Ceiling = get(128, CEILING)
+    const c128Floor = get(128, FLOOR)
     if (c128Pool.length > 0) {
       const vsInline = pairedRatio(c128Pool.map((r) => r.rps), c128Inline.map((r) => r.rps))
       const vsCeiling = pairedRatio(c128Pool.map((r) => r.rps), c128Ceiling.map((r) => r.rps))
       const measured = fmtStat(stat(c128Pool.map((r) => r.rps)), fmtRate)
+      // Beside it, what the bare two-hop server reaches against the same ceiling.
+      const floor = c128Floor.length === 0
+        ? ''
+        : ` (bare node:http + undici ${fmtRatio3(pairedRatio(c128Floor.map((r) => r.rps), c128Ceiling.map((r) => r.rps)).median)})`
       checks.push({
         scenario: 'e2e c=128',
         what: 'pool req/s vs inline',
@@ -214,7 +226,7 @@ export const e2eScenario: Scenario = {
         scenario: 'e2e c=128',
         what: 'pool req/s vs callback ceiling',
         measured,
-        ratio: `${fmtRatio3(vsCeiling.median)} ceiling`,
+        ratio: `${fmtRatio3(vsCeiling.median)} ceiling${floor}`,
         target: '≥ 0.45× ceiling',
         met: vsCeiling.median >= 0.45
       })
@@ -224,7 +236,8 @@ export const e2eScenario: Scenario = {
       checks,
       notes: [
         'autocannon runs in its own process (programmatic API), one connection per concurrent request, no pipelining; latency from its per-response times.',
-        'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.',
+        `"${FLOOR}" (bench/lib/proxy.ts): a node:http server in this process that reads the body, sends Toolport's exact callback request with raw undici on its main thread and answers the reply's text. No routing, guard, parsing or validation: the least a server in front of a callback can cost.`,
+        'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses; in the floor\'s row, the bare server\'s) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.',
         `"${MCP_TARGET}": the same call as a JSON-RPC \`tools/call\` POSTed on one MCP session of the pool's /mcp/bench (the MCP SDK's streamable HTTP transport answers each with an event stream), at concurrencies up to ${MCP_MAX_CONCURRENCY}, the calls one session takes at once.`
       ],
       data: Object.fromEntries(results)

@@ -1,0 +1,52 @@
+// The floor of the end-to-end scenario: the least any server answering `POST /api/tools/call`
+// over HTTP by calling a callback over HTTP can do. A bare node:http server that reads the
+// request body (and nothing more: no routing, no guard, no JSON parsing), sends Toolport's exact
+// callback request with raw undici on the same thread (`Pool.request`, the dispatch scenario's
+// floor), and answers the callback's reply text as the body. Two HTTP hops, no logic: what the
+// ceiling (one hop, straight to the callback server) costs twice, plus a body read.
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { once } from 'node:events'
+import { Pool } from 'undici'
+import { callbackBody, callbackHeaders, CONNECTIONS, ROUTES } from './clients.js'
+
+export interface BareProxy {
+  url: string
+  close: () => Promise<void>
+}
+
+/** Starts the bare proxy on a loopback port; every request calls `origin`'s /small route. */
+export async function startBareProxy (origin: string): Promise<BareProxy> {
+  const pool = new Pool(origin, { connections: CONNECTIONS, pipelining: 1 })
+  let seq = 0
+  const server = createServer((req, res) => {
+    req.resume()
+    req.on('end', () => {
+      const callId = `call_${++seq}`
+      pool.request({
+        method: 'POST', path: ROUTES.small, headers: callbackHeaders(callId, 60_000), body: callbackBody('small', callId)
+      })
+        .then(async ({ statusCode, body }) => {
+          const text = await body.text()
+          res.writeHead(statusCode === 200 ? 200 : 502, { 'content-type': 'application/json; charset=utf-8' })
+          res.end(text)
+        })
+        .catch(() => {
+          res.writeHead(502)
+          res.end()
+        })
+    })
+  })
+  server.keepAliveTimeout = 65_000
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  const { port } = server.address() as AddressInfo
+  return {
+    url: `http://127.0.0.1:${port}/api/tools/call`,
+    close: async () => {
+      server.closeAllConnections()
+      server.close()
+      await pool.destroy()
+    }
+  }
+}
