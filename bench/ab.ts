@@ -3,7 +3,8 @@
 // this, …).
 //
 //   --baseline DIR           a checkout of Toolport with its own node_modules (and a fresh dist/)
-//   --path pool|inline|raw|route   the path (default pool); route: POST /api/tools/call under autocannon
+//   --path pool|inline|raw|route|mcp   the path (default pool); route: POST /api/tools/call under
+//                            autocannon; mcp: the same call as MCP tools/call on one session (c ≤ 32)
 //   --reply small|large      ~100 B or 64 KiB replies (default small)
 //   -c N                     callers in the closed loop (default 128)
 //   --seconds N              measured window per run, after a steady warm-up (default 4)
@@ -34,7 +35,7 @@ interface Flags extends TargetFlags {
   out: string
 }
 
-const USAGE = 'usage: npm run ab -- --baseline DIR [--path pool|inline|raw|route] [--reply small|large] ' +
+const USAGE = 'usage: npm run ab -- --baseline DIR [--path pool|inline|raw|route|mcp] [--reply small|large] ' +
   '[-c N] [--seconds N] [--reps N] [--out NAME]'
 const THIS_TREE = resolve(BENCH_DIR, '..')
 

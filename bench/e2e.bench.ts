@@ -12,8 +12,7 @@ import type { CpuPerCall } from './lib/cpu.js'
 import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
 import { runNodeJson } from './lib/processes.js'
 import { startBareProxy } from './lib/proxy.js'
-import { Client } from '@modelcontextprotocol/sdk/client/index.js'
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { MCP_CALL_BODY, MCP_MAX_CONCURRENCY, mcpSession, type McpSession } from './lib/mcp-session.js'
 import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 
@@ -50,8 +49,6 @@ interface Target {
   maxConcurrency?: number
 }
 
-/** MCP's `tools/call` runs on one session, which takes at most 32 calls at once by default. */
-const MCP_MAX_CONCURRENCY = 32
 const MCP_TARGET = 'toolport pool, MCP tools/call'
 const CEILING = 'ceiling: callback server'
 const FLOOR = 'floor: bare node:http + undici'
@@ -64,49 +61,6 @@ function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, dur
 
 const CALL_BODY = JSON.stringify({ role: 'bench', name: toolName('small'), raw_arguments: RAW_ARGUMENTS })
 const JSON_HEADERS = { 'content-type': 'application/json' }
-// `[<id>]`: the load generator gives each request an id of its own, as JSON-RPC requires of
-// requests in flight on one session.
-const MCP_CALL_BODY = JSON.stringify({
-  jsonrpc: '2.0',
-  id: '[<id>]',
-  method: 'tools/call',
-  params: { name: toolName('small'), arguments: JSON.parse(RAW_ARGUMENTS) as unknown }
-})
-
-/** An MCP session of the SDK's client: the headers its requests carry, for the load generator. */
-interface McpSession {
-  headers: Record<string, string>
-  close: () => Promise<void>
-}
-
-/**
- * Opens an MCP session on `url` with the MCP SDK's client and makes one call, which must succeed:
- * a refused or failed MCP call is still an HTTP 200, which the load generator would count as
- * answered. The load generator then POSTs `tools/call` with the session's headers.
- */
-async function mcpSession (url: string): Promise<McpSession> {
-  const client = new Client({ name: 'toolport-bench', version: '1' })
-  const transport = new StreamableHTTPClientTransport(new URL(url))
-  await client.connect(transport)
-  try {
-    const probe = await client.callTool({ name: toolName('small'), arguments: JSON.parse(RAW_ARGUMENTS) as Record<string, unknown> })
-    if (probe.isError === true) throw new Error(`MCP tools/call on ${url} did not succeed: ${JSON.stringify(probe).slice(0, 300)}`)
-    const { sessionId, protocolVersion } = transport
-    if (sessionId === undefined || protocolVersion === undefined) throw new Error(`MCP initialize on ${url} opened no session`)
-    return {
-      headers: {
-        ...JSON_HEADERS,
-        accept: 'application/json, text/event-stream',
-        'mcp-session-id': sessionId,
-        'mcp-protocol-version': protocolVersion
-      },
-      close: () => client.close()
-    }
-  } catch (err) {
-    await client.close()
-    throw err
-  }
-}
 
 export const e2eScenario: Scenario = {
   name: 'e2e',

@@ -1,8 +1,9 @@
 // `npm run profile [-- flags]`: where one dispatch path spends its CPU, per thread, from Linux
 // `perf` with V8's jitdump (JavaScript frames by name, in the main thread and in the workers).
 //
-//   --path pool|inline|raw|route   the dispatch path (default pool), or the call route: POST
-//                            /api/tools/call on a listening pool-mode Toolport under autocannon
+//   --path pool|inline|raw|route|mcp   the dispatch path (default pool), or the call route: POST
+//                            /api/tools/call on a listening pool-mode Toolport under autocannon,
+//                            or mcp: the same call as MCP tools/call on one session (c ≤ 32)
 //   --reply small|large      ~100 B or 64 KiB replies (default small)
 //   -c N                     callers in the closed loop (default 128)
 //   --seconds N              sampled window after a steady warm-up (default 5)
@@ -28,7 +29,7 @@ interface Flags extends TargetFlags {
   keep: boolean
 }
 
-const USAGE = 'usage: npm run profile -- [--path pool|inline|raw|route] [--reply small|large] [-c N] [--seconds N] [--top N] [--keep]'
+const USAGE = 'usage: npm run profile -- [--path pool|inline|raw|route|mcp] [--reply small|large] [-c N] [--seconds N] [--top N] [--keep]'
 
 function parseFlags (argv: readonly string[]): Flags {
   const flags: Flags = { path: 'pool', reply: 'small', concurrency: 128, seconds: 5, top: 15, keep: false }

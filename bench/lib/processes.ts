@@ -77,7 +77,7 @@ export async function runNodeJson (script: string, args: readonly string[],
 
 /** What `bench/fixtures/profile-target.ts` runs: one dispatch path, or the call route (`route`). */
 export interface ProfileTargetOptions {
-  path: 'pool' | 'inline' | 'raw' | 'route'
+  path: 'pool' | 'inline' | 'raw' | 'route' | 'mcp'
   route: 'small' | 'large'
   concurrency: number
   seconds: number
@@ -104,7 +104,9 @@ export function readTargetFlag (flag: string, value: string | undefined, flags: 
   }
   switch (flag) {
     case '--path':
-      if (value !== 'pool' && value !== 'inline' && value !== 'raw' && value !== 'route') fail('--path is pool, inline, raw or route')
+      if (value !== 'pool' && value !== 'inline' && value !== 'raw' && value !== 'route' && value !== 'mcp') {
+        fail('--path is pool, inline, raw, route or mcp')
+      }
       flags.path = value
       return true
     case '--reply':
