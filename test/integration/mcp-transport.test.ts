@@ -5,6 +5,7 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { once } from 'node:events'
+import { connect } from 'node:net'
 import fastify from 'fastify'
 import { Client as UndiciClient, request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
@@ -254,6 +255,70 @@ test('POST streams are resumable: a priming event (id, empty data, retry) comes 
   const first = await stream.events.next()
   assert.equal(first.done, false)
   assert.notEqual(first.value.data, '')
+})
+
+test('an event stream goes out as it is written: no read-ahead holds a tools/call answer back on a zero-delay timer', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+  // Answers one event-loop turn later, as a dispatched call does: the answer is not ready at the
+  // moment the stream starts.
+  await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'soon',
+    handler: async () => {
+      await new Promise((resolve) => { setImmediate(resolve) })
+      return 'answered'
+    }
+  })
+  const endpoint = `${url}/mcp/Lanlan`
+  const sessionId = await rawSession(endpoint)
+  // Every event stream starts with its priming event. A server that reads ahead into the body
+  // before writing the headers then finds a first chunk and waits a timer for a second one: a
+  // millisecond or more added to every call. Watch for such timers while one call is answered.
+  const waits: string[] = []
+  const realSetTimeout = globalThis.setTimeout
+  globalThis.setTimeout = function watchedSetTimeout (this: unknown, ...args: Parameters<typeof setTimeout>) {
+    const ms = args[1]
+    if (ms === undefined || ms <= 1) waits.push(new Error('zero-delay timer').stack ?? '')
+    return realSetTimeout.apply(this, args)
+  } as typeof setTimeout
+  let message
+  try {
+    message = await rpc(endpoint, sessionId, { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'soon', arguments: {} } })
+  } finally {
+    globalThis.setTimeout = realSetTimeout
+  }
+  assert.equal(message.result.content[0].text, 'answered')
+  assert.deepEqual(waits, [], 'no zero-delay timer on the way of the answer')
+})
+
+test('an HTTP/1.0 client gets its event stream without chunked framing, which it could not read', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+  await tp.roles.get('Lanlan').registerLocalTool({ name: 'now', handler: async () => 'noon' })
+  const endpoint = `${url}/mcp/Lanlan`
+  const sessionId = await rawSession(endpoint)
+  const { host, port } = new URL(url)
+  const body = JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'now', arguments: {} } })
+  const socket = connect(Number(port), '127.0.0.1')
+  t.after(() => socket.destroy())
+  socket.end([
+    'POST /mcp/Lanlan HTTP/1.0',
+    `Host: ${host}`,
+    'Content-Type: application/json',
+    'Accept: application/json, text/event-stream',
+    `Mcp-Session-Id: ${sessionId}`,
+    `Mcp-Protocol-Version: ${LATEST}`,
+    `Content-Length: ${Buffer.byteLength(body)}`,
+    '',
+    body
+  ].join('\r\n'))
+  let raw = ''
+  socket.setEncoding('utf8')
+  for await (const chunk of socket) raw += String(chunk)
+  const [head = '', rest = ''] = raw.split('\r\n\r\n', 2)
+  assert.match(head, /^HTTP\/1\.1 200/)
+  assert.doesNotMatch(head, /transfer-encoding/i)
+  // The body is the events themselves, delimited by the connection's end.
+  assert.match(rest, /^id: /)
+  assert.match(rest, /"text":"noon"/)
 })
 
 test('a client whose event stream dropped misses no tool change: Last-Event-ID replays the list_changed it missed', async (t) => {

@@ -18,6 +18,7 @@
 import { EventEmitter } from 'node:events'
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
 import type { Server } from '@modelcontextprotocol/sdk/server/index.js'
 import type { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import type {
@@ -275,6 +276,8 @@ export class McpSession implements ModelSession {
   readonly #transport: StreamableHTTPServerTransport
   /** The protocol version negotiated at `initialize`. */
   #protocolVersion = ''
+  /** Whether the request being handed to the transport is HTTP/1.1 or later (chunked framing). */
+  #isChunkable = true
   #calls = 0
   #lastActive = performance.now()
   #detach: (() => void) | null = null
@@ -311,6 +314,7 @@ export class McpSession implements ModelSession {
       retryInterval: options.retryIntervalMs
     })
     primeByNegotiatedVersion(this.#transport, () => this.#protocolVersion)
+    streamWithoutReadAhead(this.#transport, () => this.#isChunkable)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(role)
@@ -364,6 +368,16 @@ export class McpSession implements ModelSession {
       this.#requests++
     }
     try {
+      // Read by streamWithoutReadAhead while handleRequest runs synchronously, before any await.
+      const { httpVersionMajor: major, httpVersionMinor: minor } = request
+      this.#isChunkable = major > 1 || (major === 1 && minor >= 1)
+      // What the transport writes before this turn of the event loop ends (the headers, the
+      // priming event, an answer that is already there) leaves in one write, not one each.
+      const socket = response.socket
+      if (socket !== null && !socket.destroyed) {
+        socket.cork()
+        setImmediate(uncork, socket)
+      }
       const handled = this.#transport.handleRequest(request, response, body)
       // The transport registers a GET's event stream synchronously inside handleRequest, and
       // queues what is sent on it until the headers go out: a change that found no stream can
@@ -580,6 +594,38 @@ function primeByNegotiatedVersion (transport: StreamableHTTPServerTransport, neg
     const session = negotiated()
     return original.call(this, controller, encoder, streamId, session > version ? session : version)
   }
+}
+
+/**
+ * The SDK's Node transport answers through @hono/node-server, which reads ahead into a streamed
+ * body before writing the headers, hoping the body ends soon enough to send it with a
+ * Content-Length: it takes one chunk, and when a second is not ready at once it waits a
+ * `setTimeout(0)` (a millisecond or more) for it. Every event stream here starts with its priming
+ * event, so every MCP POST and GET paid that wait (measured: once per `tools/call`, ~1 ms of a
+ * lone caller's latency). An event stream never ends soon; hono skips the read-ahead for a
+ * response that says `Transfer-Encoding: chunked`, the framing node uses for it anyway on
+ * HTTP/1.1. Set only for HTTP/1.1 and later (an HTTP/1.0 client cannot read chunked framing).
+ * Guarded like primeByNegotiatedVersion: if the SDK's internals differ, its own behaviour stays.
+ */
+function streamWithoutReadAhead (transport: StreamableHTTPServerTransport, isChunkable: () => boolean): void {
+  type Handle = (request: Request, options?: unknown) => Promise<Response>
+  type Inner = { handleRequest?: Handle }
+  const inner = (transport as unknown as { _webStandardTransport?: Inner })._webStandardTransport
+  const original = inner?.handleRequest
+  if (inner === undefined || typeof original !== 'function') return
+  inner.handleRequest = async function handleRequest (request, options) {
+    const chunkable = isChunkable()
+    const response = await original.call(this, request, options)
+    if (chunkable && response.body !== null && !response.headers.has('transfer-encoding') &&
+      (response.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
+      response.headers.set('transfer-encoding', 'chunked')
+    }
+    return response
+  }
+}
+
+function uncork (socket: Socket): void {
+  socket.uncork()
 }
 
 function closeIdle (session: McpSession): void {
