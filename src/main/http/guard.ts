@@ -141,11 +141,22 @@ const HOST_VERDICTS_MAX = 256
 function hostProblem (request: FastifyRequest, allowedHosts: ReadonlySet<string>): string {
   const raw = request.raw.rawHeaders
   let host: string | undefined
+  let authority: string | undefined
   for (let i = 0; i < raw.length; i += 2) {
-    if ((raw[i] as string).length === 4 && (raw[i] as string).toLowerCase() === 'host') {
+    const name = raw[i] as string
+    if (name.length === 4 && name.toLowerCase() === 'host') {
       if (host !== undefined) return '(duplicate Host headers)'
       host = raw[i + 1] as string
+    } else if (name === ':authority') {
+      // HTTP/2 (a host app may mount the plugin on an http2 server) names the target here and
+      // Host is optional. A pseudo-header never reaches us over HTTP/1 (':' is not a name byte).
+      authority = raw[i + 1] as string
     }
+  }
+  if (authority !== undefined) {
+    // RFC 9113 §8.3.1: a Host naming another target than :authority makes the request malformed.
+    if (host !== undefined && host.toLowerCase() !== authority.toLowerCase()) return '(Host differs from :authority)'
+    host = authority
   }
   if (host === undefined || host === '') return '(missing)'
   let verdicts = hostVerdicts.get(allowedHosts)

@@ -276,8 +276,11 @@ export class McpSession implements ModelSession {
   readonly #transport: StreamableHTTPServerTransport
   /** The protocol version negotiated at `initialize`. */
   #protocolVersion = ''
-  /** Whether the request being handed to the transport is HTTP/1.1 or later (chunked framing). */
-  #isChunkable = true
+  /**
+   * Whether the request being handed to the transport is HTTP/1.x with x ≥ 1 (chunked framing;
+   * HTTP/2 forbids the header). Set only while `handleRequest` runs synchronously.
+   */
+  #isChunkable = false
   #calls = 0
   #lastActive = performance.now()
   #detach: (() => void) | null = null
@@ -369,8 +372,7 @@ export class McpSession implements ModelSession {
     }
     try {
       // Read by streamWithoutReadAhead while handleRequest runs synchronously, before any await.
-      const { httpVersionMajor: major, httpVersionMinor: minor } = request
-      this.#isChunkable = major > 1 || (major === 1 && minor >= 1)
+      this.#isChunkable = request.httpVersionMajor === 1 && request.httpVersionMinor >= 1
       // What the transport writes before this turn of the event loop ends (the headers, the
       // priming event, an answer that is already there) leaves in one write, not one each.
       const socket = response.socket
@@ -379,6 +381,7 @@ export class McpSession implements ModelSession {
         setImmediate(uncork, socket)
       }
       const handled = this.#transport.handleRequest(request, response, body)
+      this.#isChunkable = false
       // The transport registers a GET's event stream synchronously inside handleRequest, and
       // queues what is sent on it until the headers go out: a change that found no stream can
       // be announced now and reaches the client first thing.
@@ -604,8 +607,11 @@ function primeByNegotiatedVersion (transport: StreamableHTTPServerTransport, neg
  * event, so every MCP POST and GET paid that wait (measured: once per `tools/call`, ~1 ms of a
  * lone caller's latency). An event stream never ends soon; hono skips the read-ahead for a
  * response that says `Transfer-Encoding: chunked`, the framing node uses for it anyway on
- * HTTP/1.1. Set only for HTTP/1.1 and later (an HTTP/1.0 client cannot read chunked framing).
- * Guarded like primeByNegotiatedVersion: if the SDK's internals differ, its own behaviour stays.
+ * HTTP/1.1. Set only for HTTP/1.1 (an HTTP/1.0 client cannot read chunked framing, and HTTP/2
+ * forbids the header); others are answered as the SDK answers them. `isChunkable` is read when
+ * the SDK calls in, synchronously inside the session's `handleRequest`: were a later SDK to call in
+ * after an await, it would read false and change nothing. Guarded like primeByNegotiatedVersion:
+ * if the SDK's internals differ, its own behaviour stays.
  */
 function streamWithoutReadAhead (transport: StreamableHTTPServerTransport, isChunkable: () => boolean): void {
   type Handle = (request: Request, options?: unknown) => Promise<Response>
