@@ -20,12 +20,13 @@
 // samples) in its own tree: its own callback server, a warm-up until CPU per call is steady, one
 // window, and the same per-thread schedstat accounting as the bench.
 import { spawnSync } from 'node:child_process'
-import { existsSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
 import { writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
 import { distIsFresh } from '../src/main/dispatch/worker-module.js'
 import type { CpuPerCall } from './lib/cpu.js'
-import { BENCH_DIR, readTargetFlag, runProfileTarget } from './lib/processes.js'
+import { BENCH_DIR, readTargetFlag, runProfileTarget, settleTargetFlags } from './lib/processes.js'
+import { MCP_MAX_CONCURRENCY } from './lib/mcp-session.js'
 import type { ProfileTargetResult, TargetFlags } from './lib/processes.js'
 import { fmtRate, fmtRatio, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 
@@ -77,6 +78,13 @@ function parseFlags (argv: readonly string[]): Flags {
     fail(`${flags.baseline} has no bench/fixtures/profile-target.ts (not a Toolport checkout, or too old)`)
   }
   if (!existsSync(join(flags.baseline, 'node_modules'))) fail(`${flags.baseline} has no node_modules (run npm ci there)`)
+  // An older profile target runs raw undici for a path it does not know: refuse rather than
+  // compare the call route or MCP against that.
+  const baselineTarget = readFileSync(join(flags.baseline, 'bench/fixtures/profile-target.ts'), 'utf8')
+  if ((flags.path === 'route' || flags.path === 'mcp') && !baselineTarget.includes(`'${flags.path}'`)) {
+    fail(`the baseline's bench/fixtures/profile-target.ts has no --path ${flags.path} (too old)`)
+  }
+  settleTargetFlags(flags, MCP_MAX_CONCURRENCY, fail)
   return flags
 }
 

@@ -224,6 +224,8 @@ function summarize (cells: readonly Cell[], p: Plan): {
       rows
     })
     for (const path of PATH_ORDER) {
+      // The chart draws calls; the round trip makes none.
+      if (path === 'thread round trip') continue
       const points = p.concurrency.flatMap((concurrency) => {
         const cell = find(cells, size, concurrency, path)
         if (cell === undefined) return []

@@ -20,7 +20,8 @@ import { once } from 'node:events'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { readTargetFlag, runProfileTarget } from './lib/processes.js'
+import { readTargetFlag, runProfileTarget, settleTargetFlags } from './lib/processes.js'
+import { MCP_MAX_CONCURRENCY } from './lib/mcp-session.js'
 import type { ProfileTargetReady, ProfileTargetResult, TargetFlags } from './lib/processes.js'
 import { parsePerfScript, profileByGroup } from './lib/perf-script.js'
 
@@ -56,6 +57,7 @@ function parseFlags (argv: readonly string[]): Flags {
       default: fail(`unknown flag ${flag}`)
     }
   }
+  settleTargetFlags(flags, MCP_MAX_CONCURRENCY, fail)
   return flags
 }
 

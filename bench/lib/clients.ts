@@ -19,6 +19,7 @@ import { resolve as resolvePath } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { Pool } from 'undici'
 import { createToolport } from '../../src/main/index.js'
+import { LANE_CALLS } from '../../src/workers/protocol.js'
 import type { Toolport, ToolportOptions } from '../../src/main/index.js'
 
 /** Callback routes of bench/fixtures/callback-server.ts. */
@@ -119,13 +120,14 @@ export async function threadRoundTripPath (): Promise<DispatchPath> {
   const { port1, port2 } = new MessageChannel()
   worker.postMessage(port2, [port2])
   await once(worker, 'message')
+  // One message in flight at a time: the path runs at c=1 only (`only`).
   let answer: ((ok: boolean) => void) | null = null
   port1.on('message', () => {
     const settle = answer
     answer = null
     settle?.(true)
   })
-  const message = [1, 1, 'http://127.0.0.1:1/small', 'http://127.0.0.1:1', '/small', callbackBody('small', 'call_rt'),
+  const message = [LANE_CALLS, 1, 'http://127.0.0.1:1/small', 'http://127.0.0.1:1', '/small', callbackBody('small', 'call_rt'),
     'call_rt', Date.now() + CALL_BUDGET_MS, CALL_BUDGET_MS, 4_194_304]
   return {
     name: 'thread round trip',

@@ -92,6 +92,18 @@ export interface TargetFlags {
 }
 
 /**
+ * Checks the flags as a whole once read: `mcp` runs on one MCP session, which takes at most
+ * `maxMcpConcurrency` calls at once (a larger -c is lowered to it, so every label shows what ran),
+ * and always calls the small tool.
+ */
+export function settleTargetFlags (flags: TargetFlags, maxMcpConcurrency: number,
+  fail: (message: string) => never): void {
+  if (flags.path !== 'mcp') return
+  if (flags.reply !== 'small') fail('--path mcp calls the ~100 B tool only (no --reply large)')
+  flags.concurrency = Math.min(flags.concurrency, maxMcpConcurrency)
+}
+
+/**
  * Reads `flag` into `flags` when it is one of the target flags (`--path`, `--reply`, `-c`,
  * `--seconds`), each taking `value`; false for any other flag. A bad value goes to `fail`.
  */

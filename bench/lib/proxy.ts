@@ -1,9 +1,10 @@
-// The floor of the end-to-end scenario: the least any server answering `POST /api/tools/call`
-// over HTTP by calling a callback over HTTP can do. A bare node:http server that reads the
+// The floor of the end-to-end scenario: a server answering `POST /api/tools/call` over HTTP by
+// calling a callback over HTTP, with no logic and on one thread. A bare node:http server that reads the
 // request body (and nothing more: no routing, no guard, no JSON parsing), sends Toolport's exact
 // callback request with raw undici on the same thread (`Pool.request`, the dispatch scenario's
 // floor), and answers the callback's reply text as the body. Two HTTP hops, no logic: what the
-// ceiling (one hop, straight to the callback server) costs twice, plus a body read.
+// ceiling (one hop, straight to the callback server) costs twice, plus a body read. A design that
+// runs the client on a second thread (Toolport's pool mode) can beat it in req/s.
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { once } from 'node:events'
