@@ -9,9 +9,11 @@ import { statSync } from 'node:fs'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
+import { connect as http2Connect } from 'node:http2'
+import fastify from 'fastify'
 import type { TestContext } from 'node:test'
 import { request as httpRequest } from 'undici'
-import { createToolport, type Toolport, type ToolportOptions } from '../src/main/index.js'
+import { createToolport, toolportPlugin, type Toolport, type ToolportOptions } from '../src/main/index.js'
 import type { ModelSession } from '../src/main/roles/sync.js'
 import type { ToolDefinition } from '../src/main/roles/tool-registry.js'
 import { startCallbackServer, type CallbackServer } from './fixtures/callback-server.js'
@@ -267,4 +269,41 @@ export function assertError (reply: JsonReply, statusCode: number, code: string)
     'details'].includes(k))
   assert.deepEqual(extra, [], 'no keys beyond the error shape')
   assert.match(String(reply.headers['content-type']), /^application\/json/)
+}
+
+export interface Http2Reply {
+  statusCode: number
+  headers: Record<string, string | number | string[] | undefined>
+  text: string
+}
+
+/**
+ * A host app on an HTTP/2 (h2c) fastify server with `toolportPlugin` mounted, and one client
+ * session to it: `request` sends one request (`:authority` is the client's own, 127.0.0.1:<port>,
+ * unless `headers` set it) and resolves with the whole answer. Bounded: a server that fails the
+ * stream without answering fails the test instead of hanging it.
+ */
+export async function startHttp2Host (t: TestContext, tp: Toolport): Promise<{
+  port: number
+  request: (headers: Record<string, string>, body?: string) => Promise<Http2Reply>
+}> {
+  const host = fastify({ http2: true, forceCloseConnections: true })
+  t.after(() => host.close())
+  await host.register(toolportPlugin, { runtime: tp })
+  await host.listen({ host: '127.0.0.1', port: 0 })
+  const address = host.server.address()
+  const port = typeof address === 'object' && address !== null ? address.port : 0
+  const session = http2Connect(`http://127.0.0.1:${port}`)
+  t.after(() => session.close())
+  async function request (headers: Record<string, string>, body?: string): Promise<Http2Reply> {
+    const stream = session.request(headers)
+    stream.end(body)
+    const [response] = await once(stream, 'response', { signal: AbortSignal.timeout(10_000) }) as
+      [Http2Reply['headers']]
+    stream.setEncoding('utf8')
+    let text = ''
+    for await (const chunk of stream) text += String(chunk)
+    return { statusCode: Number(response[':status']), headers: response, text }
+  }
+  return { port, request }
 }

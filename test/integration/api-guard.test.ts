@@ -4,10 +4,10 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { connect } from 'node:net'
 import { once } from 'node:events'
-import { connect as http2Connect } from 'node:http2'
-import fastify from 'fastify'
-import { assertError, createTestToolport, httpJson, inject, names, startToolport, tool } from '../helpers.js'
-import { toolportPlugin, type Toolport } from '../../src/main/index.js'
+import {
+  assertError, createTestToolport, httpJson, inject, names, startHttp2Host, startToolport, tool, type JsonReply
+} from '../helpers.js'
+import type { Toolport } from '../../src/main/index.js'
 
 const FOREIGN_PEERS = ['10.1.2.3', '192.168.0.5', '::ffff:10.1.2.3', 'fe80::1', '2001:db8::1', '0.0.0.0', '::']
 const LOOPBACK_PEERS = ['127.0.0.1', '127.9.8.7', '::1', '::ffff:127.0.0.1']
@@ -130,27 +130,10 @@ test('guard: a Host header that does not name loopback is 403 TP_ERR_HOST_FORBID
 
 test('guard: over HTTP/2 (the plugin on a host\'s http2 server) :authority is the Host: loopback passes, another name or a Host that differs is 403', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  const host = fastify({ http2: true, forceCloseConnections: true })
-  t.after(() => host.close())
-  await host.register(toolportPlugin, { runtime: tp })
-  await host.listen({ host: '127.0.0.1', port: 0 })
-  const address = host.server.address()
-  const port = typeof address === 'object' && address !== null ? address.port : 0
-  const session = http2Connect(`http://127.0.0.1:${port}`)
-  t.after(() => session.close())
-  async function get (headers: Record<string, string>): Promise<{
-    statusCode: number,
-    headers: Record<string, unknown>,
-    body: unknown
-  }> {
-    const stream = session.request({ ':method': 'GET', ':path': '/api/tools', ...headers })
-    stream.end()
-    const [response] = await once(stream, 'response', { signal: AbortSignal.timeout(10_000) }) as
-      [Record<string, string | number>]
-    stream.setEncoding('utf8')
-    let text = ''
-    for await (const chunk of stream) text += String(chunk)
-    return { statusCode: Number(response[':status']), headers: response, body: JSON.parse(text) }
+  const { port, request } = await startHttp2Host(t, tp)
+  async function get (headers: Record<string, string>): Promise<JsonReply> {
+    const reply = await request({ ':method': 'GET', ':path': '/api/tools', ...headers })
+    return { statusCode: reply.statusCode, headers: reply.headers, body: JSON.parse(reply.text) }
   }
   assert.equal((await get({})).statusCode, 200, 'the client\'s own :authority, 127.0.0.1:<port>')
   assert.equal((await get({ ':authority': `localhost:${port}` })).statusCode, 200)

@@ -6,17 +6,16 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { once } from 'node:events'
 import { connect } from 'node:net'
-import { connect as http2Connect } from 'node:http2'
 import fastify from 'fastify'
 import { Client as UndiciClient, request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { ErrorCode, McpError, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
-import { toolportPlugin, type Toolport } from '../../src/main/index.js'
+import type { Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
 import { startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
-import { createTestToolport, httpJson, startToolport } from '../helpers.js'
+import { createTestToolport, httpJson, startHttp2Host, startToolport, type Http2Reply } from '../helpers.js'
 
 const LATEST = '2025-11-25'
 
@@ -326,39 +325,24 @@ test('an HTTP/1.0 client gets its event stream without chunked framing, which it
 test('an MCP client over HTTP/2 (h2c, the plugin mounted on a host app) gets its event streams', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   await tp.roles.get('Lanlan').registerLocalTool({ name: 'now', handler: async () => 'noon' })
-  const host = fastify({ http2: true, forceCloseConnections: true })
-  t.after(() => host.close())
-  await host.register(toolportPlugin, { runtime: tp })
-  await host.listen({ host: '127.0.0.1', port: 0 })
-  const address = host.server.address()
-  const port = typeof address === 'object' && address !== null ? address.port : 0
-  const session = http2Connect(`http://127.0.0.1:${port}`)
-  t.after(() => session.close())
-  async function post (body: unknown, headers: Record<string, string> = {}) {
-    const stream = session.request({
+  const { request } = await startHttp2Host(t, tp)
+  async function post (body: unknown, headers: Record<string, string> = {}): Promise<Http2Reply> {
+    return await request({
       ':method': 'POST',
       ':path': '/mcp/Lanlan',
       'content-type': 'application/json',
       accept: 'application/json, text/event-stream',
       ...headers
-    })
-    stream.end(JSON.stringify(body))
-    // Bounded: a server that fails the stream without answering must fail the test, not hang it.
-    const [responseHeaders] = await once(stream, 'response', { signal: AbortSignal.timeout(10_000) }) as
-      [Record<string, string | number>]
-    stream.setEncoding('utf8')
-    let text = ''
-    for await (const chunk of stream) text += String(chunk)
-    return { status: responseHeaders[':status'], headers: responseHeaders, text }
+    }, JSON.stringify(body))
   }
   const init = await post(initialize())
-  assert.equal(init.status, 200)
+  assert.equal(init.statusCode, 200)
   assert.equal(init.headers['transfer-encoding'], undefined)
   assert.match(init.text, new RegExp(`"protocolVersion":"${LATEST}"`))
   const sessionId = String(init.headers['mcp-session-id'])
   const call = await post({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'now', arguments: {} } },
     { 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST })
-  assert.equal(call.status, 200)
+  assert.equal(call.statusCode, 200)
   assert.match(call.text, /"text":"noon"/)
 })
 
