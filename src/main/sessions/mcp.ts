@@ -588,15 +588,11 @@ function listPage (all: ListToolsResult['tools'], cursor: string | undefined): L
  * behaviour stays.
  */
 function primeByNegotiatedVersion (transport: StreamableHTTPServerTransport, negotiated: () => string): void {
-  type Prime = (controller: unknown, encoder: unknown, streamId: string, version: string) => Promise<void>
-  type Inner = { _webStandardTransport?: { writePrimingEvent?: Prime } }
-  const inner = (transport as unknown as Inner)._webStandardTransport
-  const original = inner?.writePrimingEvent
-  if (inner === undefined || typeof original !== 'function') return
-  inner.writePrimingEvent = function writePrimingEvent (controller, encoder, streamId, version) {
+  wrapInnerMethod(transport, 'writePrimingEvent', (original) => function writePrimingEvent (controller, encoder,
+    streamId, version) {
     const session = negotiated()
-    return original.call(this, controller, encoder, streamId, session > version ? session : version)
-  }
+    return original(controller, encoder, streamId, session > version ? session : version)
+  })
 }
 
 /**
@@ -610,24 +606,38 @@ function primeByNegotiatedVersion (transport: StreamableHTTPServerTransport, neg
  * HTTP/1.1. Set only for HTTP/1.1 (an HTTP/1.0 client cannot read chunked framing, and HTTP/2
  * forbids the header); others are answered as the SDK answers them. `isChunkable` is read when
  * the SDK calls in, synchronously inside the session's `handleRequest`: were a later SDK to call in
- * after an await, it would read false and change nothing. Guarded like primeByNegotiatedVersion:
- * if the SDK's internals differ, its own behaviour stays.
+ * after an await, it would read false and change nothing. If the SDK's internals differ, its own
+ * behaviour stays (wrapInnerMethod).
  */
 function streamWithoutReadAhead (transport: StreamableHTTPServerTransport, isChunkable: () => boolean): void {
-  type Handle = (request: Request, options?: unknown) => Promise<Response>
-  type Inner = { handleRequest?: Handle }
-  const inner = (transport as unknown as { _webStandardTransport?: Inner })._webStandardTransport
-  const original = inner?.handleRequest
-  if (inner === undefined || typeof original !== 'function') return
-  inner.handleRequest = async function handleRequest (request, options) {
+  wrapInnerMethod(transport, 'handleRequest', (original) => async function handleRequest (request, options) {
     const chunkable = isChunkable()
-    const response = await original.call(this, request, options)
+    const response = await original(request, options)
     if (chunkable && response.body !== null && !response.headers.has('transfer-encoding') &&
       (response.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
       response.headers.set('transfer-encoding', 'chunked')
     }
     return response
-  }
+  })
+}
+
+/** The methods of the SDK transport's inner web-standard transport that this file wraps. */
+interface InnerTransport {
+  writePrimingEvent: (controller: unknown, encoder: unknown, streamId: string, version: string) => Promise<void>
+  handleRequest: (request: Request, options?: unknown) => Promise<Response>
+}
+
+/**
+ * Replaces one method of the SDK transport's inner transport with `wrap(original)`, `original`
+ * bound to it. Does nothing when the SDK's internals differ (no inner transport, no such
+ * method): the SDK's own behaviour stays.
+ */
+function wrapInnerMethod<K extends keyof InnerTransport> (transport: StreamableHTTPServerTransport, name: K,
+  wrap: (original: InnerTransport[K]) => InnerTransport[K]): void {
+  const inner = (transport as unknown as { _webStandardTransport?: Partial<InnerTransport> })._webStandardTransport
+  const original = inner?.[name]
+  if (inner === undefined || typeof original !== 'function') return
+  inner[name] = wrap(original.bind(inner) as InnerTransport[K])
 }
 
 function uncork (socket: Socket): void {
