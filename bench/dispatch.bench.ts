@@ -48,14 +48,6 @@ const PATH_ORDER = [
   'fetch', 'node:http'
 ] as const
 
-function pathCount (ctx: BenchContext): number {
-  return selectedPaths(ctx).length
-}
-
-function hasRoundTrip (ctx: BenchContext): boolean {
-  return selectedPaths(ctx).includes('thread round trip')
-}
-
 /** The paths this run measures: every path, or --paths (raw undici always), baselines with --baseline. */
 function selectedPaths (ctx: BenchContext): string[] {
   return PATH_ORDER.filter((name) => {
@@ -82,8 +74,11 @@ export const dispatchScenario: Scenario = {
   title: '1. Dispatch: one callback call per request, closed loop',
   steps (ctx) {
     const p = plan(ctx)
-    const everyCell = pathCount(ctx) - (hasRoundTrip(ctx) ? 1 : 0)
-    const roundTrips = hasRoundTrip(ctx) && p.concurrency.includes(1) && p.sizes.includes('small') ? ctx.reps : 0
+    // The round trip runs in one cell only (c=1, 100 B); every other path in every cell.
+    const selected = selectedPaths(ctx)
+    const hasRoundTrip = selected.includes('thread round trip')
+    const everyCell = selected.length - (hasRoundTrip ? 1 : 0)
+    const roundTrips = hasRoundTrip && p.concurrency.includes(1) && p.sizes.includes('small') ? ctx.reps : 0
     return p.sizes.length * p.concurrency.length * ctx.reps * everyCell + roundTrips + 1
   },
   async run (ctx) {

@@ -137,7 +137,7 @@ export const e2eScenario: Scenario = {
           fmtStat(stat(runs.map((r) => r.rps)), fmtRate),
           fmtStat(stat(runs.map((r) => r.p50Us)), fmtUs),
           fmtStat(stat(runs.map((r) => r.p99Us)), fmtUs),
-          name.startsWith('ceiling')
+          name === CEILING
             ? '1'
             : fmtStat(pairedRatio(runs.map((r) => r.rps), ceiling.map((r) => r.rps)),
               fmtRatio),
@@ -145,7 +145,7 @@ export const e2eScenario: Scenario = {
             ? fmtStat(pairedRatio(runs.map((r) => r.rps), inlineRuns.map((r) => r.rps)),
               fmtRatio)
             : '',
-          cpuCell(runs, name.startsWith('ceiling')),
+          cpuCell(runs, name === CEILING),
           failed === 0 ? '' : String(failed)
         ])
       }
