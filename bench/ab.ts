@@ -10,6 +10,9 @@
 //   --seconds N              measured window per run, after a steady warm-up (default 4)
 //   --reps N                 repetitions, each one run of each tree (default 3)
 //   --out NAME               also write bench/results/NAME.md
+//   --harness own|this       whose bench/fixtures/profile-target.ts runs the baseline: its own
+//                            (default when it has one that knows --path), or this tree's, loading
+//                            the baseline's createToolport (a tree older than this harness)
 //
 // Why processes of their own: `npm run bench -- --baseline` runs both trees in one process, which
 // is right for most changes (same machine state, windows a second apart), but not for a change to
@@ -27,21 +30,25 @@ import { distIsFresh } from '../src/main/dispatch/worker-module.js'
 import type { CpuPerCall } from './lib/cpu.js'
 import { BENCH_DIR, readTargetFlag, runProfileTarget, settleTargetFlags } from './lib/processes.js'
 import { MCP_MAX_CONCURRENCY } from './lib/mcp-session.js'
-import type { ProfileTargetResult, TargetFlags } from './lib/processes.js'
+import type { ProfileTargetOptions, ProfileTargetResult, TargetFlags } from './lib/processes.js'
 import { fmtRate, fmtRatio, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 
 interface Flags extends TargetFlags {
   baseline: string
   reps: number
   out: string
+  /** Whose profile target runs the baseline (see the header); '' until settled. */
+  harness: 'own' | 'this' | ''
 }
 
 const USAGE = 'usage: npm run ab -- --baseline DIR [--path pool|inline|raw|route|mcp] [--reply small|large] ' +
-  '[-c N] [--seconds N] [--reps N] [--out NAME]'
+  '[-c N] [--seconds N] [--reps N] [--out NAME] [--harness own|this]'
 const THIS_TREE = resolve(BENCH_DIR, '..')
 
 function parseFlags (argv: readonly string[]): Flags {
-  const flags: Flags = { baseline: '', path: 'pool', reply: 'small', concurrency: 128, seconds: 4, reps: 3, out: '' }
+  const flags: Flags = {
+    baseline: '', path: 'pool', reply: 'small', concurrency: 128, seconds: 4, reps: 3, out: '', harness: ''
+  }
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i] as string
     const value = argv[i + 1]
@@ -62,6 +69,12 @@ function parseFlags (argv: readonly string[]): Flags {
     switch (flag) {
       case '--baseline': flags.baseline = resolve(text()); break
       case '--reps': flags.reps = number(50); break
+      case '--harness': {
+        const harness = text()
+        if (harness !== 'own' && harness !== 'this') fail('--harness is own or this')
+        flags.harness = harness
+        break
+      }
       case '--out':
         flags.out = text()
         if (!/^[\w.-]+$/.test(flags.out)) fail('--out must be a plain file name')
@@ -74,16 +87,19 @@ function parseFlags (argv: readonly string[]): Flags {
     }
   }
   if (flags.baseline === '') fail('--baseline is required')
-  if (!existsSync(join(flags.baseline, 'bench/fixtures/profile-target.ts'))) {
-    fail(`${flags.baseline} has no bench/fixtures/profile-target.ts (not a Toolport checkout, or too old)`)
-  }
+  if (!existsSync(join(flags.baseline, 'src/main/index.ts'))) fail(`${flags.baseline} is not a Toolport checkout`)
   if (!existsSync(join(flags.baseline, 'node_modules'))) fail(`${flags.baseline} has no node_modules (run npm ci there)`)
-  // An older profile target runs raw undici for a path it does not know: refuse rather than
-  // compare the call route or MCP against that.
-  const baselineTarget = readFileSync(join(flags.baseline, 'bench/fixtures/profile-target.ts'), 'utf8')
-  if ((flags.path === 'route' || flags.path === 'mcp') && !baselineTarget.includes(`'${flags.path}'`)) {
-    fail(`the baseline's bench/fixtures/profile-target.ts has no --path ${flags.path} (too old)`)
+  // An older profile target runs raw undici for a path it does not know: never compare against
+  // that. Such a tree (or one with no profile target) runs in this tree's harness instead.
+  const targetFile = join(flags.baseline, 'bench/fixtures/profile-target.ts')
+  const baselineTarget = existsSync(targetFile) ? readFileSync(targetFile, 'utf8') : ''
+  const ownKnowsPath = baselineTarget !== '' &&
+    ((flags.path !== 'route' && flags.path !== 'mcp') || baselineTarget.includes(`'${flags.path}'`))
+  if (flags.harness === 'own' && !ownKnowsPath) {
+    fail(`the baseline's bench/fixtures/profile-target.ts is missing or has no --path ${flags.path} (use --harness this)`)
   }
+  if (flags.harness === '') flags.harness = ownKnowsPath ? 'own' : 'this'
+  if (flags.harness === 'this' && flags.path === 'raw') fail('--path raw runs no Toolport: --harness this would compare this tree with itself')
   settleTargetFlags(flags, MCP_MAX_CONCURRENCY, fail)
   return flags
 }
@@ -117,7 +133,7 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
   const what = `${flags.path}, ${flags.reply === 'large' ? '64 KiB' : '100 B'} replies, c=${flags.concurrency}`
   lines.push(`# A/B in separate processes: ${what}`, '')
   lines.push(`${new Date().toISOString()} · this tree (${describeTree(THIS_TREE)}) against the baseline ` +
-    `(${describeTree(flags.baseline)}) · ` +
+    `(${describeTree(flags.baseline)}, ${flags.harness === 'own' ? 'in its own harness' : 'in this tree\'s harness'}) · ` +
     `${flags.reps} repetitions of ${flags.seconds} s windows, interleaved · Node ${process.version}`, '')
   lines.push('| rep | tree | req/s | p50 | CPU µs/call: process · main · workers · other · server | failed |')
   lines.push('| --: | :-- | --: | --: | --: | --: |')
@@ -140,8 +156,12 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
     `${fmtStat(pairedRatio(cpuA, cpuB), fmtRatio)} |`)
   lines.push(`| CPU µs per call, main thread | ${fmtStat(stat(mainA), fmtUs)} | ${fmtStat(stat(mainB), fmtUs)} | ` +
     `${fmtStat(pairedRatio(mainA, mainB), fmtRatio)} |`)
-  lines.push('', '- Each run is `bench/fixtures/profile-target.ts` in its own tree and process: its own callback ' +
-    'server, a warm-up until CPU per call is steady, then the window (see bench/ab.ts).',
+  lines.push('', '- Each run is `bench/fixtures/profile-target.ts` in a process of its own: its own callback ' +
+    'server, a warm-up until CPU per call is steady, then the window (see bench/ab.ts). ' +
+    (flags.harness === 'own'
+      ? 'Each tree runs its own profile target.'
+      : 'Both run this tree\'s profile target; the baseline\'s with the baseline\'s createToolport (and its own ' +
+        'server V8 setting, if it has one).'),
   '- CPU µs per call from each thread\'s /proc/<pid>/task/<tid>/schedstat; `*`: other processes took more than ' +
     '25 % of the cores during that window.',
   '- Ratios are medians of per-repetition ratios (each run paired with the other tree\'s run of the same ' +
@@ -161,9 +181,12 @@ async function main (): Promise<void> {
     const order = rep % 2 === 0 ? ['this', 'baseline'] as const : ['baseline', 'this'] as const
     for (const which of order) {
       step(`rep ${rep + 1}/${flags.reps}: ${which}`)
-      const run = await runProfileTarget(
-        { path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds },
-        { tree: which === 'this' ? THIS_TREE : flags.baseline })
+      const options: ProfileTargetOptions = {
+        path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds
+      }
+      if (which === 'baseline' && flags.harness === 'this') options.toolport = flags.baseline
+      const run = await runProfileTarget(options,
+        { tree: which === 'this' || flags.harness === 'this' ? THIS_TREE : flags.baseline })
       if (which === 'this') runs.tree.push(run)
       else runs.baseline.push(run)
     }

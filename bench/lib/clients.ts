@@ -198,7 +198,7 @@ export function nodeHttpPath (port: number): DispatchPath {
   }
 }
 
-type CreateToolport = (options: ToolportOptions) => Promise<Toolport>
+export type CreateToolport = (options: ToolportOptions) => Promise<Toolport>
 
 /**
  * `createToolport` of another checkout of Toolport (for A/B runs against a baseline tree): its

@@ -81,6 +81,11 @@ export interface ProfileTargetOptions {
   route: 'small' | 'large'
   concurrency: number
   seconds: number
+  /**
+   * Another checkout of Toolport whose `createToolport` this target runs instead of this tree's
+   * (`npm run ab` against a tree older than this harness); its own V8 setting only if it has one.
+   */
+  toolport?: string
 }
 
 /** The command-line flags that choose a target run, as `npm run ab` and `npm run profile` take them. */
