@@ -53,10 +53,34 @@ const MCP_TARGET = 'toolport pool, MCP tools/call'
 const CEILING = 'ceiling: callback server'
 const FLOOR = 'floor: bare node:http + undici'
 
-function plan (ctx: BenchContext): { concurrency: number[], warmupS: number, durationS: number, maxRequests: number } {
+interface Plan {
+  concurrency: number[]
+  /** Each target's first load, discarded: TurboFan compiles its hot path here, not in a window. */
+  firstWarmupS: number
+  /** Before each measured window. */
+  warmupS: number
+  durationS: number
+  maxRequests: number
+}
+
+function plan (ctx: BenchContext): Plan {
   return ctx.isQuick
-    ? { concurrency: [16, 128], warmupS: 0.2, durationS: 0.5, maxRequests: 50_000 }
-    : { concurrency: [16, 128], warmupS: 0.5, durationS: 2, maxRequests: 200_000 }
+    ? { concurrency: [16, 128], firstWarmupS: 0.5, warmupS: 0.2, durationS: 0.5, maxRequests: 50_000 }
+    : { concurrency: [16, 128], firstWarmupS: 3, warmupS: 0.5, durationS: 2, maxRequests: 200_000 }
+}
+
+/** One run of the load generator against `target`. */
+async function load (target: Target, connections: number, p: Plan, warmupS: number, durationS: number,
+  onMeasuring?: () => void): Promise<LoadResult> {
+  return await runNodeJson('fixtures/load-generator.ts', [JSON.stringify({
+    url: target.url,
+    connections,
+    warmupS,
+    durationS,
+    maxRequests: p.maxRequests,
+    body: target.body,
+    headers: target.headers
+  })], { timeoutMs: 60_000, onEvent: () => { onMeasuring?.() } }) as LoadResult
 }
 
 const CALL_BODY = JSON.stringify({ role: 'bench', name: toolName('small'), raw_arguments: RAW_ARGUMENTS })
@@ -68,7 +92,8 @@ export const e2eScenario: Scenario = {
   steps (ctx) {
     const p = plan(ctx)
     const withMcp = p.concurrency.filter((c) => c <= MCP_MAX_CONCURRENCY).length
-    return p.concurrency.length * ctx.reps * 4 + withMcp * ctx.reps + 1
+    const targets = 4 + (withMcp > 0 ? 1 : 0)
+    return p.concurrency.length * ctx.reps * 4 + withMcp * ctx.reps + targets + 1
   },
   async run (ctx) {
     const p = plan(ctx)
@@ -95,6 +120,13 @@ export const e2eScenario: Scenario = {
           name: MCP_TARGET, url: mcpUrl, body: MCP_CALL_BODY, headers: mcp.headers, maxConcurrency: MCP_MAX_CONCURRENCY
         })
       }
+      // A steady start for every target before any window (the windows alone warm up for
+      // warmupS each, too short for the first compile of a path).
+      for (const target of targets) {
+        const c = Math.min(Math.max(...p.concurrency), target.maxConcurrency ?? Infinity)
+        ctx.progress.step(`warming up ${target.name} (${p.firstWarmupS} s at c=${c})`)
+        await load(target, c, p, 0, p.firstWarmupS)
+      }
       for (const c of p.concurrency) {
         const cTargets = targets.filter((t) => c <= (t.maxConcurrency ?? Infinity))
         for (let rep = 0; rep < ctx.reps; rep++) {
@@ -102,15 +134,7 @@ export const e2eScenario: Scenario = {
             const target = cTargets[(k + rep) % cTargets.length] as Target
             ctx.progress.step(`c=${c} ${target.name} (rep ${rep + 1}/${ctx.reps})`)
             const meter = new CpuMeter(ctx.server.pid)
-            const result = await runNodeJson('fixtures/load-generator.ts', [JSON.stringify({
-              url: target.url,
-              connections: c,
-              warmupS: p.warmupS,
-              durationS: p.durationS,
-              maxRequests: p.maxRequests,
-              body: target.body,
-              headers: target.headers
-            })], { timeoutMs: 60_000, onEvent: () => { meter.begin() } }) as LoadResult
+            const result = await load(target, c, p, p.warmupS, p.durationS, () => { meter.begin() })
             result.cpu = meter.end(result.total, (result.cpuUsPerRequest ?? 0) * result.total)
             const key = `${c}|${target.name}`
             results.set(key, [...(results.get(key) ?? []), result])
@@ -191,6 +215,7 @@ export const e2eScenario: Scenario = {
       checks,
       notes: [
         'autocannon runs in its own process (programmatic API), one connection per concurrent request, no pipelining; latency from its per-response times.',
+        `Each target is loaded once for ${p.firstWarmupS} s before any measured window (discarded: its first compile), and each window follows ${p.warmupS} s of warm-up.`,
         `"${FLOOR}" (bench/lib/proxy.ts): a node:http server in this process that reads the body, sends Toolport's exact callback request with raw undici on its main thread and answers the reply's text. No routing, guard, parsing or validation, on one thread: what the two HTTP hops alone cost (pool mode, on two threads, can beat it).`,
         'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses; in the floor\'s row, the bare server\'s) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.',
         `"${MCP_TARGET}": the same call as a JSON-RPC \`tools/call\` POSTed on one MCP session of the pool's /mcp/bench (the MCP SDK's streamable HTTP transport answers each with an event stream), at concurrencies up to ${MCP_MAX_CONCURRENCY}, the calls one session takes at once.`
