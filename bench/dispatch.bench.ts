@@ -13,7 +13,7 @@ import { closedLoop } from './lib/loop.js'
 import type { LoopResult, SteadyWarmup } from './lib/loop.js'
 import { fetchPath, loadCreateToolport, nodeHttpPath, rawUndiciPath, threadRoundTripPath, toolportPath } from './lib/clients.js'
 import type { DispatchPath, Route } from './lib/clients.js'
-import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedDiff, pairedRatio, stat } from './lib/stats.js'
+import { fmtCpuSplit, fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedDiff, pairedRatio, stat } from './lib/stats.js'
 import type { Stat } from './lib/stats.js'
 import type { BenchContext, ChartSeries, Check, Scenario, Table } from './lib/report.js'
 
@@ -144,20 +144,6 @@ export const dispatchScenario: Scenario = {
   }
 }
 
-/**
- * Median CPU µs per call: this process (all threads), its main thread, its pool workers, its other
- * threads, the callback server; `*` when a repetition was flagged as contended.
- */
-function cpuCell (cell: Cell): string {
-  const pick = (f: (r: LoopResult) => number | undefined): string => {
-    const m = stat(cell.runs.map((r) => f(r) ?? Number.NaN)).median
-    return Number.isFinite(m) ? m.toFixed(0) : '–'
-  }
-  const flagged = cell.runs.some((r) => r.cpu?.contended === true) ? '*' : ''
-  return `${pick((r) => r.cpu?.processUs)} · ${pick((r) => r.cpu?.mainThreadUs)} · ${pick((r) => r.cpu?.workerUs)} · ` +
-    `${pick((r) => r.cpu?.otherUs)} · ${pick((r) => r.cpu?.peerUs)}${flagged}`
-}
-
 function series (cell: Cell | undefined, pick: (r: LoopResult) => number): number[] {
   return cell === undefined ? [] : cell.runs.map(pick)
 }
@@ -193,7 +179,7 @@ function summarize (cells: readonly Cell[], p: Plan): {
           : pairedRatio(series(cell, (r) => r.rps), series(raw, (r) => r.rps))
         const failed = cell.runs.reduce((n, r) => n + r.errors, 0)
         errors += failed
-        const cpu = cpuCell(cell)
+        const cpu = fmtCpuSplit(cell.runs)
         rows.push([
           String(concurrency), path, fmtStat(rps, fmtRate), fmtStat(p50, fmtUs), fmtStat(p99, fmtUs),
           path === 'raw undici' ? '1 (floor)' : ratio === null ? '–' : fmtStat(ratio, fmtRatio), cpu,

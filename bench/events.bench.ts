@@ -6,15 +6,19 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { closedLoop, sleep } from './lib/loop.js'
-import type { LoopResult } from './lib/loop.js'
+import type { LoopResult, SteadyWarmup } from './lib/loop.js'
 import { toolportPath } from './lib/clients.js'
-import { fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
+import { captureNewThreads, CpuMeter } from './lib/cpu.js'
+import { fmtCpuSplit, fmtRatio, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 
 const CONCURRENCY = 128
 
-function plan (ctx: BenchContext): { warmupMs: number, durationMs: number } {
-  return ctx.isQuick ? { warmupMs: 200, durationMs: 700 } : { warmupMs: 500, durationMs: 3_000 }
+function plan (ctx: BenchContext): { steady: SteadyWarmup, durationMs: number } {
+  // Warm-ups as in `dispatch`: until CPU per call is steady.
+  return ctx.isQuick
+    ? { steady: { minMs: 100, maxMs: 400, chunkMs: 100, tolerance: 0.2 }, durationMs: 700 }
+    : { steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 }, durationMs: 3_000 }
 }
 
 /** A subscriber process that reads the stream and counts what it got (printed when it ends). */
@@ -58,24 +62,31 @@ export const eventsScenario: Scenario = {
   },
   async run (ctx) {
     const p = plan(ctx)
-    const path = await toolportPath(ctx.server.origin, 'pool')
+    const path = await captureNewThreads(() => toolportPath(ctx.server.origin, 'pool'))
     const { url } = await path.tp.listen({ host: '127.0.0.1', port: 0 })
     const without: LoopResult[] = []
     const withOne: LoopResult[] = []
     const streamedBytes: number[] = []
-    const options = { concurrency: CONCURRENCY, warmupMs: p.warmupMs, durationMs: p.durationMs, maxCalls: 2_000_000 }
+    const options = (): Parameters<typeof closedLoop>[1] => ({
+      concurrency: CONCURRENCY,
+      warmupMs: 0,
+      steady: p.steady,
+      durationMs: p.durationMs,
+      maxCalls: 2_000_000,
+      cpu: new CpuMeter(ctx.server.pid)
+    })
     try {
       for (let rep = 0; rep < ctx.reps; rep++) {
         // Alternate which goes first, so slow drift in the machine's load does not favour one.
         for (const withSubscriber of rep % 2 === 0 ? [false, true] : [true, false]) {
           ctx.progress.step(`${withSubscriber ? 'one subscriber' : 'no subscriber'} (rep ${rep + 1}/${ctx.reps})`)
           if (!withSubscriber) {
-            without.push(await closedLoop(path.caller('small'), options))
+            without.push(await closedLoop(path.caller('small'), options()))
             continue
           }
           const subscriber = await startSubscriber(url)
           try {
-            withOne.push(await closedLoop(path.caller('small'), options))
+            withOne.push(await closedLoop(path.caller('small'), options()))
           } finally {
             streamedBytes.push(await subscriber.stop())
           }
@@ -85,29 +96,36 @@ export const eventsScenario: Scenario = {
       await path.close()
     }
     const ratio = pairedRatio(withOne.map((r) => r.rps), without.map((r) => r.rps))
+    const processCpu = (runs: readonly LoopResult[]): number[] => runs.map((r) => r.cpu?.processUs ?? Number.NaN)
+    const cpuRatio = pairedRatio(processCpu(withOne), processCpu(without))
     const table: Table = {
       title: `Dispatch at c = ${CONCURRENCY} (~100 B replies), pool mode`,
-      head: ['subscribers', 'req/s', 'p50', 'p99', 'ratio'],
+      head: ['subscribers', 'req/s', 'p50', 'p99', 'ratio', 'CPU µs/call: process · main · workers · other · server',
+        'CPU per call, ratio'],
       rows: [
         ['none', fmtStat(stat(without.map((r) => r.rps)), fmtRate), fmtStat(stat(without.map((r) => r.p50Us)), fmtUs),
-          fmtStat(stat(without.map((r) => r.p99Us)), fmtUs), '1.00×'],
+          fmtStat(stat(without.map((r) => r.p99Us)), fmtUs), '1.00×', fmtCpuSplit(without), '1.00×'],
         ['one (/api/events)', fmtStat(stat(withOne.map((r) => r.rps)), fmtRate),
           fmtStat(stat(withOne.map((r) => r.p50Us)), fmtUs),
-          fmtStat(stat(withOne.map((r) => r.p99Us)), fmtUs), `${ratio.median.toFixed(3)}×`]
+          fmtStat(stat(withOne.map((r) => r.p99Us)), fmtUs), `${ratio.median.toFixed(3)}×`, fmtCpuSplit(withOne),
+          fmtStat(cpuRatio, fmtRatio)]
       ]
     }
     const checks: Check[] = [{
       scenario: 'events',
       what: 'throughput with one event-stream subscriber',
       measured: `${fmtRate(stat(withOne.map((r) => r.rps)).median)} req/s`,
-      ratio: `${ratio.median.toFixed(3)}× (min ${ratio.min.toFixed(3)})`,
+      ratio: `${ratio.median.toFixed(3)}× (min ${ratio.min.toFixed(3)}); CPU per call ${fmtRatio(cpuRatio.median)}`,
       target: '≥ 0.97× without',
       met: ratio.median >= 0.97
     }]
     return {
       tables: [table],
       checks,
-      notes: [`The subscriber (its own process) read ${fmtStat(stat(streamedBytes), (b) => `${(b / 1024).toFixed(0)} KiB`)} of events per run.`],
+      notes: [
+        `The subscriber (its own process) read ${fmtStat(stat(streamedBytes), (b) => `${(b / 1024).toFixed(0)} KiB`)} of events per run.`,
+        'Each loop warms up until CPU per call is steady (as in `dispatch`). CPU µs/call from each thread\'s schedstat (see `dispatch`); the subscriber\'s own process is not counted. "CPU per call, ratio": this process\'s CPU per call with the subscriber over without, per repetition: what the stream costs Toolport, steadier than req/s on a shared machine.'
+      ],
       data: { without, withOne, streamedBytes }
     }
   }

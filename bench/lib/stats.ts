@@ -4,6 +4,7 @@
 // median of its repetitions with their min–max, and a ratio to a baseline is the median of the
 // per-repetition ratios (each A paired with the B that ran next to it), which cancels slow drift
 // in the machine's load better than a ratio of two medians would.
+import type { CpuPerCall } from './cpu.js'
 
 /** The repetitions of one figure: median, min and max (`n` = repetitions). */
 export interface Stat {
@@ -90,4 +91,18 @@ export function fmtStat (s: Stat, fmt: (value: number) => string): string {
   if (s.n === 0) return '–'
   if (s.n === 1 || s.min === s.max) return fmt(s.median)
   return `${fmt(s.median)} (${fmt(s.min)}–${fmt(s.max)})`
+}
+
+/**
+ * Median CPU µs per call over repetitions: this process (all threads) · its main thread · its pool
+ * workers · its other threads · the callback server; `*` when a repetition was flagged as contended.
+ */
+export function fmtCpuSplit (runs: readonly { cpu: CpuPerCall | null }[]): string {
+  const pick = (f: (cpu: CpuPerCall) => number): string => {
+    const m = stat(runs.map((r) => (r.cpu === null ? Number.NaN : f(r.cpu)))).median
+    return Number.isFinite(m) ? m.toFixed(0) : '–'
+  }
+  const flagged = runs.some((r) => r.cpu?.contended === true) ? '*' : ''
+  return `${pick((c) => c.processUs)} · ${pick((c) => c.mainThreadUs)} · ${pick((c) => c.workerUs)} · ` +
+    `${pick((c) => c.otherUs)} · ${pick((c) => c.peerUs)}${flagged}`
 }
