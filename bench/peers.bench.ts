@@ -6,7 +6,8 @@
 // python3-aiohttp, python3-uvloop; nothing is ever installed by the bench). `$PYTHON` is tried
 // first, then `python3`, then `/usr/bin/python3` (Debian's packages live there, not in a pyenv).
 import { closedLoop } from './lib/loop.js'
-import type { LoopResult } from './lib/loop.js'
+import type { LoopResult, SteadyWarmup } from './lib/loop.js'
+import { captureNewThreads, CpuMeter } from './lib/cpu.js'
 import { CONNECTIONS, rawUndiciPath, toolportPath } from './lib/clients.js'
 import type { DispatchPath } from './lib/clients.js'
 import { benchFile, pythonHas, runJson } from './lib/processes.js'
@@ -17,13 +18,36 @@ const CONCURRENCY = 128
 
 interface PeerClient { name: string, client: string, python: string }
 
-interface PeerResult { rps: number, p50Us: number, p99Us: number, calls: number, errors: number }
+interface PeerResult {
+  rps: number
+  p50Us: number
+  p99Us: number
+  calls: number
+  errors: number
+  /** The Python process's CPU time per call in the window (every thread of it). */
+  cpuUsPerCall: number
+}
 
-function plan (ctx: BenchContext): { warmupS: number, durationS: number, maxCalls: number } {
+interface Plan {
+  /** The Python clients' warm-up (CPython has no JIT to wait for). */
+  warmupS: number
+  /** The Node paths' warm-up, until CPU per call is steady (as in `dispatch`). */
+  steady: SteadyWarmup
+  durationS: number
+  maxCalls: number
+}
+
+function plan (ctx: BenchContext): Plan {
   return ctx.isQuick
-    ? { warmupS: 0.2, durationS: 0.4, maxCalls: 20_000 }
+    ? {
+        warmupS: 0.2,
+        steady: { minMs: 100, maxMs: 400, chunkMs: 100, tolerance: 0.2 },
+        durationS: 0.4,
+        maxCalls: 20_000
+      }
     : {
         warmupS: 0.5,
+        steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 },
         durationS: 1.5,
         maxCalls: 100_000
       }
@@ -77,13 +101,17 @@ export const peersScenario: Scenario = {
     }
     const p = plan(ctx)
     ctx.progress.step('starting Toolport pool and raw undici')
-    const node: DispatchPath[] = [rawUndiciPath(ctx.server.origin), await toolportPath(ctx.server.origin, 'pool')]
-    const results = new Map<string, number[][]>() // name → [rps[], p50[], p99[]]
-    const record = (name: string, r: { rps: number, p50Us: number, p99Us: number }): void => {
-      const entry = results.get(name) ?? [[], [], []]
+    const node: DispatchPath[] = [
+      rawUndiciPath(ctx.server.origin),
+      await captureNewThreads(() => toolportPath(ctx.server.origin, 'pool'))
+    ]
+    const results = new Map<string, number[][]>() // name → [rps[], p50[], p99[], client CPU µs per call[]]
+    const record = (name: string, r: { rps: number, p50Us: number, p99Us: number }, cpuUs: number): void => {
+      const entry = results.get(name) ?? [[], [], [], []]
       entry[0]?.push(r.rps)
       entry[1]?.push(r.p50Us)
       entry[2]?.push(r.p99Us)
+      entry[3]?.push(cpuUs)
       results.set(name, entry)
     }
     try {
@@ -95,13 +123,18 @@ export const peersScenario: Scenario = {
           ctx.progress.step(`c=${CONCURRENCY} ${item.name} (rep ${rep + 1}/${ctx.reps})`)
           if ('caller' in item) {
             const r: LoopResult = await closedLoop(item.caller('small'), {
-              concurrency: CONCURRENCY, warmupMs: p.warmupS * 1000, durationMs: p.durationS * 1000, maxCalls: p.maxCalls
+              concurrency: CONCURRENCY,
+              warmupMs: 0,
+              steady: p.steady,
+              durationMs: p.durationS * 1000,
+              maxCalls: p.maxCalls,
+              cpu: new CpuMeter(ctx.server.pid)
             })
-            record(item.name, r)
+            record(item.name, r, r.cpu?.processUs ?? Number.NaN)
           } else {
             const r = await runJson(item.python, [benchFile('fixtures/peers.py'), item.client, url, String(CONCURRENCY),
               String(p.warmupS), String(p.durationS), String(p.maxCalls), String(CONNECTIONS)], 120_000) as PeerResult
-            record(item.name, r)
+            record(item.name, r, r.cpuUsPerCall)
           }
         }
       }
@@ -109,14 +142,18 @@ export const peersScenario: Scenario = {
       for (const path of node) await path.close()
     }
     const pool = results.get('toolport pool')?.[0] ?? []
+    const poolCpu = results.get('toolport pool')?.[3] ?? []
     const rows: string[][] = []
-    for (const [name, [rps = [], p50 = [], p99 = []]] of results) {
+    for (const [name, [rps = [], p50 = [], p99 = [], cpu = []]] of results) {
       rows.push([name, fmtStat(stat(rps), fmtRate), fmtStat(stat(p50), fmtUs), fmtStat(stat(p99), fmtUs),
-        name === 'toolport pool' ? '1' : fmtStat(pairedRatio(pool, rps), fmtRatio)])
+        name === 'toolport pool' ? '1' : fmtStat(pairedRatio(pool, rps), fmtRatio),
+        fmtStat(stat(cpu), (v) => v.toFixed(0)),
+        name === 'toolport pool' ? '1' : fmtStat(pairedRatio(cpu, poolCpu), fmtRatio)])
     }
     const table: Table = {
       title: `Closed loop at c=${CONCURRENCY}, 100 B replies, ${CONNECTIONS} connections each`,
-      head: ['client', 'req/s', 'p50', 'p99', 'toolport pool is …× faster'],
+      head: ['client', 'req/s', 'p50', 'p99', 'toolport pool is …× faster', 'client CPU µs/call',
+        '…× the pool\'s CPU per call'],
       rows
     }
     const checks: Check[] = []
@@ -134,11 +171,12 @@ export const peersScenario: Scenario = {
         return
       }
       const ratio = pairedRatio(pool, rps)
+      const cpu = pairedRatio(results.get(name)?.[3] ?? [], poolCpu)
       checks.push({
         scenario: 'peers c=128',
         what: `toolport pool vs ${label}`,
         measured: `${fmtRate(stat(pool).median)} vs ${fmtRate(stat(rps).median)}`,
-        ratio: fmtRatio3(ratio.median),
+        ratio: `${fmtRatio3(ratio.median)}; it spends ${fmtRatio(cpu.median)} the pool's CPU per call`,
         target: `≥ ${target}×`,
         met: ratio.median >= target
       })
@@ -148,7 +186,8 @@ export const peersScenario: Scenario = {
     return {
       tables: [table],
       checks,
-      notes: [...skipped, `python: ${[...new Set(peers.map((x) => x.python))].join(', ')}; optional (Debian python3-httpx, python3-aiohttp, python3-uvloop).`],
+      notes: [...skipped, `python: ${[...new Set(peers.map((x) => x.python))].join(', ')}; optional (Debian python3-httpx, python3-aiohttp, python3-uvloop).`,
+        'client CPU µs/call: the client process\'s CPU time over the window per call: for the Node paths this bench process (every thread, schedstat; the pool\'s workers included), after a warm-up until CPU per call is steady; for Python its interpreter (time.process_time, every thread), after 0.5 s of warm-up. The callback server\'s is not included.'],
       data: Object.fromEntries(results)
     }
   }
