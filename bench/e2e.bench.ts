@@ -193,11 +193,13 @@ export const e2eScenario: Scenario = {
       const floor = c128Floor.length === 0
         ? ''
         : ` (bare node:http + undici ${fmtRatio3(pairedRatio(c128Floor.map((r) => r.rps), c128Ceiling.map((r) => r.rps)).median)})`
+      const toolportCpu = (runs: readonly LoadResult[]): number[] => runs.map((r) => r.cpu?.processUs ?? Number.NaN)
+      const cpuVsInline = pairedRatio(toolportCpu(c128Pool), toolportCpu(c128Inline))
       checks.push({
         scenario: 'e2e c=128',
         what: 'pool req/s vs inline',
         measured,
-        ratio: `${fmtRatio3(vsInline.median)} inline`,
+        ratio: `${fmtRatio3(vsInline.median)} inline (Toolport CPU per request ${fmtRatio(cpuVsInline.median)} inline's)`,
         target: '≥ 1.10× inline',
         met: vsInline.median >= 1.1
       })
