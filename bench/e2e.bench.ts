@@ -11,7 +11,7 @@ import { CpuMeter } from './lib/cpu.js'
 import type { CpuPerCall } from './lib/cpu.js'
 import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
 import { runNodeJson } from './lib/processes.js'
-import { startBareProxy, type BareProxy } from './lib/proxy.js'
+import { startBareProxy, startBareResponder, type BareProxy } from './lib/proxy.js'
 import { MCP_CALL_BODY, MCP_MAX_CONCURRENCY, mcpSession, type McpSession } from './lib/mcp-session.js'
 import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
@@ -52,6 +52,7 @@ interface Target {
 const MCP_TARGET = 'toolport pool, MCP tools/call'
 const CEILING = 'ceiling: callback server'
 const FLOOR = 'floor: bare node:http + undici'
+const HTTP_FLOOR = 'floor: bare node:http, no call'
 
 interface Plan {
   concurrency: number[]
@@ -92,8 +93,8 @@ export const e2eScenario: Scenario = {
   steps (ctx) {
     const p = plan(ctx)
     const withMcp = p.concurrency.filter((c) => c <= MCP_MAX_CONCURRENCY).length
-    const targets = 4 + (withMcp > 0 ? 1 : 0)
-    return p.concurrency.length * ctx.reps * 4 + withMcp * ctx.reps + targets + 1
+    const targets = 5 + (withMcp > 0 ? 1 : 0)
+    return p.concurrency.length * ctx.reps * 5 + withMcp * ctx.reps + targets + 1
   },
   async run (ctx) {
     const p = plan(ctx)
@@ -103,13 +104,16 @@ export const e2eScenario: Scenario = {
     const results = new Map<string, LoadResult[]>()
     let mcp: McpSession | null = null
     let proxy: BareProxy | null = null
+    let responder: BareProxy | null = null
     try {
       proxy = await startBareProxy(ctx.server.origin)
+      responder = await startBareResponder()
       const poolUrl = (await pool.listen({ port: 0 })).url
       const inlineUrl = (await inline.listen({ port: 0 })).url
       const targets: Target[] = [
         { name: CEILING, url: ctx.server.url('/small'), body: CALL_BODY, headers: JSON_HEADERS },
         { name: FLOOR, url: proxy.url, body: CALL_BODY, headers: JSON_HEADERS },
+        { name: HTTP_FLOOR, url: responder.url, body: CALL_BODY, headers: JSON_HEADERS },
         { name: 'toolport pool', url: `${poolUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS },
         { name: 'toolport inline', url: `${inlineUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS }
       ]
@@ -146,13 +150,14 @@ export const e2eScenario: Scenario = {
       await pool.close()
       await inline.close()
       await proxy?.close()
+      await responder?.close()
     }
     const get = (c: number, name: string): LoadResult[] => results.get(`${c}|${name}`) ?? []
     const rows: string[][] = []
     for (const c of p.concurrency) {
       const ceiling = get(c, CEILING)
       const inlineRuns = get(c, 'toolport inline')
-      for (const name of [CEILING, FLOOR, 'toolport pool', 'toolport inline', MCP_TARGET]) {
+      for (const name of [CEILING, HTTP_FLOOR, FLOOR, 'toolport pool', 'toolport inline', MCP_TARGET]) {
         const runs = get(c, name)
         if (runs.length === 0) continue
         const failed = runs.reduce((n, r) => n + r.errors + r.non2xx, 0)
@@ -212,12 +217,26 @@ export const e2eScenario: Scenario = {
         met: vsCeiling.median >= 0.45
       })
     }
+    const c128HttpFloor = get(128, HTTP_FLOOR)
+    if (c128Pool.length > 0) {
+      const main = stat(c128Pool.map((r) => r.cpu?.mainThreadUs ?? Number.NaN))
+      const floorMain = stat(c128HttpFloor.map((r) => r.cpu?.mainThreadUs ?? Number.NaN)).median
+      checks.push({
+        scenario: 'e2e c=128',
+        what: 'pool: main-thread CPU per request',
+        measured: fmtStat(main, (v) => `${v.toFixed(0)} µs`),
+        ratio: Number.isFinite(floorMain) ? `bare node:http answering without a call: ${floorMain.toFixed(0)} µs` : '–',
+        target: '≤ 35 µs',
+        met: main.median <= 35
+      })
+    }
     return {
       tables: [table],
       checks,
       notes: [
         'autocannon runs in its own process (programmatic API), one connection per concurrent request, no pipelining; latency from its per-response times.',
         `Each target is loaded once for ${p.firstWarmupS} s before any measured window (discarded: its first compile), and each window follows ${p.warmupS} s of warm-up.`,
+        `"${HTTP_FLOOR}" (bench/lib/proxy.ts): a node:http server in this process that reads the body and answers the bytes Toolport's call route answers, calling nothing: HTTP alone, the floor of pool mode's main thread, whose callback calls run on a worker.`,
         `"${FLOOR}" (bench/lib/proxy.ts): a node:http server in this process that reads the body, sends Toolport's exact callback request with raw undici on its main thread and answers the reply's text. No routing, guard, parsing or validation, on one thread: what the two HTTP hops alone cost (pool mode, on two threads, can beat it).`,
         'CPU µs/req: CPU time during the measured run divided by the requests answered, for autocannon, the Toolport process (all threads; its main thread in parentheses; in the floor\'s row, the bare server\'s) and the callback server. With every process on the same 2 cores, req/s ≈ 2 cores / total CPU per request.',
         `"${MCP_TARGET}": the same call as a JSON-RPC \`tools/call\` POSTed on one MCP session of the pool's /mcp/bench (the MCP SDK's streamable HTTP transport answers each with an event stream), at concurrencies up to ${MCP_MAX_CONCURRENCY}, the calls one session takes at once.`

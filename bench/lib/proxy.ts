@@ -1,15 +1,20 @@
-// The floor of the end-to-end scenario: a server answering `POST /api/tools/call` over HTTP by
+// The floors of the end-to-end scenario. `startBareProxy`: a server answering `POST /api/tools/call` over HTTP by
 // calling a callback over HTTP, with no logic and on one thread. A bare node:http server that reads the
 // request body (and nothing more: no routing, no guard, no JSON parsing), sends Toolport's exact
 // callback request with raw undici on the same thread (`Pool.request`, the dispatch scenario's
 // floor), and answers the callback's reply text as the body. Two HTTP hops, no logic: what the
 // ceiling (one hop, straight to the callback server) costs twice, plus a body read. A design that
 // runs the client on a second thread (Toolport's pool mode) can beat it in req/s.
-import { createServer } from 'node:http'
+// `startBareResponder`: a bare node:http server that reads the body and answers, at once, the bytes
+// Toolport's call route answers for the ~100 B tool, calling nothing: what HTTP alone costs the
+// thread that serves it, the floor of pool mode's main thread (whose callback calls run on a
+// worker).
+import { createServer, type RequestListener } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { once } from 'node:events'
 import { Pool } from 'undici'
 import { callbackBody, callbackHeaders, CONNECTIONS, ROUTES } from './clients.js'
+import { SMALL_REPLY } from '../fixtures/payloads.js'
 
 export interface BareProxy {
   url: string
@@ -20,7 +25,7 @@ export interface BareProxy {
 export async function startBareProxy (origin: string): Promise<BareProxy> {
   const pool = new Pool(origin, { connections: CONNECTIONS, pipelining: 1 })
   let seq = 0
-  const server = createServer((req, res) => {
+  const handler: RequestListener = (req, res) => {
     req.resume()
     req.on('end', () => {
       const callId = `call_${++seq}`
@@ -37,7 +42,31 @@ export async function startBareProxy (origin: string): Promise<BareProxy> {
           res.end()
         })
     })
-  })
+  }
+  return await listen(handler, async () => { await pool.destroy() })
+}
+
+/** Toolport's call-route answer for the ~100 B tool: `{"is_error":false,"output":…,"text":…}`. */
+function callRouteAnswer (): string {
+  const output = (JSON.parse(SMALL_REPLY) as { output: unknown }).output
+  const text = JSON.stringify(output)
+  return `{"is_error":false,"output":${text},"text":${JSON.stringify(text)}}`
+}
+
+/** Starts the bare responder on a loopback port. */
+export async function startBareResponder (): Promise<BareProxy> {
+  const answer = callRouteAnswer()
+  return await listen((req, res) => {
+    req.resume()
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json; charset=utf-8' })
+      res.end(answer)
+    })
+  }, async () => {})
+}
+
+async function listen (handler: RequestListener, release: () => Promise<void>): Promise<BareProxy> {
+  const server = createServer(handler)
   server.keepAliveTimeout = 65_000
   server.listen(0, '127.0.0.1')
   await once(server, 'listening')
@@ -47,7 +76,7 @@ export async function startBareProxy (origin: string): Promise<BareProxy> {
     close: async () => {
       server.closeAllConnections()
       server.close()
-      await pool.destroy()
+      await release()
     }
   }
 }
