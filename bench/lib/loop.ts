@@ -91,7 +91,7 @@ export async function closedLoop (call: () => Promise<boolean>, options: LoopOpt
   let errors = 0
   let cpu: CpuPerCall | null = null
   const meter = options.cpu
-  if (options.warmupMs <= 0) {
+  if (steady === undefined && options.warmupMs <= 0) {
     phase = 1
     meter?.begin()
     windowStart = performance.now()
