@@ -1,6 +1,6 @@
 // The bench entry: `npm run bench [-- flags]` (node --import tsx bench/run.ts).
 //
-//   --quick          every scenario, small counts, ≤ 90 s (CI smoke test; no thresholds)
+//   --quick          every scenario, small counts, ~2 min (CI smoke test; no thresholds)
 //   --scope a,b      only these scenarios (dispatch, mixed, e2e, control, micro, peers, memory, events;
 //                    `tuning`, the pool settings one at a time, runs only when named)
 //   --json           machine-readable report on stdout instead of the tables
