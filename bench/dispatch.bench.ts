@@ -10,7 +10,8 @@
 // each loop still has its own warm-up (idle sockets may have timed out in between).
 import { captureNewThreads, CpuMeter } from './lib/cpu.js'
 import { closedLoop } from './lib/loop.js'
-import type { LoopResult, SteadyWarmup } from './lib/loop.js'
+import { benchWarmups, describeWarmups, warmupFor } from './lib/loop.js'
+import type { LoopResult, Warmups } from './lib/loop.js'
 import { fetchPath, loadCreateToolport, nodeHttpPath, rawUndiciPath, threadRoundTripPath, toolportPath } from './lib/clients.js'
 import type { DispatchPath, Route } from './lib/clients.js'
 import { fmtCpuSplit, fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedDiff, pairedRatio, stat } from './lib/stats.js'
@@ -20,10 +21,8 @@ import type { BenchContext, ChartSeries, Check, Scenario, Table } from './lib/re
 interface Plan {
   concurrency: number[]
   sizes: Route[]
-  /** Each path's first loop in a cell warms up until CPU per call is steady … */
-  steady: SteadyWarmup
-  /** … and its later repetitions, already compiled, for this long (sockets may have idled). */
-  warmupMs: number
+  /** Per cell: each path's first loop until CPU per call is steady, its later ones briefly. */
+  warmups: Warmups
   durationMs: number
   maxCalls: number
 }
@@ -33,16 +32,14 @@ function plan (ctx: BenchContext): Plan {
     ? {
         concurrency: [1, 128],
         sizes: ['small', 'large'],
-        steady: { minMs: 100, maxMs: 400, chunkMs: 100, tolerance: 0.2 },
-        warmupMs: 50,
+        warmups: benchWarmups(true),
         durationMs: 250,
         maxCalls: 20_000
       }
     : {
         concurrency: [1, 16, 128, 1024],
         sizes: ['small', 'large'],
-        steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 },
-        warmupMs: 200,
+        warmups: benchWarmups(false),
         durationMs: 1_000,
         maxCalls: 100_000
       }
@@ -131,8 +128,7 @@ export const dispatchScenario: Scenario = {
               ctx.progress.step(`${SIZE_LABEL[size] ?? size} c=${concurrency} ${path.name} (rep ${rep + 1}/${ctx.reps})`)
               const result = await closedLoop(path.caller(size), {
                 concurrency,
-                warmupMs: p.warmupMs,
-                ...(rep === 0 ? { steady: p.steady } : {}),
+                ...warmupFor(p.warmups, rep),
                 durationMs: p.durationMs,
                 maxCalls: p.maxCalls,
                 cpu: new CpuMeter(server.pid)
@@ -226,7 +222,7 @@ function summarize (cells: readonly Cell[], p: Plan): {
     }
   }
   const notes = [
-    `Each loop: a warm-up, then a window bounded by time and call count; req/s counts calls completed inside the window. A path's first loop in each cell warms up until two consecutive ${p.steady.chunkMs} ms chunks agree on CPU per call within ${(p.steady.tolerance * 100).toFixed(0)} % (at least ${p.steady.minMs} ms, at most ${p.steady.maxMs} ms); its later repetitions, already compiled, for ${p.warmupMs} ms.`,
+    `Each loop: a warm-up, then a window bounded by time and call count; req/s counts calls completed inside the window. In each cell, ${describeWarmups(p.warmups)}.`,
     '"req/s vs raw" is the median of per-repetition ratios (each run paired with the raw-undici run of the same repetition).',
     `raw undici and Toolport use ${64} connections per origin; fetch and node:http use their defaults (no cap).`,
     'CPU µs/call: CPU time over the window divided by the calls completed in it, from each thread\'s /proc/<pid>/task/<tid>/schedstat: the bench process (every thread), its main thread, its pool worker threads, its other threads (GC helpers, JIT compiler, libuv), and the callback server process. CPU is what runs out on 2 cores, and it moves far less than wall-clock figures when other processes compete. `*`: a repetition in which other processes took more than 25 % of the cores (run-queue wait of our threads beyond what they oversubscribed themselves).',

@@ -5,20 +5,17 @@
 // `call` event to it.
 import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { closedLoop, sleep } from './lib/loop.js'
-import type { LoopResult, SteadyWarmup } from './lib/loop.js'
+import { benchWarmups, closedLoop, describeWarmups, sleep, warmupFor } from './lib/loop.js'
+import type { LoopResult, Warmups } from './lib/loop.js'
 import { toolportPath } from './lib/clients.js'
 import { captureNewThreads, CpuMeter } from './lib/cpu.js'
-import { fmtCpuSplit, fmtRatio, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
+import { cpuSeries, fmtCpuSplit, fmtRatio, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 
 const CONCURRENCY = 128
 
-function plan (ctx: BenchContext): { steady: SteadyWarmup, warmupMs: number, durationMs: number } {
-  // Warm-ups as in `dispatch`: the first repetition until CPU per call is steady, later ones short.
-  return ctx.isQuick
-    ? { steady: { minMs: 100, maxMs: 400, chunkMs: 100, tolerance: 0.2 }, warmupMs: 50, durationMs: 700 }
-    : { steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 }, warmupMs: 200, durationMs: 3_000 }
+function plan (ctx: BenchContext): { warmups: Warmups, durationMs: number } {
+  return { warmups: benchWarmups(ctx.isQuick), durationMs: ctx.isQuick ? 700 : 3_000 }
 }
 
 /** A subscriber process that reads the stream and counts what it got (printed when it ends). */
@@ -69,8 +66,7 @@ export const eventsScenario: Scenario = {
     const streamedBytes: number[] = []
     const options = (rep: number): Parameters<typeof closedLoop>[1] => ({
       concurrency: CONCURRENCY,
-      warmupMs: p.warmupMs,
-      ...(rep === 0 ? { steady: p.steady } : {}),
+      ...warmupFor(p.warmups, rep),
       durationMs: p.durationMs,
       maxCalls: 2_000_000,
       cpu: new CpuMeter(ctx.server.pid)
@@ -96,8 +92,7 @@ export const eventsScenario: Scenario = {
       await path.close()
     }
     const ratio = pairedRatio(withOne.map((r) => r.rps), without.map((r) => r.rps))
-    const processCpu = (runs: readonly LoopResult[]): number[] => runs.map((r) => r.cpu?.processUs ?? Number.NaN)
-    const cpuRatio = pairedRatio(processCpu(withOne), processCpu(without))
+    const cpuRatio = pairedRatio(cpuSeries(withOne, 'processUs'), cpuSeries(without, 'processUs'))
     const table: Table = {
       title: `Dispatch at c = ${CONCURRENCY} (~100 B replies), pool mode`,
       head: ['subscribers', 'req/s', 'p50', 'p99', 'ratio', 'CPU µs/call: process · main · workers · other · server',
@@ -124,7 +119,7 @@ export const eventsScenario: Scenario = {
       checks,
       notes: [
         `The subscriber (its own process) read ${fmtStat(stat(streamedBytes), (b) => `${(b / 1024).toFixed(0)} KiB`)} of events per run.`,
-        `Warm-ups as in \`dispatch\`: each kind's first loop until CPU per call is steady, later ones ${p.warmupMs} ms.`,
+        `With and without a subscriber alike, ${describeWarmups(p.warmups)}.`,
         'CPU µs/call from each thread\'s schedstat (see `dispatch`); the subscriber\'s own process is not counted. "CPU per call, ratio": this process\'s CPU per call with the subscriber over without, per repetition: what the stream costs Toolport, steadier than req/s on a shared machine.'
       ],
       data: { without, withOne, streamedBytes }

@@ -23,6 +23,36 @@ export interface SteadyWarmup {
   tolerance: number
 }
 
+/**
+ * The bench's warm-up policy for a path measured over repetitions: its first loop warms up until
+ * CPU per call is steady; its later loops, already compiled, for `laterMs` only (for sockets that
+ * idled in between). A steady warm-up before every window would add ~10 min to a full run.
+ */
+export interface Warmups {
+  steady: SteadyWarmup
+  laterMs: number
+}
+
+/** The warm-ups of a full run, or of a quick one (`npm run bench -- --quick`). */
+export function benchWarmups (isQuick: boolean): Warmups {
+  return isQuick
+    ? { steady: { minMs: 100, maxMs: 400, chunkMs: 100, tolerance: 0.2 }, laterMs: 50 }
+    : { steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 }, laterMs: 200 }
+}
+
+/** The warm-up options of repetition `rep` (0-based) under `warmups`. */
+export function warmupFor (warmups: Warmups, rep: number): Pick<LoopOptions, 'warmupMs' | 'steady'> {
+  return rep === 0 ? { warmupMs: 0, steady: warmups.steady } : { warmupMs: warmups.laterMs }
+}
+
+/** How loops warm up under `w`, as a clause for a scenario's notes (no capital, no full stop). */
+export function describeWarmups (w: Warmups): string {
+  const { steady } = w
+  return `a path's first loop warms up until two consecutive ${steady.chunkMs} ms chunks agree on CPU per call ` +
+    `within ${(steady.tolerance * 100).toFixed(0)} % (at least ${steady.minMs} ms, at most ${steady.maxMs} ms), ` +
+    `its later repetitions, already compiled, for ${w.laterMs} ms`
+}
+
 export interface LoopOptions {
   concurrency: number
   /** Warm-up time before the window; also ends after `warmupMaxCalls`. */
@@ -34,7 +64,7 @@ export interface LoopOptions {
   maxCalls: number
   /** Measures CPU per call over the window (process, main thread, callback server). */
   cpu?: CpuMeter
-  /** Replaces `warmupMs`/`warmupMaxCalls` with a warm-up that ends when CPU per call is steady. */
+  /** Replaces `warmupMs`/`warmupMaxCalls` (even 0) with a warm-up that ends when CPU per call is steady. */
   steady?: SteadyWarmup
 }
 

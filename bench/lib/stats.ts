@@ -93,6 +93,12 @@ export function fmtStat (s: Stat, fmt: (value: number) => string): string {
   return `${fmt(s.median)} (${fmt(s.min)}–${fmt(s.max)})`
 }
 
+/** One CPU figure of each repetition (NaN where a run has none), for `stat` and `pairedRatio`. */
+export function cpuSeries (runs: readonly { cpu?: CpuPerCall | null }[],
+  key: 'processUs' | 'mainThreadUs' | 'workerUs' | 'otherUs' | 'peerUs'): number[] {
+  return runs.map((r) => (r.cpu === undefined || r.cpu === null ? Number.NaN : r.cpu[key]))
+}
+
 /**
  * Median CPU µs per call over repetitions: this process (all threads) · its main thread · its pool
  * workers · its other threads · the callback server; `*` when a repetition was flagged as contended.
