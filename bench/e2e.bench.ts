@@ -13,7 +13,7 @@ import { createBenchToolport, RAW_ARGUMENTS, toolName } from './lib/clients.js'
 import { runNodeJson } from './lib/processes.js'
 import { startBareProxy, startBareResponder, type BareProxy } from './lib/proxy.js'
 import { MCP_CALL_BODY, MCP_MAX_CONCURRENCY, mcpSession, type McpSession } from './lib/mcp-session.js'
-import { fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
+import { cpuSeries, fmtRatio, fmtRatio3, fmtRate, fmtStat, fmtUs, pairedRatio, stat } from './lib/stats.js'
 import type { BenchContext, Check, Scenario, Table } from './lib/report.js'
 
 interface LoadResult {
@@ -53,6 +53,8 @@ const MCP_TARGET = 'toolport pool, MCP tools/call'
 const CEILING = 'ceiling: callback server'
 const FLOOR = 'floor: bare node:http + undici'
 const HTTP_FLOOR = 'floor: bare node:http, no call'
+/** The targets every concurrency runs, in the table's order (MCP's row comes last, where it runs). */
+const HTTP_TARGETS = [CEILING, HTTP_FLOOR, FLOOR, 'toolport pool', 'toolport inline'] as const
 
 interface Plan {
   concurrency: number[]
@@ -70,15 +72,13 @@ function plan (ctx: BenchContext): Plan {
     : { concurrency: [16, 128], firstWarmupS: 3, warmupS: 0.5, durationS: 2, maxRequests: 200_000 }
 }
 
-/** One run of the load generator against `target`. */
-async function load (target: Target, connections: number, p: Plan, warmupS: number, durationS: number,
+/** One run of the load generator against `target`; `onMeasuring` when its measured run starts. */
+async function load (target: Target,
+  run: { connections: number, warmupS: number, durationS: number, maxRequests: number },
   onMeasuring?: () => void): Promise<LoadResult> {
   return await runNodeJson('fixtures/load-generator.ts', [JSON.stringify({
     url: target.url,
-    connections,
-    warmupS,
-    durationS,
-    maxRequests: p.maxRequests,
+    ...run,
     body: target.body,
     headers: target.headers
   })], { timeoutMs: 60_000, onEvent: () => { onMeasuring?.() } }) as LoadResult
@@ -93,8 +93,9 @@ export const e2eScenario: Scenario = {
   steps (ctx) {
     const p = plan(ctx)
     const withMcp = p.concurrency.filter((c) => c <= MCP_MAX_CONCURRENCY).length
-    const targets = 5 + (withMcp > 0 ? 1 : 0)
-    return p.concurrency.length * ctx.reps * 5 + withMcp * ctx.reps + targets + 1
+    const http = HTTP_TARGETS.length
+    // One first load per target, then each target at each concurrency it runs at, every repetition.
+    return (http + (withMcp > 0 ? 1 : 0)) + p.concurrency.length * ctx.reps * http + withMcp * ctx.reps + 1
   },
   async run (ctx) {
     const p = plan(ctx)
@@ -110,13 +111,15 @@ export const e2eScenario: Scenario = {
       responder = await startBareResponder()
       const poolUrl = (await pool.listen({ port: 0 })).url
       const inlineUrl = (await inline.listen({ port: 0 })).url
-      const targets: Target[] = [
-        { name: CEILING, url: ctx.server.url('/small'), body: CALL_BODY, headers: JSON_HEADERS },
-        { name: FLOOR, url: proxy.url, body: CALL_BODY, headers: JSON_HEADERS },
-        { name: HTTP_FLOOR, url: responder.url, body: CALL_BODY, headers: JSON_HEADERS },
-        { name: 'toolport pool', url: `${poolUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS },
-        { name: 'toolport inline', url: `${inlineUrl}/api/tools/call`, body: CALL_BODY, headers: JSON_HEADERS }
-      ]
+      const urls: Record<typeof HTTP_TARGETS[number], string> = {
+        [CEILING]: ctx.server.url('/small'),
+        [HTTP_FLOOR]: responder.url,
+        [FLOOR]: proxy.url,
+        'toolport pool': `${poolUrl}/api/tools/call`,
+        'toolport inline': `${inlineUrl}/api/tools/call`
+      }
+      const targets: Target[] = HTTP_TARGETS.map((name) =>
+        ({ name, url: urls[name], body: CALL_BODY, headers: JSON_HEADERS }))
       if (p.concurrency.some((c) => c <= MCP_MAX_CONCURRENCY)) {
         const mcpUrl = `${poolUrl}/mcp/bench`
         mcp = await mcpSession(mcpUrl)
@@ -129,7 +132,7 @@ export const e2eScenario: Scenario = {
       for (const target of targets) {
         const c = Math.min(Math.max(...p.concurrency), target.maxConcurrency ?? Infinity)
         ctx.progress.step(`warming up ${target.name} (${p.firstWarmupS} s at c=${c})`)
-        await load(target, c, p, 0, p.firstWarmupS)
+        await load(target, { connections: c, warmupS: 0, durationS: p.firstWarmupS, maxRequests: p.maxRequests })
       }
       for (const c of p.concurrency) {
         const cTargets = targets.filter((t) => c <= (t.maxConcurrency ?? Infinity))
@@ -138,7 +141,9 @@ export const e2eScenario: Scenario = {
             const target = cTargets[(k + rep) % cTargets.length] as Target
             ctx.progress.step(`c=${c} ${target.name} (rep ${rep + 1}/${ctx.reps})`)
             const meter = new CpuMeter(ctx.server.pid)
-            const result = await load(target, c, p, p.warmupS, p.durationS, () => { meter.begin() })
+            const result = await load(target,
+              { connections: c, warmupS: p.warmupS, durationS: p.durationS, maxRequests: p.maxRequests },
+              () => { meter.begin() })
             result.cpu = meter.end(result.total, (result.cpuUsPerRequest ?? 0) * result.total)
             const key = `${c}|${target.name}`
             results.set(key, [...(results.get(key) ?? []), result])
@@ -157,7 +162,7 @@ export const e2eScenario: Scenario = {
     for (const c of p.concurrency) {
       const ceiling = get(c, CEILING)
       const inlineRuns = get(c, 'toolport inline')
-      for (const name of [CEILING, HTTP_FLOOR, FLOOR, 'toolport pool', 'toolport inline', MCP_TARGET]) {
+      for (const name of [...HTTP_TARGETS, MCP_TARGET]) {
         const runs = get(c, name)
         if (runs.length === 0) continue
         const failed = runs.reduce((n, r) => n + r.errors + r.non2xx, 0)
@@ -198,8 +203,7 @@ export const e2eScenario: Scenario = {
       const floor = c128Floor.length === 0
         ? ''
         : ` (bare node:http + undici ${fmtRatio3(pairedRatio(c128Floor.map((r) => r.rps), c128Ceiling.map((r) => r.rps)).median)})`
-      const toolportCpu = (runs: readonly LoadResult[]): number[] => runs.map((r) => r.cpu?.processUs ?? Number.NaN)
-      const cpuVsInline = pairedRatio(toolportCpu(c128Pool), toolportCpu(c128Inline))
+      const cpuVsInline = pairedRatio(cpuSeries(c128Pool, 'processUs'), cpuSeries(c128Inline, 'processUs'))
       checks.push({
         scenario: 'e2e c=128',
         what: 'pool req/s vs inline',
@@ -216,11 +220,9 @@ export const e2eScenario: Scenario = {
         target: '≥ 0.45× ceiling',
         met: vsCeiling.median >= 0.45
       })
-    }
-    const c128HttpFloor = get(128, HTTP_FLOOR)
-    if (c128Pool.length > 0) {
-      const main = stat(c128Pool.map((r) => r.cpu?.mainThreadUs ?? Number.NaN))
-      const floorMain = stat(c128HttpFloor.map((r) => r.cpu?.mainThreadUs ?? Number.NaN)).median
+      // Beside it, what HTTP alone costs a thread in the same run.
+      const main = stat(cpuSeries(c128Pool, 'mainThreadUs'))
+      const floorMain = stat(cpuSeries(get(128, HTTP_FLOOR), 'mainThreadUs')).median
       checks.push({
         scenario: 'e2e c=128',
         what: 'pool: main-thread CPU per request',

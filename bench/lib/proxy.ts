@@ -15,6 +15,7 @@ import { once } from 'node:events'
 import { Pool } from 'undici'
 import { callbackBody, callbackHeaders, CONNECTIONS, ROUTES } from './clients.js'
 import { SMALL_REPLY } from '../fixtures/payloads.js'
+import { toolResultBody } from '../../src/main/http/tools.js'
 
 export interface BareProxy {
   url: string
@@ -46,16 +47,11 @@ export async function startBareProxy (origin: string): Promise<BareProxy> {
   return await listen(handler, async () => { await pool.destroy() })
 }
 
-/** Toolport's call-route answer for the ~100 B tool: `{"is_error":false,"output":…,"text":…}`. */
-function callRouteAnswer (): string {
-  const output = (JSON.parse(SMALL_REPLY) as { output: unknown }).output
-  const text = JSON.stringify(output)
-  return `{"is_error":false,"output":${text},"text":${JSON.stringify(text)}}`
-}
-
 /** Starts the bare responder on a loopback port. */
 export async function startBareResponder (): Promise<BareProxy> {
-  const answer = callRouteAnswer()
+  // The call route's own body builder, given the result the ~100 B tool's reply maps to.
+  const output = (JSON.parse(SMALL_REPLY) as { output: unknown }).output
+  const answer = toolResultBody({ is_error: false, output, text: JSON.stringify(output) })
   return await listen((req, res) => {
     req.resume()
     req.on('end', () => {
