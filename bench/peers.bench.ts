@@ -5,8 +5,8 @@
 // Optional: it runs only when a python3 with the package exists (Debian: python3-httpx,
 // python3-aiohttp, python3-uvloop; nothing is ever installed by the bench). `$PYTHON` is tried
 // first, then `python3`, then `/usr/bin/python3` (Debian's packages live there, not in a pyenv).
-import { closedLoop } from './lib/loop.js'
-import type { LoopResult, SteadyWarmup } from './lib/loop.js'
+import { benchWarmups, closedLoop, describeWarmups, warmupFor } from './lib/loop.js'
+import type { LoopResult, Warmups } from './lib/loop.js'
 import { captureNewThreads, CpuMeter } from './lib/cpu.js'
 import { CONNECTIONS, rawUndiciPath, toolportPath } from './lib/clients.js'
 import type { DispatchPath } from './lib/clients.js'
@@ -28,13 +28,14 @@ interface PeerResult {
   cpuUsPerCall: number | null
 }
 
+/** One client's figures, one entry per repetition. */
+interface Series { rps: number[], p50: number[], p99: number[], cpu: number[] }
+
 interface Plan {
   /** The Python clients' warm-up (CPython has no JIT to wait for). */
   warmupS: number
-  /** The Node paths' first warm-up, until CPU per call is steady (as in `dispatch`) … */
-  steady: SteadyWarmup
-  /** … and their later ones. */
-  nodeWarmupMs: number
+  /** The Node paths' warm-ups (as in `dispatch`). */
+  nodeWarmups: Warmups
   durationS: number
   maxCalls: number
 }
@@ -43,15 +44,13 @@ function plan (ctx: BenchContext): Plan {
   return ctx.isQuick
     ? {
         warmupS: 0.2,
-        steady: { minMs: 100, maxMs: 400, chunkMs: 100, tolerance: 0.2 },
-        nodeWarmupMs: 50,
+        nodeWarmups: benchWarmups(true),
         durationS: 0.4,
         maxCalls: 20_000
       }
     : {
         warmupS: 0.5,
-        steady: { minMs: 1_000, maxMs: 3_000, chunkMs: 250, tolerance: 0.08 },
-        nodeWarmupMs: 200,
+        nodeWarmups: benchWarmups(false),
         durationS: 1.5,
         maxCalls: 100_000
       }
@@ -109,13 +108,14 @@ export const peersScenario: Scenario = {
       rawUndiciPath(ctx.server.origin),
       await captureNewThreads(() => toolportPath(ctx.server.origin, 'pool'))
     ]
-    const results = new Map<string, number[][]>() // name → [rps[], p50[], p99[], client CPU µs per call[]]
+    // Client name → its repetitions' figures (cpu: the client process's CPU µs per call).
+    const results = new Map<string, Series>()
     const record = (name: string, r: { rps: number, p50Us: number, p99Us: number }, cpuUs: number): void => {
-      const entry = results.get(name) ?? [[], [], [], []]
-      entry[0]?.push(r.rps)
-      entry[1]?.push(r.p50Us)
-      entry[2]?.push(r.p99Us)
-      entry[3]?.push(cpuUs)
+      const entry = results.get(name) ?? { rps: [], p50: [], p99: [], cpu: [] }
+      entry.rps.push(r.rps)
+      entry.p50.push(r.p50Us)
+      entry.p99.push(r.p99Us)
+      entry.cpu.push(cpuUs)
       results.set(name, entry)
     }
     try {
@@ -128,8 +128,7 @@ export const peersScenario: Scenario = {
           if ('caller' in item) {
             const r: LoopResult = await closedLoop(item.caller('small'), {
               concurrency: CONCURRENCY,
-              warmupMs: p.nodeWarmupMs,
-              ...(rep === 0 ? { steady: p.steady } : {}),
+              ...warmupFor(p.nodeWarmups, rep),
               durationMs: p.durationS * 1000,
               maxCalls: p.maxCalls,
               cpu: new CpuMeter(ctx.server.pid)
@@ -145,10 +144,10 @@ export const peersScenario: Scenario = {
     } finally {
       for (const path of node) await path.close()
     }
-    const pool = results.get('toolport pool')?.[0] ?? []
-    const poolCpu = results.get('toolport pool')?.[3] ?? []
+    const pool = results.get('toolport pool')?.rps ?? []
+    const poolCpu = results.get('toolport pool')?.cpu ?? []
     const rows: string[][] = []
-    for (const [name, [rps = [], p50 = [], p99 = [], cpu = []]] of results) {
+    for (const [name, { rps, p50, p99, cpu }] of results) {
       rows.push([name, fmtStat(stat(rps), fmtRate), fmtStat(stat(p50), fmtUs), fmtStat(stat(p99), fmtUs),
         name === 'toolport pool' ? '1' : fmtStat(pairedRatio(pool, rps), fmtRatio),
         fmtStat(stat(cpu), (v) => v.toFixed(0)),
@@ -162,8 +161,8 @@ export const peersScenario: Scenario = {
     }
     const checks: Check[] = []
     const peerCheck = (name: string, label: string, target: number): void => {
-      const rps = results.get(name)?.[0]
-      if (rps === undefined) {
+      const series = results.get(name)
+      if (series === undefined) {
         checks.push({
           scenario: 'peers c=128',
           what: `toolport pool vs ${label}`,
@@ -174,12 +173,12 @@ export const peersScenario: Scenario = {
         })
         return
       }
-      const ratio = pairedRatio(pool, rps)
-      const cpu = pairedRatio(results.get(name)?.[3] ?? [], poolCpu)
+      const ratio = pairedRatio(pool, series.rps)
+      const cpu = pairedRatio(series.cpu, poolCpu)
       checks.push({
         scenario: 'peers c=128',
         what: `toolport pool vs ${label}`,
-        measured: `${fmtRate(stat(pool).median)} vs ${fmtRate(stat(rps).median)}`,
+        measured: `${fmtRate(stat(pool).median)} vs ${fmtRate(stat(series.rps).median)}`,
         ratio: `${fmtRatio3(ratio.median)}; it spends ${fmtRatio(cpu.median)} the pool's CPU per call`,
         target: `≥ ${target}×`,
         met: ratio.median >= target
@@ -191,7 +190,7 @@ export const peersScenario: Scenario = {
       tables: [table],
       checks,
       notes: [...skipped, `python: ${[...new Set(peers.map((x) => x.python))].join(', ')}; optional (Debian python3-httpx, python3-aiohttp, python3-uvloop).`,
-        `client CPU µs/call: the client process's CPU time over the window per call: for the Node paths this bench process (every thread, process.cpuUsage; the pool's workers included), after a warm-up until CPU per call is steady in the first repetition and of ${p.nodeWarmupMs} ms in later ones; for Python its interpreter (time.process_time, every thread), after ${p.warmupS} s of warm-up. The callback server's is not included.`],
+        `client CPU µs/call: the client process's CPU time over the window per call: for the Node paths this bench process (every thread, process.cpuUsage; the pool's workers included), after the warm-ups of \`dispatch\` (${describeWarmups(p.nodeWarmups)}); for Python its interpreter (time.process_time, every thread), after ${p.warmupS} s of warm-up. The callback server's is not included.`],
       data: Object.fromEntries(results)
     }
   }
