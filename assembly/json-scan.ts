@@ -48,7 +48,8 @@ let escaped: bool = false
 }
 
 @inline function isWhitespace (c: u32): bool {
-  return c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09
+  // Most bytes tested are structure or value bytes (> 0x20): one comparison rules them out.
+  return c <= 0x20 && (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09)
 }
 
 @inline function isDigit (c: u32): bool {
