@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { setMaxListeners } from 'node:events'
 import { test, type TestContext } from 'node:test'
 import type { Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
@@ -165,3 +166,33 @@ test('replies held at once stay within maxBufferedReplyBytes: calls beyond it fa
   const counted = [...after.matchAll(/^toolport_calls_total\{[^}]*outcome="memory"\} (\d+)$/gm)]
   assert.equal(counted.reduce((n, m) => n + Number(m[1]), 0), refused.length)
 })
+
+for (const mode of ['inline', 'pool'] as const) {
+  test(`${mode}: one abort of 4 000 calls queued behind their origin's bound answers every one of them as cancelled`, { timeout: 30_000 }, async (t) => {
+    // Inline, a queued call sent after the abort is answered on the spot, and each answer sends
+    // the next queued call: that chain must not nest once per call (it overflowed the stack and
+    // left callers without an answer, docs/architecture.md "Per-origin bounds").
+    const held = await startHeldServer(t, () => {}, (response) => { response.destroy() })
+    const tp = await createTestToolport(t, {
+      roles: ['r'],
+      dispatch: { mode, maxInFlightPerOrigin: 4, maxQueuedPerOrigin: 4_000, maxPending: 8_000 }
+    })
+    await register(tp, 'held', `${held.origin}/never`)
+    const controller = new AbortController()
+    setMaxListeners(0, controller.signal)
+    const calls = Array.from({ length: 4_004 }, () => tp.callTool('r', { name: 'held', arguments: {} },
+      { signal: controller.signal }))
+    await waitFor('4 calls at the plugin', () => held.received === 4)
+    assert.equal(tp[kPendingCalls], 4_004)
+    controller.abort()
+    const results = await Promise.all(calls)
+    assert.equal(results.length, 4_004)
+    for (const result of results) {
+      assert.equal(result.is_error, true)
+      assert.match(result.error ?? '', /cancel/i)
+    }
+    assert.equal(tp[kPendingCalls], 0)
+    // The queued calls were answered, never sent.
+    assert.equal(held.received, 4)
+  })
+}

@@ -73,6 +73,13 @@ class OriginBound {
   /** Ids waiting, oldest first, from `head`; entries whose call ended meanwhile are skipped. */
   queue: number[] = []
   head = 0
+  /**
+   * True while `#pump` sends this origin's queue. Inline, a call sent to an already-aborted signal
+   * (or a closed client) is answered synchronously, and that answer pumps again: without this the
+   * pump recursed once per queued call, and with ~700 queued behind one abort it overflowed the
+   * stack between a slot's release and its caller's answer, losing the calls in between.
+   */
+  pumping = false
 }
 
 /** A worker's lane: the main thread's end of its MessageChannel. */
@@ -407,25 +414,34 @@ export class Dispatcher {
     this.#lanesOf[slot] = -1
     this.#free[this.#freeTop++] = slot
     this.#pending--
+    // The caller first: whatever sending the next queued call does, this call is answered.
+    resolve(outcome)
     if (bound.queued > 0 && bound.inFlight < this.#options.maxInFlightPerOrigin) this.#pump(bound)
     if (this.#pending === 0) {
       this.#sweep?.unref()
       this.#drained?.()
     }
-    resolve(outcome)
   }
 
   /** Sends queued calls of an origin while it has room under its in-flight bound. */
   #pump (bound: OriginBound): void {
+    // A call answered while this loop sends (see OriginBound.pumping) frees its room here: the
+    // loop goes on instead of a nested pump.
+    if (bound.pumping) return
+    bound.pumping = true
     const max = this.#options.maxInFlightPerOrigin
     const queue = bound.queue
-    while (bound.inFlight < max && bound.head < queue.length) {
-      const id = queue[bound.head++] as number
-      const slot = id % this.#space
-      if (this.#state[slot] !== QUEUED || this.#ids[slot] !== id) continue
-      bound.queued--
-      bound.inFlight++
-      this.#send(slot, id)
+    try {
+      while (bound.inFlight < max && bound.head < queue.length) {
+        const id = queue[bound.head++] as number
+        const slot = id % this.#space
+        if (this.#state[slot] !== QUEUED || this.#ids[slot] !== id) continue
+        bound.queued--
+        bound.inFlight++
+        this.#send(slot, id)
+      }
+    } finally {
+      bound.pumping = false
     }
     if (bound.head === queue.length) {
       bound.queue = []
