@@ -38,7 +38,7 @@ function memoryReps (ctx: BenchContext): number {
 
 const MODE_LABEL: Record<string, string> = {
   pool: 'toolport pool (64 connections)',
-  'pool-1024': 'toolport pool (1024 connections)',
+  'pool-1024': 'toolport pool (1024 connections, 1024 in flight)',
   inline: 'toolport inline (64 connections)',
   raw: 'raw undici (64 connections, baseline)'
 }
@@ -137,7 +137,7 @@ export const memoryScenario: Scenario = {
       checks,
       notes: [
         'RSS is the whole process (main thread, worker threads, sockets); "calls pending" counts calls admitted and not yet answered when the peak was sampled.',
-        'With 64 connections per origin only 64 calls are at the callback at once; the rest wait in the undici pool queue (the 1024-connection row puts every call on its own socket).'
+        'With 64 connections per origin only 64 calls are at the callback at once; the rest wait, up to dispatch.maxInFlightPerOrigin (256) in the client\'s pool queue and beyond it in the dispatcher\'s per-origin queue (the 1024-connection row raises both bounds to 1024: every call on its own socket).'
       ],
       data: { probes: Object.fromEntries(probes), idle: Object.fromEntries(failedAfterIdle) }
     }
