@@ -191,6 +191,14 @@ async function main (): Promise<void> {
   machine.foreignCpuShare = foreign
   machine.contendedWindows = { ...windowCounts }
   const warnings: string[] = []
+  // First and loud: a crashed scenario's section says only "skipped", and its targets are missing
+  // from the table instead of NOT met.
+  for (const scenario of reports) {
+    if (scenario.skipped?.startsWith('crashed') === true) {
+      warnings.push(`scenario \`${scenario.name}\` crashed, so its figures and targets are missing: ` +
+        `${scenario.skipped.slice('crashed: '.length)} (the run exits with code 1)`)
+    }
+  }
   if (foreign !== null && foreign > 0.1) {
     warnings.push(`other processes took about ${(foreign * 100).toFixed(0)} % of the cores while the bench ran: ` +
       'absolute figures are low and noisy; the interleaved ratios and CPU µs per call are the figures to read')
