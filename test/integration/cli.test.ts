@@ -153,7 +153,7 @@ test('CLI: serve --port 0 --role A --role B prints its URL, serves the API over 
 test('CLI: serve with no --role creates one role named default, names its V8 setting, and exits 0 on SIGINT', SLOW, async (t) => {
   const cli = runCli(t, ['serve', '--port', '0', '--log-level', 'silent'])
   const url = await listeningUrl(cli)
-  assert.match(cli.stdout.find((line) => line.includes(url)) ?? '', /; V8: --no-allocation-site-pretenuring\)$/)
+  assert.match(cli.stdout.find((line) => line.includes(url)) ?? '', /; V8: --no-allocation-site-pretenuring --heap-growing-percent=300\)$/)
   const listed = await httpJson(`${url}/api/tools`, 'GET')
   assert.deepEqual(listed.body, { ok: true, tools_by_role: { default: [] } })
   cli.stop('SIGINT')
