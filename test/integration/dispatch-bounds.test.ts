@@ -196,3 +196,22 @@ for (const mode of ['inline', 'pool'] as const) {
     assert.equal(held.received, 4)
   })
 }
+
+for (const mode of ['inline', 'pool'] as const) {
+  test(`${mode}: close() after its grace answers calls still queued behind their origin's bound without sending them`, async (t) => {
+    const held = await startHeldServer(t, () => {}, (response) => { response.destroy() })
+    const tp = await createTestToolport(t, {
+      roles: ['r'],
+      dispatch: { mode, maxInFlightPerOrigin: 2, maxQueuedPerOrigin: 10, closeGraceMs: 50 }
+    })
+    await register(tp, 'held', `${held.origin}/never`)
+    const calls = Array.from({ length: 8 }, () => call(tp, 'held'))
+    await waitFor('2 calls at the plugin', () => held.received === 2)
+    await tp.close()
+    const results = await Promise.all(calls)
+    for (const result of results) assert.equal(result.is_error, true)
+    // Give a call sent during close() the time to reach the plugin before counting.
+    await new Promise((resolve) => { setTimeout(resolve, 200) })
+    assert.equal(held.received, 2)
+  })
+}

@@ -339,6 +339,11 @@ export class Dispatcher {
         new Promise<void>((resolve) => { timer = setTimeout(resolve, graceMs) })
       ])
       clearTimeout(timer)
+      // Queued calls first: answering a running call pumps its origin's queue, which would send
+      // a queued call to its plugin only to cancel it a moment later.
+      for (let slot = 0; slot < this.#space; slot++) {
+        if (this.#state[slot] === QUEUED) this.#abortSlot(slot)
+      }
       for (let slot = 0; slot < this.#space; slot++) {
         if (this.#state[slot] !== FREE) this.#abortSlot(slot)
       }
