@@ -2,8 +2,9 @@
 // server's V8 setting"). A library never changes its host's V8 flags; the README tells embedders
 // how to apply the same setting.
 //
-// Why: V8 pretenures an allocation site (allocates its objects straight into the old generation)
-// when nearly all of them survived a scavenge, and keeps that decision. Under a burst of calls
+// Why `--no-allocation-site-pretenuring`: V8 pretenures an allocation site (allocates its objects
+// straight into the old generation) when nearly all of them survived a scavenge, and keeps that
+// decision. Under a burst of calls
 // while connections open, sites that allocate per-call objects see exactly that, and from then on
 // each call's objects are born old: dead ones still hold the young objects they point at through
 // every scavenge until a full GC, so each scavenge promotes ~1.4–2.7 MB instead of ~0.03–0.1 MB,
