@@ -121,6 +121,11 @@ function describeTree (tree: string): string {
   return `${head.stdout.trim()}${status.stdout.trim() === '' ? '' : ' + changes'}`
 }
 
+/** A plain factor (Toolport's CPU per call over the callback server's), two decimals. */
+function fmtFactor (value: number): string {
+  return value.toFixed(2)
+}
+
 function cpuText (cpu: CpuPerCall | null): string {
   if (cpu === null) return '–'
   const mark = cpu.contended ? '*' : ''
@@ -156,6 +161,15 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
     `${fmtStat(pairedRatio(cpuA, cpuB), fmtRatio)} |`)
   lines.push(`| CPU µs per call, main thread | ${fmtStat(stat(mainA), fmtUs)} | ${fmtStat(stat(mainB), fmtUs)} | ` +
     `${fmtStat(pairedRatio(mainA, mainB), fmtRatio)} |`)
+  // The callback server does the same work for both trees, so its CPU per call tracks the host's
+  // speed in each window; dividing by it takes out what the host did between the two runs.
+  const [serverA, serverB] = figure((r) => r.cpu?.peerUs ?? Number.NaN)
+  lines.push(`| CPU µs per call, callback server (same work for both: the host's speed) | ${fmtStat(stat(serverA), fmtUs)} | ` +
+    `${fmtStat(stat(serverB), fmtUs)} | ${fmtStat(pairedRatio(serverA, serverB), fmtRatio)} |`)
+  const perServer = (cpu: number[], server: number[]): number[] => cpu.map((value, i) => value / (server[i] as number))
+  lines.push(`| CPU per call, process, over the callback server's | ${fmtStat(stat(perServer(cpuA, serverA)), fmtFactor)} | ` +
+    `${fmtStat(stat(perServer(cpuB, serverB)), fmtFactor)} | ` +
+    `${fmtStat(pairedRatio(perServer(cpuA, serverA), perServer(cpuB, serverB)), fmtRatio)} |`)
   lines.push('', '- Each run is `bench/fixtures/profile-target.ts` in a process of its own: its own callback ' +
     'server, a warm-up until CPU per call is steady, then the window (see bench/ab.ts). ' +
     (flags.harness === 'own'
@@ -165,7 +179,9 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
   '- CPU µs per call from each thread\'s /proc/<pid>/task/<tid>/schedstat; `*`: other processes took more than ' +
     '25 % of the cores during that window.',
   '- Ratios are medians of per-repetition ratios (each run paired with the other tree\'s run of the same ' +
-    'repetition); the order of the two trees alternates by repetition.')
+    'repetition); the order of the two trees alternates by repetition.',
+  '- The callback server is a process of its own doing the same work in both trees\' runs: when its CPU per ' +
+    'call differs between them, the host\'s speed did. The last row divides that out.')
   return lines.join('\n') + '\n'
 }
 
