@@ -161,10 +161,11 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
     `${fmtStat(pairedRatio(cpuA, cpuB), fmtRatio)} |`)
   lines.push(`| CPU µs per call, main thread | ${fmtStat(stat(mainA), fmtUs)} | ${fmtStat(stat(mainB), fmtUs)} | ` +
     `${fmtStat(pairedRatio(mainA, mainB), fmtRatio)} |`)
-  // The callback server does the same work for both trees, so its CPU per call tracks the host's
-  // speed in each window; dividing by it takes out what the host did between the two runs.
+  // The callback server does the same work per call for both trees, so its CPU per call tracks the
+  // host's speed in each window; but also the load: a tree that drives it harder gets more requests
+  // per wake-up and costs it less per call. Dividing by it is a rough correction, not an exact one.
   const [serverA, serverB] = figure((r) => r.cpu?.peerUs ?? Number.NaN)
-  lines.push(`| CPU µs per call, callback server (same work for both: the host's speed) | ${fmtStat(stat(serverA), fmtUs)} | ` +
+  lines.push(`| CPU µs per call, callback server (same work per call: mostly the host's speed) | ${fmtStat(stat(serverA), fmtUs)} | ` +
     `${fmtStat(stat(serverB), fmtUs)} | ${fmtStat(pairedRatio(serverA, serverB), fmtRatio)} |`)
   const perServer = (cpu: number[], server: number[]): number[] => cpu.map((value, i) => value / (server[i] as number))
   lines.push(`| CPU per call, process, over the callback server's | ${fmtStat(stat(perServer(cpuA, serverA)), fmtFactor)} | ` +
@@ -180,8 +181,9 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
     '25 % of the cores during that window.',
   '- Ratios are medians of per-repetition ratios (each run paired with the other tree\'s run of the same ' +
     'repetition); the order of the two trees alternates by repetition.',
-  '- The callback server is a process of its own doing the same work in both trees\' runs: when its CPU per ' +
-    'call differs between them, the host\'s speed did. The last row divides that out.')
+  '- The callback server is a process of its own doing the same work per call in both trees\' runs: when its ' +
+    'CPU per call differs between them, mostly the host\'s speed did, partly the load (a busier server spends ' +
+    'less per call). The last row divides it out: a rough correction, not an exact one.')
   return lines.join('\n') + '\n'
 }
 

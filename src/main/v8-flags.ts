@@ -18,7 +18,8 @@
 // keeps ~12 MB live and, with 64 KiB replies, turns over socket buffers that V8 counts as external
 // memory: each external-memory scavenge then found the trigger too close and started a full GC,
 // one every ~100 ms (40–50 in a 4 s run, ~30 µs of GC-thread CPU per call). The fixed factor 4
-// (V8's own largest) leaves 3–5, and 1.08–1.25× the throughput at 0.80–0.89× the CPU per call
+// (V8's own largest for a heap whose maximum is ≥ 2 GB, as Node's default is here) leaves 3–5,
+// and 1.08–1.25× the throughput at 0.80–0.89× the CPU per call
 // (bench/results/heap-growing-ab-*.md); the main thread's full GCs thin out the same way (the call
 // route 1.13×). Cost: peak RSS under load ~19–27 MB higher; 100 B replies unchanged.
 import { setFlagsFromString } from 'node:v8'
