@@ -121,11 +121,6 @@ function describeTree (tree: string): string {
   return `${head.stdout.trim()}${status.stdout.trim() === '' ? '' : ' + changes'}`
 }
 
-/** A plain factor (Toolport's CPU per call over the callback server's), two decimals. */
-function fmtFactor (value: number): string {
-  return value.toFixed(2)
-}
-
 function cpuText (cpu: CpuPerCall | null): string {
   if (cpu === null) return '–'
   const mark = cpu.contended ? '*' : ''
@@ -167,10 +162,10 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
   const [serverA, serverB] = figure((r) => r.cpu?.peerUs ?? Number.NaN)
   lines.push(`| CPU µs per call, callback server (same work per call: mostly the host's speed) | ${fmtStat(stat(serverA), fmtUs)} | ` +
     `${fmtStat(stat(serverB), fmtUs)} | ${fmtStat(pairedRatio(serverA, serverB), fmtRatio)} |`)
-  const perServer = (cpu: number[], server: number[]): number[] => cpu.map((value, i) => value / (server[i] as number))
-  lines.push(`| CPU per call, process, over the callback server's | ${fmtStat(stat(perServer(cpuA, serverA)), fmtFactor)} | ` +
-    `${fmtStat(stat(perServer(cpuB, serverB)), fmtFactor)} | ` +
-    `${fmtStat(pairedRatio(perServer(cpuA, serverA), perServer(cpuB, serverB)), fmtRatio)} |`)
+  const overServerA = cpuA.map((cpu, i) => cpu / (serverA[i] as number))
+  const overServerB = cpuB.map((cpu, i) => cpu / (serverB[i] as number))
+  lines.push(`| CPU per call, process, over the callback server's | ${fmtStat(stat(overServerA), fmtRatio)} | ` +
+    `${fmtStat(stat(overServerB), fmtRatio)} | ${fmtStat(pairedRatio(overServerA, overServerB), fmtRatio)} |`)
   lines.push('', '- Each run is `bench/fixtures/profile-target.ts` in a process of its own: its own callback ' +
     'server, a warm-up until CPU per call is steady, then the window (see bench/ab.ts). ' +
     (flags.harness === 'own'

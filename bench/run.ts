@@ -159,7 +159,9 @@ async function main (): Promise<void> {
   }
   for (const scenario of selected) progress.plan(scenario.steps(ctx))
   const reports: ScenarioReport[] = []
-  let crashed = false
+  // Scenarios that threw: their sections say only "skipped" and their targets are missing from
+  // the table, so they also lead the report's warnings (and the run exits with code 1).
+  const crashes: { name: string, message: string }[] = []
   try {
     for (const scenario of selected) {
       progress.scenario(scenario.name)
@@ -168,13 +170,13 @@ async function main (): Promise<void> {
         const result = await scenario.run(ctx)
         reports.push({ name: scenario.name, title: scenario.title, ...result, durationMs: performance.now() - t0 })
       } catch (err) {
-        crashed = true
-        const message = err instanceof Error ? (err.stack ?? err.message) : String(err)
-        progress.note(`${scenario.name} crashed: ${message}`)
+        const message = err instanceof Error ? err.message : String(err)
+        crashes.push({ name: scenario.name, message })
+        progress.note(`${scenario.name} crashed: ${err instanceof Error ? (err.stack ?? message) : message}`)
         reports.push({
           name: scenario.name,
           title: scenario.title,
-          skipped: `crashed: ${err instanceof Error ? err.message : String(err)}`,
+          skipped: `crashed: ${message}`,
           tables: [],
           checks: [],
           notes: [],
@@ -191,13 +193,9 @@ async function main (): Promise<void> {
   machine.foreignCpuShare = foreign
   machine.contendedWindows = { ...windowCounts }
   const warnings: string[] = []
-  // First and loud: a crashed scenario's section says only "skipped", and its targets are missing
-  // from the table instead of NOT met.
-  for (const scenario of reports) {
-    if (scenario.skipped?.startsWith('crashed') === true) {
-      warnings.push(`scenario \`${scenario.name}\` crashed, so its figures and targets are missing: ` +
-        `${scenario.skipped.slice('crashed: '.length)} (the run exits with code 1)`)
-    }
+  for (const { name, message } of crashes) {
+    warnings.push(`scenario \`${name}\` crashed, so its figures and targets are missing: ${message} ` +
+      '(the run exits with code 1)')
   }
   if (foreign !== null && foreign > 0.1) {
     warnings.push(`other processes took about ${(foreign * 100).toFixed(0)} % of the cores while the bench ran: ` +
@@ -222,7 +220,7 @@ async function main (): Promise<void> {
   if (flags.shouldWrite) await writeResults(report, flags.out, progress)
   const output = flags.isJson ? JSON.stringify(report, null, 2) + '\n' : renderText(report)
   process.stdout.write(output, () => {
-    process.exit(crashed ? 1 : 0)
+    process.exit(crashes.length > 0 ? 1 : 0)
   })
 }
 
