@@ -4,13 +4,12 @@
 //
 // Why `--no-allocation-site-pretenuring`: V8 pretenures an allocation site (allocates its objects
 // straight into the old generation) when nearly all of them survived a scavenge, and keeps that
-// decision. Under a burst of calls
-// while connections open, sites that allocate per-call objects see exactly that, and from then on
-// each call's objects are born old: dead ones still hold the young objects they point at through
-// every scavenge until a full GC, so each scavenge promotes ~1.4–2.7 MB instead of ~0.03–0.1 MB,
-// at ~10 µs more main-thread and ~15 µs more GC-thread CPU per call. A process lands in that state
-// or not during its first seconds and keeps it: 4 of 10 call-route runs and 11 of 21 inline runs
-// did; without pretenuring, 0 of 10 and 0 of 14.
+// decision. Under a burst of calls while connections open, sites that allocate per-call objects
+// see exactly that, and from then on each call's objects are born old: dead ones still hold the
+// young objects they point at through every scavenge until a full GC, so each scavenge promotes
+// ~1.4–2.7 MB instead of ~0.03–0.1 MB, at ~10 µs more main-thread and ~15 µs more GC-thread CPU
+// per call. A process lands in that state or not during its first seconds and keeps it: 4 of 10
+// call-route runs and 11 of 21 inline runs did; without pretenuring, 0 of 10 and 0 of 14.
 //
 // Why `--heap-growing-percent=300`: after a full GC, V8 sets the next one's trigger at the live
 // heap times a growing factor it picks between 1.1 and 4 from its GC speed, and starts marking
@@ -35,8 +34,8 @@ function flagName (arg: string): string {
 /**
  * Sets each of `SERVER_V8_FLAGS` that the node command line (`execArgv`) does not name, in either
  * sense: an operator's `node --allocation-site-pretenuring …/toolport.js serve` (or
- * `--heap-growing-percent=0`, V8's dynamic factor) wins. (NODE_OPTIONS
- * cannot carry these V8 flags.) Returns the flags it set.
+ * `--heap-growing-percent=0`, V8's dynamic factor) wins. (NODE_OPTIONS cannot carry these V8
+ * flags.) Returns the flags it set.
  *
  * @example
  * applyServerV8Flags(process.execArgv) // ['--no-allocation-site-pretenuring', '--heap-growing-percent=300']

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { setMaxListeners } from 'node:events'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { test, type TestContext } from 'node:test'
 import type { Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
@@ -195,9 +196,7 @@ for (const mode of ['inline', 'pool'] as const) {
     // The queued calls were answered, never sent.
     assert.equal(held.received, 4)
   })
-}
 
-for (const mode of ['inline', 'pool'] as const) {
   test(`${mode}: close() after its grace answers calls still queued behind their origin's bound without sending them`, async (t) => {
     const held = await startHeldServer(t, () => {}, (response) => { response.destroy() })
     const tp = await createTestToolport(t, {
@@ -211,7 +210,7 @@ for (const mode of ['inline', 'pool'] as const) {
     const results = await Promise.all(calls)
     for (const result of results) assert.equal(result.is_error, true)
     // Give a call sent during close() the time to reach the plugin before counting.
-    await new Promise((resolve) => { setTimeout(resolve, 200) })
+    await sleep(200)
     assert.equal(held.received, 2)
   })
 }
