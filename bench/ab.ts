@@ -13,6 +13,9 @@
 //   --harness own|this       whose bench/fixtures/profile-target.ts runs the baseline: its own
 //                            (default when it has one that knows --path), or this tree's, loading
 //                            the baseline's createToolport (a tree older than this harness)
+//   --baseline-build         the baseline's build (dist/main/index.js, what `npm start` runs)
+//                            instead of its sources under tsx; implies --harness this. With
+//                            `--baseline .` it measures what running the sources costs the bench
 //
 // Why processes of their own: `npm run bench -- --baseline` runs both trees in one process, which
 // is right for most changes (same machine state, windows a second apart), but not for a change to
@@ -39,15 +42,17 @@ interface Flags extends TargetFlags {
   out: string
   /** Whose profile target runs the baseline (see the header); '' until settled. */
   harness: 'own' | 'this' | ''
+  /** The baseline's dist/ instead of its sources (in this tree's harness). */
+  baselineBuild: boolean
 }
 
 const USAGE = 'usage: npm run ab -- --baseline DIR [--path pool|inline|raw|route|mcp] [--reply small|large] ' +
-  '[-c N] [--seconds N] [--reps N] [--out NAME] [--harness own|this]'
+  '[-c N] [--seconds N] [--reps N] [--out NAME] [--harness own|this] [--baseline-build]'
 const THIS_TREE = resolve(BENCH_DIR, '..')
 
 function parseFlags (argv: readonly string[]): Flags {
   const flags: Flags = {
-    baseline: '', path: 'pool', reply: 'small', concurrency: 128, seconds: 4, reps: 3, out: '', harness: ''
+    baseline: '', path: 'pool', reply: 'small', concurrency: 128, seconds: 4, reps: 3, out: '', harness: '', baselineBuild: false
   }
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i] as string
@@ -75,6 +80,7 @@ function parseFlags (argv: readonly string[]): Flags {
         flags.harness = harness
         break
       }
+      case '--baseline-build': flags.baselineBuild = true; break
       case '--out':
         flags.out = text()
         if (!/^[\w.-]+$/.test(flags.out)) fail('--out must be a plain file name')
@@ -97,6 +103,11 @@ function parseFlags (argv: readonly string[]): Flags {
     ((flags.path !== 'route' && flags.path !== 'mcp') || baselineTarget.includes(`'${flags.path}'`))
   if (flags.harness === 'own' && !ownKnowsPath) {
     fail(`the baseline's bench/fixtures/profile-target.ts is missing or has no --path ${flags.path} (use --harness this)`)
+  }
+  if (flags.baselineBuild) {
+    if (flags.harness === 'own') fail('--baseline-build runs the baseline in this tree\'s harness (--harness this)')
+    if (!existsSync(join(flags.baseline, 'dist/main/index.js'))) fail(`${flags.baseline} has no dist/ (run npm run build there)`)
+    flags.harness = 'this'
   }
   if (flags.harness === '') flags.harness = ownKnowsPath ? 'own' : 'this'
   if (flags.harness === 'this' && flags.path === 'raw') fail('--path raw runs no Toolport: --harness this would compare this tree with itself')
@@ -133,7 +144,8 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
   const what = `${flags.path}, ${flags.reply === 'large' ? '64 KiB' : '100 B'} replies, c=${flags.concurrency}`
   lines.push(`# A/B in separate processes: ${what}`, '')
   lines.push(`${new Date().toISOString()} · this tree (${describeTree(THIS_TREE)}) against the baseline ` +
-    `(${describeTree(flags.baseline)}, ${flags.harness === 'own' ? 'in its own harness' : 'in this tree\'s harness'}) · ` +
+    `(${describeTree(flags.baseline)}${flags.baselineBuild ? ', its build (dist/)' : ''}, ` +
+    `${flags.harness === 'own' ? 'in its own harness' : 'in this tree\'s harness'}) · ` +
     `${flags.reps} repetitions of ${flags.seconds} s windows, interleaved · Node ${process.version}`, '')
   lines.push('| rep | tree | req/s | p50 | CPU µs/call: process · main · workers · other · server | failed |')
   lines.push('| --: | :-- | --: | --: | --: | --: |')
@@ -171,7 +183,10 @@ function report (flags: Flags, runs: { tree: ProfileTargetResult[], baseline: Pr
     (flags.harness === 'own'
       ? 'Each tree runs its own profile target.'
       : 'Both run this tree\'s profile target; the baseline\'s with the baseline\'s createToolport (and its own ' +
-        'server V8 setting, if it has one).'),
+        'server V8 setting, if it has one)' + (flags.baselineBuild
+        ? ', loaded from its build (dist/main/index.js, as `npm start` runs it); this tree\'s main thread runs its ' +
+          'sources under tsx.'
+        : '.')),
   '- CPU µs per call from each thread\'s /proc/<pid>/task/<tid>/schedstat; `*`: other processes took more than ' +
     '25 % of the cores during that window.',
   '- Ratios are medians of per-repetition ratios (each run paired with the other tree\'s run of the same ' +
@@ -187,7 +202,9 @@ async function main (): Promise<void> {
   for (const tree of [THIS_TREE, flags.baseline]) {
     // Under tsx a pool's workers load dist/ only when it is fresh, else the sources through tsx:
     // then the two trees would not run the same kind of worker.
-    if (!distIsFresh(tree)) step(`warning: ${tree}/dist is older than its sources (npm run build there): its workers load from source`)
+    if (distIsFresh(tree)) continue
+    if (flags.baselineBuild && tree === flags.baseline) fail(`${tree}/dist is older than its sources (npm run build there)`)
+    step(`warning: ${tree}/dist is older than its sources (npm run build there): its workers load from source`)
   }
   const runs = { tree: [] as ProfileTargetResult[], baseline: [] as ProfileTargetResult[] }
   for (let rep = 0; rep < flags.reps; rep++) {
@@ -197,7 +214,10 @@ async function main (): Promise<void> {
       const options: ProfileTargetOptions = {
         path: flags.path, route: flags.reply, concurrency: flags.concurrency, seconds: flags.seconds
       }
-      if (which === 'baseline' && flags.harness === 'this') options.toolport = flags.baseline
+      if (which === 'baseline' && flags.harness === 'this') {
+        options.toolport = flags.baseline
+        if (flags.baselineBuild) options.toolportBuild = true
+      }
       const run = await runProfileTarget(options,
         { tree: which === 'this' || flags.harness === 'this' ? THIS_TREE : flags.baseline })
       if (which === 'this') runs.tree.push(run)

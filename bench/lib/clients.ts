@@ -202,10 +202,10 @@ export type CreateToolport = (options: ToolportOptions) => Promise<Toolport>
 
 /**
  * `createToolport` of another checkout of Toolport (for A/B runs against a baseline tree): its
- * `src/main/index.ts` loaded under tsx beside this one.
+ * `src/main/index.ts` loaded under tsx beside this one, or with `build` its `dist/main/index.js`.
  */
-export async function loadCreateToolport (dir: string): Promise<CreateToolport> {
-  const url = pathToFileURL(resolvePath(dir, 'src/main/index.ts')).href
+export async function loadCreateToolport (dir: string, build = false): Promise<CreateToolport> {
+  const url = pathToFileURL(resolvePath(dir, build ? 'dist/main/index.js' : 'src/main/index.ts')).href
   const module = await import(url) as { createToolport: CreateToolport }
   return module.createToolport
 }

@@ -86,6 +86,8 @@ export interface ProfileTargetOptions {
    * (`npm run ab` against a tree older than this harness); its own V8 setting only if it has one.
    */
   toolport?: string
+  /** With `toolport`: its build (`dist/main/index.js`, what `npm start` runs), not its sources under tsx. */
+  toolportBuild?: boolean
 }
 
 /** The command-line flags that choose a target run, as `npm run ab` and `npm run profile` take them. */
