@@ -67,6 +67,7 @@ function count (name, fallback) {
 const WEIGHTS = {
   'test/integration/package-install.test.ts': 33,
   'test/integration/dispatch.test.ts': 24,
+  'test/integration/dispatch-properties.test.ts': 14,
   'test/integration/validation-hostile.test.ts': 12,
   'test/integration/mcp-bridge.test.ts': 11,
   'test/integration/call-task.test.ts': 8,

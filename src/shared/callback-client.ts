@@ -33,6 +33,8 @@ export interface CallbackClientOptions {
   slotSpace?: number
   /** The shared reply-byte budget (`ReplyBudget.create`); default: a budget of its own, 256 MiB. */
   replyBudget?: SharedArrayBuffer
+  /** This thread's share of the budget (`ReplyBudget.createShare`), when another thread may reclaim it. */
+  replyShare?: SharedArrayBuffer
   /**
    * Replies whose model-visible text is at least this many bytes end with the text as bytes
    * (`CallOutcome.textBytes`, `text` ''), for a thread that only passes them on; default: never.
@@ -81,7 +83,7 @@ export class CallbackClient implements CallOwner {
     this.#connector = createLoopbackConnector(options.connectTimeoutMs)
     this.#slotSpace = options.slotSpace ?? DEFAULT_SLOT_SPACE
     this.#slots = new Array<CallAttempt | undefined>(this.#slotSpace).fill(undefined)
-    this.budget = new ReplyBudget(options.replyBudget ?? ReplyBudget.create(DEFAULT_REPLY_BUDGET))
+    this.budget = new ReplyBudget(options.replyBudget ?? ReplyBudget.create(DEFAULT_REPLY_BUDGET), options.replyShare)
     this.largeTextBytes = options.largeTextBytes ?? Number.POSITIVE_INFINITY
     this.imageLimits = {
       maxImages: options.maxImages ?? DEFAULT_IMAGE_LIMITS.maxImages,

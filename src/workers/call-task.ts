@@ -15,11 +15,14 @@
 // the next flush.
 import { MessageChannel, parentPort, workerData } from 'node:worker_threads'
 import { CallbackClient } from '../shared/callback-client.js'
+import { ReplyBudget } from '../shared/reply-budget.js'
 import { LANE_CALLS, LANE_CANCEL, pushOutcome, readTask, TASK_STRIDE } from './protocol.js'
 import type { CallOutcome, LaneHello, WorkerOptions } from './protocol.js'
 
 const options = workerData as WorkerOptions
 
+// What this thread holds of the reply budget: the main thread gives it back if the thread exits.
+const replyShare = ReplyBudget.createShare()
 const client = new CallbackClient({
   connectionsPerOrigin: options.connectionsPerOrigin,
   keepAliveTimeoutMs: options.keepAliveTimeoutMs,
@@ -28,7 +31,8 @@ const client = new CallbackClient({
   maxImages: options.maxImages,
   maxImageBytes: options.maxImageBytes,
   slotSpace: options.slotSpace,
-  replyBudget: options.replyBudget
+  replyBudget: options.replyBudget,
+  replyShare
 })
 
 const lane = new MessageChannel()
@@ -75,7 +79,7 @@ port.on('message', function onLaneMessage (message: unknown): void {
   }
 })
 
-const hello: LaneHello = { toolportLane: lane.port2 }
+const hello: LaneHello = { toolportLane: lane.port2, replyShare }
 parentPort?.postMessage(hello, [lane.port2])
 
 /**

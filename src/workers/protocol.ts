@@ -129,14 +129,16 @@ export const HTTP_ERROR_SNIPPET_CHARS = 200
 // ---- Lanes -----------------------------------------------------------------------------------
 //
 // The worker announces its lane once, at start, on its parentPort (piscina re-emits it as the
-// pool's 'message' event): `{ toolportLane: port }` with the port transferred. After that only
+// pool's 'message' event): `{ toolportLane: port, replyShare }` with the port transferred. After that only
 // flat arrays travel on the lane:
 //   main → worker: [LANE_CALLS, ...TASK_STRIDE fields per call]  or  [LANE_CANCEL, id, id, …]
 //   worker → main: [...OUTCOME_STRIDE fields per outcome]
 
-/** The worker's first message: its end of the lane's other port. */
+/** The worker's first message: its end of the lane's other port, and its share of the reply budget. */
 export interface LaneHello {
   toolportLane: MessagePort
+  /** `ReplyBudget.createShare()`: what this thread holds, given back by the main thread if it exits. */
+  replyShare: SharedArrayBuffer
 }
 
 export const LANE_CALLS = 0

@@ -88,6 +88,8 @@ interface Lane {
   index: number
   inFlight: number
   isOpen: boolean
+  /** The worker's share of the reply budget, given back once the worker is gone. */
+  replyShare: SharedArrayBuffer | null
 }
 
 /** The abort listener of one slot, created once per slot and reused by every call in it. */
@@ -354,7 +356,11 @@ export class Dispatcher {
       lane.isOpen = false
       lane.port.close()
     }
-    if (this.#pool !== null) await this.#pool.destroy()
+    if (this.#pool !== null) {
+      await this.#pool.destroy()
+      // The workers are gone, with whatever reply bytes they held when destroyed.
+      for (const lane of this.#lanes) if (lane.replyShare !== null) this.#replyBudget.reclaim(lane.replyShare)
+    }
     if (this.#inline) await this.ready.catch(noop)
     if (this.#client !== null) await this.#client.close()
   }
@@ -541,12 +547,14 @@ export class Dispatcher {
   }
 
   #onWorkerMessage (message: unknown): void {
-    const port = (message as Partial<LaneHello> | null)?.toolportLane
+    const hello = message as Partial<LaneHello> | null
+    const port = hello?.toolportLane
     if (port === undefined || this.#closing) {
       port?.close()
       return
     }
-    const lane: Lane = { port, index: this.#lanes.length, inFlight: 0, isOpen: true }
+    const replyShare = hello?.replyShare instanceof SharedArrayBuffer ? hello.replyShare : null
+    const lane: Lane = { port, index: this.#lanes.length, inFlight: 0, isOpen: true, replyShare }
     this.#lanes.push(lane)
     port.on('message', (outcomes: unknown) => { this.#onOutcomes(outcomes) })
     port.on('close', () => { this.#onLaneClosed(lane) })
@@ -563,7 +571,10 @@ export class Dispatcher {
   /** A worker exited (crash or destroy): its calls may or may not have reached their plugins. */
   #onLaneClosed (lane: Lane): void {
     lane.isOpen = false
+    // close() closes the lanes itself while their workers still run: it reclaims after destroying them.
     if (this.#closing) return
+    // The worker exited: what it held of the reply budget would otherwise stay taken for good.
+    if (lane.replyShare !== null) this.#replyBudget.reclaim(lane.replyShare)
     // Give outcomes it posted before exiting one turn to arrive before answering the rest.
     setImmediate(() => {
       for (let slot = 0; slot < this.#space; slot++) {
