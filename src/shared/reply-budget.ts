@@ -42,9 +42,9 @@ export class ReplyBudget {
     return new SharedArrayBuffer(4)
   }
 
-  // take() and give() update the counter and the share with no call or loop between them, so a
-  // thread terminated by Worker.terminate() (which stops JavaScript only at such points) never
-  // stops between the two.
+  // take() and give() update the counter and the share with no JavaScript call or loop between
+  // them (only the Atomics builtins), so a thread terminated by Worker.terminate() (which stops
+  // JavaScript only at such points) never stops between the two.
 
   /** Takes `bytes` from the budget; false (and nothing taken) when they do not fit. */
   take (bytes: number): boolean {
