@@ -55,9 +55,11 @@ export class SourceOwners {
 
   /** Whether `owner` may change the tools of `source`. */
   allows (source: string, owner: Owner): boolean {
-    if (owner === HOST_OWNER) return true
+    // Asked before a change, so a binding whose tools are all gone is released now: once the
+    // change adds a tool, claim() must find the source free, not that stale binding back in force
+    // (the host registering a freed source would otherwise leave it to the key that once held it).
     const bound = this.#boundOwner(source)
-    if (bound === undefined) return true
+    if (owner === HOST_OWNER || bound === undefined) return true
     // Digests of equal length; constant time so that no timing tells how close a guess was.
     return bound !== HOST_OWNER && timingSafeEqual(bound, owner)
   }

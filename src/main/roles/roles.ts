@@ -30,7 +30,10 @@ export class RoleManager {
     return role
   }
 
-  /** Removes a role and its registry; true when it existed. Its sessions are simply dropped. */
+  /**
+   * Removes a role and its registry; true when it existed. Its sessions are dropped (the MCP
+   * endpoint ends its MCP sessions on the `role-removed` event).
+   */
   remove (name: string): boolean {
     if (!this.#roles.delete(name)) return false
     if (this.#options.events.listenerCount('role-removed') > 0) {

@@ -142,6 +142,7 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   constructor (runtime: Runtime, options: McpSessionsOptions = {}) {
     super()
     this.#runtime = runtime
+    runtime.on('role-removed', this.#onRoleRemoved)
     // Explicit options win over the runtime's `mcp` options, which have the defaults.
     const mcp = runtime.options.mcp
     this.#options = {
@@ -202,8 +203,24 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   /** Ends every session (server close); their running calls are aborted. */
   async closeAll (): Promise<void> {
     this.#closed = true
+    this.#runtime.off('role-removed', this.#onRoleRemoved)
     const all = [...this.#starting, ...this.#sessions.values()]
     await Promise.allSettled(all.map((s) => s.close('closed')))
+  }
+
+  /**
+   * A removed role's sessions end with it, at once: left open, a session would go on answering
+   * from whichever role of that name is there at its next request (one added again, say) without
+   * being one of its sessions, so never told of its changes.
+   */
+  readonly #onRoleRemoved = ({ role }: { role: string }): void => {
+    for (const session of [...this.#starting, ...this.#sessions.values()]) {
+      if (session.role !== role) continue
+      // Out of the map now, so that its next request is a 404 even before close() is done.
+      this.#starting.delete(session)
+      if (this.#sessions.get(session.sessionId) === session) this.#sessions.delete(session.sessionId)
+      session.close('role-removed').catch(noop)
+    }
   }
 
   /**

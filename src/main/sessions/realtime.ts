@@ -255,6 +255,9 @@ class RealtimeAdapter implements RealtimeSession {
     if (this.#isClosed) return
     this.#isClosed = true
     this.#detachNow()
+    // Also when another hand attached it (Role.replaceSessions, with attach: false): a closed
+    // adapter left in its role would fail every later sync of the role.
+    this.#runtime.roles.find(this.role)?.detachSession(this)
     for (const update of [...this.#updates]) update.reject(new Error('the realtime session is closed'))
     for (const call of this.#calls.values()) call.controller.abort()
     this.#calls.clear()
