@@ -75,6 +75,7 @@ const WEIGHTS = {
   'test/integration/mcp-transport.test.ts': 6,
   'test/integration/callback-client.test.ts': 6,
   'test/integration/registry-properties.test.ts': 5,
+  'test/integration/events-properties.test.ts': 5,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

@@ -1,5 +1,21 @@
 // The typed events a Runtime emits for embedding hosts.
+import type { EventEmitter } from 'node:events'
 import type { OutcomeKind } from '../workers/protocol.js'
+
+/**
+ * Emitted, under this symbol (not one of ToolportEvents), once the synchronous part of a registry
+ * change is done: a register, unregister or clear, a local tool's change. The event stream groups
+ * that change's `tool-registered`/`tool-removed` events into its own events here; without it,
+ * concurrent changes that resume in one run of microtasks (registrations waiting on one schema
+ * compile) were merged and published out of order.
+ */
+export const kChangeEnd = Symbol('toolport.changeEnd')
+
+/** Emits `kChangeEnd` on `events` when someone listens. */
+export function emitChangeEnd (events: EventEmitter<ToolportEvents>): void {
+  const emitter = events as unknown as EventEmitter
+  if (emitter.listenerCount(kChangeEnd) > 0) emitter.emit(kChangeEnd)
+}
 
 /** Why a tool left a role's registry. */
 export type RemovalReason = 'unregister' | 'clear' | 'evicted' | 'replaced' | 'local'

@@ -6,7 +6,7 @@ import type { Worker } from 'node:worker_threads'
 import type { Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
 import { ClosedError, LimitExceededError, validationError } from './errors.js'
-import type { ToolportEvents } from './events.js'
+import { emitChangeEnd, type ToolportEvents } from './events.js'
 import { RoleManager } from './roles/roles.js'
 import type { Role } from './roles/role.js'
 import { ToolEntry, type ToolListing } from './roles/tool-registry.js'
@@ -254,6 +254,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       }
       accepted.push(role)
     }
+    emitChangeEnd(this)
     // Bound in the same turn as the check above, so two registrations of one source cannot both
     // find it free.
     if (owner !== null && accepted.length > 0) this.#owners.claim(request.source, owner)
@@ -301,6 +302,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       role.emitRemoved(existing, 'unregister')
       changed.push(role)
     }
+    emitChangeEnd(this)
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
     if (changed.length > 0) {
@@ -336,6 +338,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       for (const entry of gone) role.emitRemoved(entry, 'clear')
       changed.push(role)
     }
+    emitChangeEnd(this)
     const failed: FailedRole[] = []
     const affected = await syncAll(changed, failed)
     if (removed > 0) {

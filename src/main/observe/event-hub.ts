@@ -12,7 +12,7 @@
 // outcome kind, duration, bytes): never arguments, outputs, callback bodies or error text. A tool
 // name that matched no tool is the model's free text, so it is sent as null.
 import type { EventEmitter } from 'node:events'
-import type { CallFinishedEvent, ToolportEvents } from '../events.js'
+import { kChangeEnd, type CallFinishedEvent, type ToolportEvents } from '../events.js'
 import { VERSION } from '../version.js'
 
 /** Every event type of the stream, in the order the README documents them. */
@@ -140,7 +140,11 @@ export class EventHub {
       for (const batch of this.#batches.values()) {
         if (batch.type === 'evicted' && batch.origin === e.origin) batch.failures = e.failures
       }
+      // An eviction's removals are all in: its event goes now, before any later change's.
+      this.#publishBatches()
     })
+    // The end of one registry change: its events go out as events of their own, in order.
+    ;(events as unknown as EventEmitter).on(kChangeEnd, this.#publishBatches)
     events.on('sync-finished', (e) => {
       this.publish('sync', [e.role], {
         role: e.role,

@@ -1,6 +1,6 @@
 // A role (a character or agent): its tool registry, its live model sessions and its sync queue.
 import type { EventEmitter } from 'node:events'
-import type { RemovalReason, ToolportEvents } from '../events.js'
+import { emitChangeEnd, type RemovalReason, type ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
@@ -146,6 +146,7 @@ export class Role {
         origin: ''
       })
     }
+    emitChangeEnd(this.#events)
     return await this.sync()
   }
 
@@ -155,6 +156,7 @@ export class Role {
     if (entry === undefined || entry.isRemote) return { ok: true, error: '', removed: false }
     this.registry.delete(name)
     this.emitRemoved(entry, 'local')
+    emitChangeEnd(this.#events)
     return { ...(await this.sync()), removed: true }
   }
 
