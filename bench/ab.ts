@@ -216,7 +216,7 @@ async function main (): Promise<void> {
       }
       if (which === 'baseline' && flags.harness === 'this') {
         options.toolport = flags.baseline
-        if (flags.baselineBuild) options.toolportBuild = true
+        options.toolportBuild = flags.baselineBuild
       }
       const run = await runProfileTarget(options,
         { tree: which === 'this' || flags.harness === 'this' ? THIS_TREE : flags.baseline })

@@ -67,12 +67,11 @@ export class ReplyBudget {
 
   /**
    * Gives back whatever the thread that owned `share` still held. Only once that thread can no
-   * longer run (it exited); returns the bytes given back.
+   * longer run (it exited); a second call gives back nothing more.
    */
-  reclaim (share: SharedArrayBuffer): number {
+  reclaim (share: SharedArrayBuffer): void {
     const held = Atomics.exchange(new Int32Array(share), 0, 0)
     if (held > 0) Atomics.sub(this.#cells, USED, held)
-    return held
   }
 
   /** Bytes taken now, over every thread. */

@@ -89,7 +89,7 @@ interface Lane {
   inFlight: number
   isOpen: boolean
   /** The worker's share of the reply budget, given back once the worker is gone. */
-  replyShare: SharedArrayBuffer | null
+  replyShare: SharedArrayBuffer
 }
 
 /** The abort listener of one slot, created once per slot and reused by every call in it. */
@@ -359,7 +359,7 @@ export class Dispatcher {
     if (this.#pool !== null) {
       await this.#pool.destroy()
       // The workers are gone, with whatever reply bytes they held when destroyed.
-      for (const lane of this.#lanes) if (lane.replyShare !== null) this.#replyBudget.reclaim(lane.replyShare)
+      for (const lane of this.#lanes) this.#replyBudget.reclaim(lane.replyShare)
     }
     if (this.#inline) await this.ready.catch(noop)
     if (this.#client !== null) await this.#client.close()
@@ -549,11 +549,11 @@ export class Dispatcher {
   #onWorkerMessage (message: unknown): void {
     const hello = message as Partial<LaneHello> | null
     const port = hello?.toolportLane
-    if (port === undefined || this.#closing) {
+    const replyShare = hello?.replyShare
+    if (port === undefined || !(replyShare instanceof SharedArrayBuffer) || this.#closing) {
       port?.close()
       return
     }
-    const replyShare = hello?.replyShare instanceof SharedArrayBuffer ? hello.replyShare : null
     const lane: Lane = { port, index: this.#lanes.length, inFlight: 0, isOpen: true, replyShare }
     this.#lanes.push(lane)
     port.on('message', (outcomes: unknown) => { this.#onOutcomes(outcomes) })
@@ -574,7 +574,7 @@ export class Dispatcher {
     // close() closes the lanes itself while their workers still run: it reclaims after destroying them.
     if (this.#closing) return
     // The worker exited: what it held of the reply budget would otherwise stay taken for good.
-    if (lane.replyShare !== null) this.#replyBudget.reclaim(lane.replyShare)
+    this.#replyBudget.reclaim(lane.replyShare)
     // Give outcomes it posted before exiting one turn to arrive before answering the rest.
     setImmediate(() => {
       for (let slot = 0; slot < this.#space; slot++) {

@@ -41,12 +41,8 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     const role = (request.params as { role: string }).role
     const header = request.headers['mcp-session-id']
     const sessionId = typeof header === 'string' && header !== '' ? header : undefined
-    if (!runtime.roles.has(role)) {
-      // A session of a role that was removed since ends with it.
-      const orphan = sessionId === undefined ? undefined : sessions.get(sessionId)
-      if (orphan !== undefined && orphan.role === role) await orphan.close('role-removed')
-      throw new RoleNotFoundError(role)
-    }
+    // A removed role's sessions ended with it (McpSessions, on `role-removed`).
+    if (!runtime.roles.has(role)) throw new RoleNotFoundError(role)
     let session: McpSession | null | undefined
     if (sessionId === undefined) {
       if (request.method !== 'POST' || !(await loadMcpSdk()).types.isInitializeRequest(request.body)) {

@@ -351,6 +351,8 @@ export class EventHub {
     }
     batch.tools.push({ role, name })
     if (!batch.roles.includes(role)) batch.roles.push(role)
+    // Normally published at the change's end (kChangeEnd, origin-evicted); this is the net for a
+    // change that signals none, so that its events still go out.
     if (!this.#batchScheduled) {
       this.#batchScheduled = true
       queueMicrotask(this.#publishBatches)

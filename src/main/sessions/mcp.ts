@@ -216,11 +216,15 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   readonly #onRoleRemoved = ({ role }: { role: string }): void => {
     for (const session of [...this.#starting, ...this.#sessions.values()]) {
       if (session.role !== role) continue
-      // Out of the map now, so that its next request is a 404 even before close() is done.
-      this.#starting.delete(session)
-      if (this.#sessions.get(session.sessionId) === session) this.#sessions.delete(session.sessionId)
+      // Forgotten now, so that its next request is a 404 even before close() is done.
+      this.#forget(session)
       session.close('role-removed').catch(noop)
     }
+  }
+
+  #forget (session: McpSession): void {
+    this.#starting.delete(session)
+    if (this.#sessions.get(session.sessionId) === session) this.#sessions.delete(session.sessionId)
   }
 
   /**
@@ -252,8 +256,7 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   }
 
   #ended (session: McpSession, reason: McpCloseReason, wasInitialized: boolean): void {
-    this.#starting.delete(session)
-    if (this.#sessions.get(session.sessionId) === session) this.#sessions.delete(session.sessionId)
+    this.#forget(session)
     if (!wasInitialized) return
     this.#runtime.log.info({ role: session.role, session: session.sessionId, reason }, 'MCP session closed')
     if (this.listenerCount('session-closed') > 0) {
