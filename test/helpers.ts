@@ -82,6 +82,23 @@ export async function waitFor (what: string, predicate: () => boolean, timeoutMs
   }
 }
 
+/**
+ * `promise`, or a failure after `timeoutMs` naming `what` (a function: its text is made when the
+ * time is up, e.g. to list what is still missing): a hang guard, never a pass/fail on timing.
+ */
+export async function within<T> (promise: Promise<T>, what: string | (() => string), timeoutMs: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  try {
+    return await Promise.race([promise, new Promise<never>((_resolve, reject) => {
+      timer = setTimeout(() => {
+        reject(new Error(`${typeof what === 'string' ? what : what()}: nothing within ${timeoutMs} ms (hang guard)`))
+      }, timeoutMs)
+    })])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
 /** A registration body with a loopback callback; `overrides` win. */
 export function tool (name: string, overrides: Record<string, unknown> = {}): Record<string, unknown> {
   return { name, callback_url: CALLBACK, ...overrides }

@@ -18,7 +18,7 @@ import type { Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
 import type { CallFinishedEvent } from '../../src/main/events.js'
 import { kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
-import { createTestToolport, waitFor } from '../helpers.js'
+import { createTestToolport, waitFor, within } from '../helpers.js'
 
 const MODES = ['pool', 'inline'] as const
 type Mode = typeof MODES[number]
@@ -328,18 +328,10 @@ async function makeCalls (tp: Toolport, plans: readonly CallPlan[], state: { isC
     else timers.push(setTimeout(go, plan.startMs))
   }))
   onStart()
-  let guard: NodeJS.Timeout | undefined
   try {
-    return await Promise.race([
-      Promise.all(calls),
-      new Promise<never>((_resolve, reject) => {
-        guard = setTimeout(() => {
-          reject(new Error(`${unanswered.size} calls were not answered within ${RUN_GUARD_MS} ms: ${[...unanswered].join(', ')}`))
-        }, RUN_GUARD_MS)
-      })
-    ])
+    return await within(Promise.all(calls), () => `${unanswered.size} calls unanswered (${[...unanswered].join(', ')})`,
+      RUN_GUARD_MS)
   } finally {
-    clearTimeout(guard)
     for (const timer of timers) clearTimeout(timer)
   }
 }

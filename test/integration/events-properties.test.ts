@@ -42,13 +42,14 @@ import { request as httpRequest, type ClientRequest, type IncomingMessage } from
 import { test, type TestContext } from 'node:test'
 import { randomUUID } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { isDeepStrictEqual } from 'node:util'
 import fc from 'fast-check'
 import { createParser, type EventSourceMessage } from 'eventsource-parser'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import type { Toolport } from '../../src/main/index.js'
 import { closedPort, type CallbackServer } from '../fixtures/callback-server.js'
-import { callbackServer, createTestToolport, httpJson, type JsonReply } from '../helpers.js'
+import { callbackServer, createTestToolport, httpJson, within, type JsonReply } from '../helpers.js'
 
 /** Generous bounds on waits: a run that does not settle fails instead of hanging the file. */
 const GUARD_MS = 10_000
@@ -596,14 +597,7 @@ interface Run extends RunState {
 
 /** `promise`, or a failure naming `what` after GUARD_MS. */
 async function guarded<T> (promise: Promise<T>, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_resolve, reject) => {
-      timer = setTimeout(() => { reject(new Error(`timed out: ${what}`)) }, GUARD_MS)
-    })])
-  } finally {
-    clearTimeout(timer)
-  }
+  return await within(promise, what, GUARD_MS)
 }
 
 async function expectOk (reply: Promise<JsonReply>, what: string): Promise<JsonReply> {
@@ -1006,7 +1000,7 @@ function checkSubscriber (run: Run, ledger: Ledger, sub: Subscriber): void {
     const fits = starts.some((p) => {
       const expected = ledger.live(p, sub.filter)
       // The last connection was read to the end; one the subscriber dropped holds a prefix.
-      return isDeepEqual(live, isLast ? expected : expected.slice(0, live.length))
+      return isDeepStrictEqual(live, isLast ? expected : expected.slice(0, live.length))
     })
     if (!fits) {
       const expected = ledger.live(starts[0] as number, sub.filter)
@@ -1023,15 +1017,6 @@ function checkSubscriber (run: Run, ledger: Ledger, sub: Subscriber): void {
       assert.ok(n > previous, `${what}: event ${item.id} after ${previous}`)
       previous = n
     }
-  }
-}
-
-function isDeepEqual (a: unknown, b: unknown): boolean {
-  try {
-    assert.deepEqual(a, b)
-    return true
-  } catch {
-    return false
   }
 }
 

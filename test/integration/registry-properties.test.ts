@@ -43,7 +43,7 @@ import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontex
 import { ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import { createRealtimeSession, createToolport, type RealtimeSession, type Toolport } from '../../src/main/index.js'
 import { kSyncCount } from '../../src/main/symbols.js'
-import { httpJson } from '../helpers.js'
+import { httpJson, within } from '../helpers.js'
 
 type Json = Record<string, any>
 
@@ -485,14 +485,7 @@ function normalizeReply (reply: Json): Json {
 }
 
 async function guard<T> (promise: Promise<T>, what: string, ms = GUARD_MS): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_resolve, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what}: nothing within ${ms} ms (hang guard)`)), ms)
-    })])
-  } finally {
-    clearTimeout(timer)
-  }
+  return await within(promise, what, ms)
 }
 
 /** Lets every promise job queued by data already received run (stream pipes, SDK handlers). */
