@@ -6,30 +6,18 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
-import { createServer } from 'node:net'
-import type { AddressInfo } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
 import { toolportCliArgs } from '../helpers.js'
+import { closedPort } from '../fixtures/callback-server.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 const SOURCE = 'plugin:sdk-test'
 // Generous bounds on waits for real processes; never part of an assertion.
 const PROCESS_START_MS = 30_000
 const REREGISTER_MS = 30_000
-
-/** A port nothing listens on right now: bind port 0, note it, close. */
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const { port } = server.address() as AddressInfo
-  server.close()
-  await once(server, 'close')
-  return port
-}
 
 /** `toolport serve` as a child process (see toolportCliArgs); resolves once it printed its listening line. */
 async function spawnToolport (port: number): Promise<ChildProcess> {
@@ -152,7 +140,7 @@ test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PL
 })
 
 test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and startTimeoutMs is 0', async () => {
-  const port = await freePort()
+  const port = await closedPort()
   const plugin = createPlugin({
     toolportUrl: `http://127.0.0.1:${port}`,
     source: SOURCE,
@@ -167,7 +155,8 @@ test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and st
 })
 
 test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t: TestContext) => {
-  const port = await freePort()
+  // Nothing listens there yet: the plugin starts first, and Toolport is started (and restarted) on it.
+  const port = await closedPort()
   const toolportUrl = `http://127.0.0.1:${port}`
   let toolport: ChildProcess | null = null
   const agent = new Agent({ keepAliveTimeout: 10, keepAliveMaxTimeout: 10 })
