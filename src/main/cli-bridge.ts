@@ -8,6 +8,9 @@
 // - Toolport may start after the bridge, or restart (registrations are runtime only, docs/protocol.md R3):
 //   the bridge reconnects with backoff, re-initializes a lost session, and tells the client to
 //   re-list. While Toolport is unreachable the list is empty and calls are model-visible errors.
+// - A call is sent again on a new session only when it surely never ran: Toolport refused it for a
+//   session it no longer has (404), or no connection was made. A session found gone is retired,
+//   not closed under the calls still on it: they get their own answer or their own 404.
 // - stdout carries the protocol only; diagnostics go to `log` (stderr in the CLI).
 import type { Readable, Writable } from 'node:stream'
 import { Server } from '@modelcontextprotocol/sdk/server/index.js'
@@ -54,6 +57,22 @@ export interface Bridge {
 
 const RECONNECT_MIN_MS = 1_000
 const RECONNECT_MAX_MS = 30_000
+/**
+ * A retired upstream (its session gone) is closed once its last request settles, or this long
+ * after it was retired: an answer Toolport sent before the session ended is in by then, and a
+ * request still waiting never gets one (its session cannot be resumed).
+ */
+const RETIRED_CLOSE_MS = 2_000
+
+/** One upstream session: the SDK client and the bridge's requests on it. */
+interface Upstream {
+  readonly client: Client
+  /** tools/list and tools/call requests waiting on it. */
+  requests: number
+  /** Dropped: no new request goes to it, and it closes once `requests` is 0. */
+  isRetired: boolean
+  closeTimer: NodeJS.Timeout | undefined
+}
 
 /**
  * Starts the stdio bridge. Rejects with TP_ERR_ROLE_NOT_FOUND when the role does not exist on the
@@ -86,8 +105,10 @@ class StdioBridge implements Bridge {
   readonly #server: Server
   readonly #stdio: StdioServerTransport
   readonly #log: (line: string) => void
-  #upstream: Client | null = null
-  #connecting: Promise<Client | null> | null = null
+  #upstream: Upstream | null = null
+  /** Upstreams dropped while requests were still waiting on them. */
+  readonly #retired = new Set<Upstream>()
+  #connecting: Promise<Upstream | null> | null = null
   #reconnectTimer: NodeJS.Timeout | undefined
   #reconnectDelayMs = RECONNECT_MIN_MS
   #pingTimer: NodeJS.Timeout | undefined
@@ -130,54 +151,67 @@ class StdioBridge implements Bridge {
     clearInterval(this.#pingTimer)
     const upstream = this.#upstream
     this.#upstream = null
-    if (upstream !== null) await endUpstream(upstream)
+    for (const retired of [...this.#retired]) this.#closeRetired(retired)
+    if (upstream !== null) await endUpstream(upstream.client)
     await this.#server.close().catch(noop)
     this.#resolveClosed()
   }
 
   async #listTools (request: ListToolsRequest): Promise<ListToolsResult> {
-    const attempt = async (): Promise<ListToolsResult> => {
+    for (let attempt = 1; ; attempt++) {
       const upstream = await this.#ready()
       if (upstream === null) return { tools: [] }
-      return await upstream.listTools(request.params)
-    }
-    try {
-      return await attempt()
-    } catch (err) {
-      // Listing is idempotent: after any transport failure, reconnect and try once more.
-      if (!this.#isTransportFailure(err)) throw err
-      this.#dropUpstream(err)
-      return await attempt()
+      try {
+        return await this.#on(upstream, async (client) => await client.listTools(request.params))
+      } catch (err) {
+        if (!isTransportFailure(err)) throw forwardable(err)
+        this.#dropUpstream(upstream, err)
+        // Listing is idempotent: after any transport failure, reconnect and try once more.
+        if (attempt > 1) throw forwardable(err)
+      }
     }
   }
 
   async #callTool (request: CallToolRequest, extra: RequestHandlerExtra<ServerRequest,
     ServerNotification>): Promise<CallToolResult> {
     const options = { signal: extra.signal, timeout: this.#options.callTimeoutMs ?? 330_000 }
-    const attempt = async (): Promise<CallToolResult> => {
+    for (let attempt = 1; ; attempt++) {
       const upstream = await this.#ready()
       if (upstream === null) return unreachableResult(this.endpoint)
-      return await upstream.callTool(request.params, CallToolResultSchema, options) as CallToolResult
+      try {
+        return await this.#on(upstream, async (client) =>
+          await client.callTool(request.params, CallToolResultSchema, options) as CallToolResult)
+      } catch (err) {
+        if (extra.signal.aborted || !isTransportFailure(err)) throw forwardable(err)
+        this.#dropUpstream(upstream, err)
+        // Retry only when the call surely never ran: Toolport refused it for a session it no
+        // longer has (a restart, the role removed), or no connection was made. Anything else
+        // might have run the tool once already.
+        const neverRan = isSessionGone(err) || isConnectFailure(err)
+        if (!neverRan) return lostResult(this.endpoint)
+        if (attempt > 1) throw forwardable(err)
+      }
     }
+  }
+
+  /** Runs one request on `upstream`, counted so that a retired upstream closes once it is idle. */
+  async #on<T> (upstream: Upstream, request: (client: Client) => Promise<T>): Promise<T> {
+    upstream.requests++
     try {
-      return await attempt()
-    } catch (err) {
-      if (extra.signal.aborted || !this.#isTransportFailure(err)) throw err
-      this.#dropUpstream(err)
-      // Retry only when the call surely never ran: the session was unknown upstream (Toolport
-      // restarted) or no connection was made. Anything else might have run the tool once already.
-      if (!isSessionGone(err) && !isConnectFailure(err)) return unreachableResult(this.endpoint)
-      return await attempt()
+      return await request(upstream.client)
+    } finally {
+      upstream.requests--
+      if (upstream.isRetired && upstream.requests === 0) this.#closeRetired(upstream)
     }
   }
 
   /** The connected upstream, connecting now if needed; null when Toolport is unreachable. */
-  async #ready (): Promise<Client | null> {
+  async #ready (): Promise<Upstream | null> {
     if (this.#upstream !== null) return this.#upstream
     return await this.#connect(false)
   }
 
-  async #connect (isFirst: boolean): Promise<Client | null> {
+  async #connect (isFirst: boolean): Promise<Upstream | null> {
     if (this.#connecting !== null) return await this.#connecting
     this.#connecting = this.#open(isFirst)
     try {
@@ -187,7 +221,7 @@ class StdioBridge implements Bridge {
     }
   }
 
-  async #open (isFirst: boolean): Promise<Client | null> {
+  async #open (isFirst: boolean): Promise<Upstream | null> {
     if (this.#isClosed) return null
     const client = new Client({ name: 'toolport-bridge', version: MCP_SERVER_INFO.version })
     client.setNotificationHandler(ToolListChangedNotificationSchema, () => this.#announceChange())
@@ -210,20 +244,42 @@ class StdioBridge implements Bridge {
       await endUpstream(client)
       return null
     }
-    this.#upstream = client
+    const upstream: Upstream = { client, requests: 0, isRetired: false, closeTimer: undefined }
+    this.#upstream = upstream
     this.#reconnectDelayMs = RECONNECT_MIN_MS
     this.#log(`toolport mcp: connected to ${this.endpoint.href}`)
     // The tool set may differ from what the client last listed (a new or restarted Toolport).
     if (!isFirst) this.#announceChange()
-    return client
+    return upstream
   }
 
-  #dropUpstream (err: unknown): void {
-    const upstream = this.#upstream
-    if (upstream === null) return
-    this.#upstream = null
-    this.#log(`toolport mcp: lost the upstream session: ${describe(err)}`)
-    upstream.close().catch(noop)
+  /**
+   * Stops using `upstream` after `err` (and only it: a newer one that calls made together already
+   * moved to stays). One whose session is gone (404) is retired: the requests still on it get
+   * their own answer or their own 404 (which is retried), instead of being cut short by its close
+   * as if they might have run. After any other failure (Toolport unreachable) it closes at once,
+   * ending the requests on it.
+   */
+  #dropUpstream (upstream: Upstream, err: unknown): void {
+    if (this.#upstream === upstream) {
+      this.#upstream = null
+      this.#log(`toolport mcp: lost the upstream session: ${describe(err)}`)
+    }
+    if (upstream.isRetired) return
+    upstream.isRetired = true
+    this.#retired.add(upstream)
+    if (!isSessionGone(err) || upstream.requests === 0) {
+      this.#closeRetired(upstream)
+      return
+    }
+    upstream.closeTimer = setTimeout(() => { this.#closeRetired(upstream) }, RETIRED_CLOSE_MS)
+    upstream.closeTimer.unref()
+  }
+
+  #closeRetired (upstream: Upstream): void {
+    if (!this.#retired.delete(upstream)) return
+    clearTimeout(upstream.closeTimer)
+    upstream.client.close().catch(noop)
   }
 
   #scheduleReconnect (): void {
@@ -245,10 +301,10 @@ class StdioBridge implements Bridge {
       return
     }
     try {
-      await upstream.ping({ timeout: 10_000 })
+      await upstream.client.ping({ timeout: 10_000 })
     } catch (err) {
       if (this.#upstream !== upstream) return
-      this.#dropUpstream(err)
+      this.#dropUpstream(upstream, err)
       this.#scheduleReconnect()
     }
   }
@@ -257,12 +313,24 @@ class StdioBridge implements Bridge {
     if (this.#isClosed) return
     this.#server.sendToolListChanged().catch(noop)
   }
+}
 
-  #isTransportFailure (err: unknown): boolean {
-    if (err instanceof McpError) return err.code === ErrorCode.ConnectionClosed
-    // fetch rejects with a TypeError for every network-level failure.
-    return err instanceof StreamableHTTPError || err instanceof TypeError
-  }
+function isTransportFailure (err: unknown): boolean {
+  if (err instanceof McpError) return err.code === ErrorCode.ConnectionClosed
+  // fetch rejects with a TypeError for every network-level failure.
+  return err instanceof StreamableHTTPError || err instanceof TypeError
+}
+
+/**
+ * An upstream JSON-RPC error as the bridge's handler throws it on: its code, data and message as
+ * Toolport sent them. The client's McpError message carries an "MCP error <code>: " prefix, which
+ * the downstream client's McpError would add a second time.
+ */
+function forwardable (err: unknown): unknown {
+  if (!(err instanceof McpError)) return err
+  const prefix = `MCP error ${err.code}: `
+  const message = err.message.startsWith(prefix) ? err.message.slice(prefix.length) : err.message
+  return Object.assign(new Error(message), { code: err.code, data: err.data as unknown })
 }
 
 /** Ends an upstream session politely (DELETE, so Toolport detaches it at once), then closes it. */
@@ -274,6 +342,14 @@ async function endUpstream (client: Client): Promise<void> {
 
 function unreachableResult (endpoint: URL): CallToolResult {
   const text = JSON.stringify({ error: `Toolport is not reachable at ${endpoint.origin}; the tool was not called` })
+  return { content: [{ type: 'text', text }], isError: true }
+}
+
+/** A call whose connection was lost after it was sent: it may have run. */
+function lostResult (endpoint: URL): CallToolResult {
+  const text = JSON.stringify({
+    error: `the connection to Toolport at ${endpoint.origin} was lost during the call; the tool may have run`
+  })
   return { content: [{ type: 'text', text }], isError: true }
 }
 

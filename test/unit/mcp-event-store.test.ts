@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import type { JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js'
-import { BoundedEventStore } from '../../src/main/sessions/event-store.js'
+import { BoundedEventStore, isStandaloneEventId, streamOfEventId } from '../../src/main/sessions/event-store.js'
 
 const GET = '_GET_stream'
 const LIST_CHANGED = { jsonrpc: '2.0', method: 'notifications/tools/list_changed' } as JSONRPCMessage
@@ -85,4 +85,23 @@ test('past the count bound, a client that missed list changes on its event strea
   const { stream, sent } = await replay(store, seen)
   assert.equal(stream, GET)
   assert.deepEqual(sent, [[seen, LIST_CHANGED]], 'one list_changed stands for every change it may have missed')
+})
+
+test('hasEventsAfter says whether a resume of that event id would be sent anything; event ids name their stream', async () => {
+  const store = new BoundedEventStore({ maxEvents: 4 })
+  const priming = await store.storeEvent('post-1', {} as JSONRPCMessage)
+  assert.equal(store.hasEventsAfter(priming), false, 'a priming event is nothing to replay')
+  const answer = await store.storeEvent('post-1', response(1, 'done'))
+  assert.equal(store.hasEventsAfter(priming), true)
+  assert.equal(store.hasEventsAfter(answer), false)
+  assert.equal(store.hasEventsAfter('nonsense'), false)
+  assert.equal(streamOfEventId(answer), 'post-1')
+  assert.equal(streamOfEventId('nonsense'), undefined)
+  // The event stream's list changes dropped past the count bound still owe the client one.
+  const seen = await store.storeEvent(GET, LIST_CHANGED)
+  assert.equal(isStandaloneEventId(seen), true)
+  assert.equal(isStandaloneEventId(answer), false)
+  assert.equal(store.hasEventsAfter(seen), false)
+  for (let i = 0; i < 6; i++) await store.storeEvent(GET, LIST_CHANGED)
+  assert.equal(store.hasEventsAfter(seen), true)
 })

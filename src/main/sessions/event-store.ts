@@ -83,6 +83,24 @@ export class BoundedEventStore implements EventStore {
     return `${seq}_${streamId}`
   }
 
+  /**
+   * Whether the stream of `eventId` has an event after it that a replay would send (a message or
+   * the marker of one). False for an id this store did not issue.
+   */
+  hasEventsAfter (eventId: EventId): boolean {
+    const parsed = parseEventId(eventId)
+    if (parsed === undefined) return false
+    const isStandalone = parsed.streamId === STANDALONE_STREAM
+    if (isStandalone && parsed.seq < this.#droppedUpTo) return true
+    for (let i = this.#head; i < this.#events.length; i++) {
+      const event = this.#events[i] as StoredEvent
+      if (event.seq <= parsed.seq || event.streamId !== parsed.streamId || event.isPriming) continue
+      // As replayEventsAfter: a message, a response's marker, or a list change's on the event stream.
+      if (event.message !== null || event.responseTo !== undefined || isStandalone) return true
+    }
+    return false
+  }
+
   /** The stream of an event id this store issued; undefined for an id it cannot resume. */
   async getStreamIdForEventId (eventId: EventId): Promise<StreamId | undefined> {
     const parsed = parseEventId(eventId)
@@ -144,6 +162,16 @@ export class BoundedEventStore implements EventStore {
       this.#head = 0
     }
   }
+}
+
+/** The stream an event id names (`<seq>_<streamId>`); undefined when it is not such an id. */
+export function streamOfEventId (eventId: string): StreamId | undefined {
+  return parseEventId(eventId)?.streamId
+}
+
+/** Whether an event id is one of the standalone (GET) stream's: the session's event stream. */
+export function isStandaloneEventId (eventId: string): boolean {
+  return streamOfEventId(eventId) === STANDALONE_STREAM
 }
 
 function parseEventId (eventId: string): { seq: number, streamId: string } | undefined {

@@ -10,7 +10,13 @@
 //   period), inactivity, the role being removed, eviction (sessions full), or the server closing.
 // - Streams are resumable: each session keeps a bounded event store, POST streams start with a
 //   priming event (an event id, empty data, `retry`), and a client that reconnects with
-//   `Last-Event-ID` is sent what it missed, tool-list changes included.
+//   `Last-Event-ID` is sent what it missed, tool-list changes included. A request's stream ends
+//   once nothing more will be sent on it (answered, or cancelled), a resumed one too.
+// - Only the standalone GET stream is the session's event stream (a GET with the Last-Event-ID of a
+//   request's stream is that request's): each fresh one is sent `list_changed` when the tools
+//   differ from what the client last listed, so a notice lost with a dropped stream is sent again.
+// - A session Toolport ends (role removed, eviction, server close) first answers its running calls
+//   with a JSON-RPC error, so that no client waits for its own timeout.
 // - Bounds: sessions in all, sessions per client, calls in flight per session, per client and
 //   for all MCP sessions together, so one MCP client cannot take the dispatcher's whole budget.
 //   A client is the TCP connection (peer address and port) that sent `initialize`: on loopback
@@ -22,8 +28,8 @@ import type { Socket } from 'node:net'
 import type { Server } from '@modelcontextprotocol/sdk/server/index.js'
 import type { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import type {
-  CallToolRequest, CallToolResult, ListToolsRequest, ListToolsResult, ServerNotification,
-  ServerRequest
+  CallToolRequest, CallToolResult, JSONRPCMessage, ListToolsRequest, ListToolsResult, RequestId,
+  ServerNotification, ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import type { Runtime } from '../runtime.js'
@@ -35,7 +41,7 @@ import { MCP_SERVER_INFO, mcpInstructions } from './mcp-info.js'
 import { loadMcpSdk, mcpSdk } from './mcp-sdk.js'
 import { jsonDepth } from '../schemas.js'
 import { toolDefinitions } from './definitions.js'
-import { BoundedEventStore, type EventStoreLimits } from './event-store.js'
+import { BoundedEventStore, isStandaloneEventId, streamOfEventId, type EventStoreLimits } from './event-store.js'
 
 export interface McpSessionsOptions {
   /** A session with no open event stream and no request for this long ends (default 10 min). */
@@ -85,6 +91,21 @@ const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
 
 /** A `tools/list` page holds about this many bytes of JSON at most (and at least one tool). */
 const LIST_PAGE_BYTES = 4 * 1024 * 1024
+
+/**
+ * JSON-RPC "internal error": the answer to a call whose session ended under it. Never -32000,
+ * which SDK clients (the stdio bridge among them) take for a lost connection.
+ */
+const RPC_INTERNAL_ERROR = -32603
+
+/** Why a session ended, as the answer to the calls it had running tells the client. */
+const ENDED_BECAUSE: Record<McpCloseReason, string> = {
+  deleted: 'the client ended it',
+  idle: 'it was idle',
+  evicted: 'it was evicted to make room for another',
+  'role-removed': 'its role was removed',
+  closed: 'Toolport is shutting down'
+}
 
 type ResolvedOptions = Required<Omit<McpSessionsOptions, 'eventStore'>> & { eventStore: EventStoreLimits }
 
@@ -306,12 +327,15 @@ export class McpSession implements ModelSession {
   #detach: (() => void) | null = null
   /** The snapshot the client last listed; null until its first `tools/list`. */
   #listed: readonly ToolDefinition[] | null = null
-  /** A change arrived while the client had no event stream: announce it when one opens. */
-  #hasPendingNotice = false
-  /** GET requests in flight: each is an open event stream. */
+  /** Standalone GET streams open: the session's event stream. */
   #streams = 0
-  /** Other requests in flight. */
+  /** Other requests in flight (a GET resuming a request's stream among them). */
   #requests = 0
+  readonly #eventStore: BoundedEventStore
+  /** `tools/call` requests running and not cancelled, each with its handler's abort signal. */
+  readonly #running = new Map<RequestId, AbortSignal>()
+  /** Set once close() has begun. */
+  #closing: Promise<void> | null = null
   #hadStream = false
   #idleTimer: NodeJS.Timeout | undefined
   #closeReason: McpCloseReason = 'closed'
@@ -330,14 +354,16 @@ export class McpSession implements ModelSession {
     this.#hooks = hooks
     const sessionId = this.sessionId
     const { Server, StreamableHTTPServerTransport, types } = mcpSdk()
+    this.#eventStore = new BoundedEventStore(options.eventStore)
     this.#transport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => sessionId,
       onsessioninitialized: () => this.#onInitialized(),
-      eventStore: new BoundedEventStore(options.eventStore),
+      eventStore: this.#eventStore,
       retryInterval: options.retryIntervalMs
     })
     primeByNegotiatedVersion(this.#transport, () => this.#protocolVersion)
     streamWithoutReadAhead(this.#transport, () => this.#isChunkable)
+    endFinishedStreamsOnResume(this.#transport, this.#eventStore)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(role)
@@ -357,7 +383,7 @@ export class McpSession implements ModelSession {
   get callsInFlight (): number { return this.#calls }
   /** HTTP requests other than event streams being served now. */
   get requestsInFlight (): number { return this.#requests }
-  /** Whether an event stream (GET) is open. */
+  /** Whether an event stream (the standalone GET) is open. */
   get hasStream (): boolean { return this.#streams > 0 }
   /** `performance.now()` of the last request's start or end. */
   get lastActive (): number { return this.#lastActive }
@@ -372,16 +398,18 @@ export class McpSession implements ModelSession {
    * response has ended; for a GET, when the event stream closes.
    */
   async handle (request: IncomingMessage, response: ServerResponse, body: unknown): Promise<void> {
-    const isStream = request.method === 'GET'
+    const header = request.headers['last-event-id']
+    const lastEventId = request.method === 'GET' && typeof header === 'string' ? header : ''
+    const isResume = lastEventId !== ''
+    // The event stream is the standalone GET, opened fresh or resumed; a GET resuming a request's
+    // stream (Last-Event-ID of a POST's event) belongs to that request.
+    const isStream = request.method === 'GET' && (!isResume || isStandaloneEventId(lastEventId))
     if (request.method === 'DELETE') this.#closeReason = 'deleted'
     if (this.#protocolVersion === '' && mcpSdk().types.isInitializeRequest(body)) {
       const requested = body.params.protocolVersion
       const { SUPPORTED_PROTOCOL_VERSIONS, LATEST_PROTOCOL_VERSION } = mcpSdk().types
       this.#protocolVersion = SUPPORTED_PROTOCOL_VERSIONS.includes(requested) ? requested : LATEST_PROTOCOL_VERSION
     }
-    // A client that reconnects with Last-Event-ID is replayed what it missed, changes included.
-    const isResume = isStream && typeof request.headers['last-event-id'] === 'string'
-    if (isResume) this.#hasPendingNotice = false
     this.#lastActive = performance.now()
     clearTimeout(this.#idleTimer)
     if (isStream) {
@@ -402,10 +430,11 @@ export class McpSession implements ModelSession {
       }
       const handled = this.#transport.handleRequest(request, response, body)
       this.#isChunkable = false
-      // The transport registers a GET's event stream synchronously inside handleRequest, and
-      // queues what is sent on it until the headers go out: a change that found no stream can
-      // be announced now and reaches the client first thing.
-      if (isStream && !isResume) this.#flushNotice()
+      // The transport registers a fresh GET's event stream synchronously inside handleRequest,
+      // and queues what is sent on it until the headers go out: a change the client has not
+      // been told of on a stream it still has can be announced now and reaches it first thing.
+      // (A resumed event stream is replayed what it missed instead.)
+      if (isStream && !isResume) this.#announceIfStale()
       await handled
     } finally {
       this.#lastActive = performance.now()
@@ -425,12 +454,11 @@ export class McpSession implements ModelSession {
    * ModelSession: tells the client its list changed. Resolves once the notification is written
    * to the client's event stream; with no stream open it resolves once it is stored (the next
    * `tools/list` reads the registry live): a client that resumes its stream is replayed it, and
-   * one that opens a new stream is sent a fresh one.
+   * one that opens a new stream is sent a fresh one (#announceIfStale).
    */
   async syncTools (tools: readonly ToolDefinition[], signal: AbortSignal): Promise<void> {
     // Nothing to announce to a client that never listed, or that listed exactly this snapshot.
     if (this.#isClosed || this.#listed === null || this.#listed === tools) return
-    if (this.#streams === 0) this.#hasPendingNotice = true
     signal.throwIfAborted()
     try {
       await this.#server.sendToolListChanged()
@@ -441,14 +469,42 @@ export class McpSession implements ModelSession {
     }
   }
 
-  /** Ends the session: its running calls are aborted, its streams closed, its role detached. */
+  /**
+   * Ends the session: its running calls are answered with a JSON-RPC error (see #answerRunning)
+   * and aborted, its streams closed, its role detached. Only the first call's reason counts.
+   */
   async close (reason: McpCloseReason = 'closed'): Promise<void> {
+    this.#closing ??= this.#close(reason)
+    await this.#closing
+  }
+
+  async #close (reason: McpCloseReason): Promise<void> {
     if (this.#isClosed) return
     this.#closeReason = reason
+    await this.#answerRunning(reason)
     // Server.close closes the transport, whose onclose ends in #onClosed.
     await this.#server.close()
     // A transport that never started has no onclose to fire.
     this.#onClosed()
+  }
+
+  /**
+   * Answers every running call with a JSON-RPC error before the session ends: closing the SDK
+   * server aborts their handlers, and the SDK drops an aborted handler's answer as it does a
+   * cancelled one's, which would leave each client waiting for its own request timeout. Sent
+   * while the transport is open, each answer ends its request's stream; a call whose stream is
+   * down has it stored (its client cannot resume a session that ended). The handler's own answer
+   * comes after the session closed, and is dropped.
+   */
+  async #answerRunning (reason: McpCloseReason): Promise<void> {
+    if (this.#running.size === 0) return
+    const message = `the MCP session ended before the call finished (${ENDED_BECAUSE[reason]}); the call was cancelled`
+    const ids = [...this.#running.keys()]
+    this.#running.clear()
+    await Promise.all(ids.map(async (id) => {
+      const answer = { jsonrpc: '2.0', id, error: { code: RPC_INTERNAL_ERROR, message } } as JSONRPCMessage
+      await this.#transport.send(answer).catch(noop)
+    }))
   }
 
   #onInitialized (): void {
@@ -471,7 +527,6 @@ export class McpSession implements ModelSession {
   #listTools (request: ListToolsRequest): ListToolsResult {
     const tools = this.#runtime.roles.get(this.role).registry.definitions()
     this.#listed = tools
-    this.#hasPendingNotice = false
     // The frozen, memoised MCP form of this snapshot; the SDK only serialises it.
     const all = toolDefinitions(tools, 'mcp') as ListToolsResult['tools']
     return listPage(all, request.params?.cursor)
@@ -481,33 +536,76 @@ export class McpSession implements ModelSession {
     ServerNotification>): Promise<CallToolResult> {
     const { name } = request.params
     const args = request.params.arguments ?? {}
-    const isKnown = this.#runtime.roles.find(this.role)?.registry.get(name) !== undefined
-    if (!isKnown) {
-      // Still through the runtime, so the call is counted and reported like any other.
-      const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
-      // MCP's "unknown tool" is a protocol error, not a tool result.
-      throw invalidParams(result.error ?? `unknown tool '${name}'`)
-    }
-    const refused = this.#budget.acquire(this)
-    if (refused !== '') return { content: [{ type: 'text', text: JSON.stringify({ error: refused }) }], isError: true }
-    this.#calls++
+    const { requestId, signal } = extra
+    if (this.#closing !== null) throw rpcError(RPC_INTERNAL_ERROR, 'the MCP session is ending; the tool was not called')
+    this.#running.set(requestId, signal)
+    if (signal.aborted) this.#onCancelled(requestId, signal)
+    else signal.addEventListener('abort', () => { this.#onCancelled(requestId, signal) }, { once: true })
     try {
-      const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal: extra.signal })
-      if (extra.signal.aborted) {
-        // A cancelled request gets no response (MCP "Cancellation"; the SDK drops it): end the
-        // request's event stream too, so neither side holds it open waiting.
-        this.#transport.closeSSEStream(extra.requestId)
+      const isKnown = this.#runtime.roles.find(this.role)?.registry.get(name) !== undefined
+      if (!isKnown) {
+        // Still through the runtime, so the call is counted and reported like any other.
+        const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal })
+        // MCP's "unknown tool" is a protocol error, not a tool result.
+        throw invalidParams(result.error ?? `unknown tool '${name}'`)
       }
-      return sendableResult(toCallToolResult(result))
+      const refused = this.#budget.acquire(this)
+      if (refused !== '') return { content: [{ type: 'text', text: JSON.stringify({ error: refused }) }], isError: true }
+      this.#calls++
+      try {
+        const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal })
+        return sendableResult(toCallToolResult(result))
+      } finally {
+        this.#calls--
+        this.#budget.release(this)
+      }
     } finally {
-      this.#calls--
-      this.#budget.release(this)
+      if (this.#running.get(requestId) === signal) this.#running.delete(requestId)
     }
   }
 
-  #flushNotice (): void {
-    if (!this.#hasPendingNotice) return
-    this.#hasPendingNotice = false
+  /**
+   * A running call was cancelled (`notifications/cancelled`): it gets no answer (MCP
+   * "Cancellation"; the SDK drops its handler's), so nothing more will be sent on its request's
+   * stream. Once the SDK has dropped it, the request leaves the transport's books and its stream
+   * ends, so that neither side holds it open waiting, and a client that resumes it is refused
+   * (endFinishedStreamsOnResume). Not on close: the session's end answers and ends everything.
+   */
+  #onCancelled (requestId: RequestId, signal: AbortSignal): void {
+    if (this.#running.get(requestId) === signal) this.#running.delete(requestId)
+    if (this.#closing !== null || this.#isClosed) return
+    const books = transportBooks(this.#transport)
+    const streamId = books?.requests.get(requestId)
+    // After the SDK's own answer path has run: an answer already on its way is left to it.
+    setImmediate(() => {
+      if (this.#isClosed) return
+      if (books === undefined) {
+        this.#transport.closeSSEStream(requestId)
+        return
+      }
+      if (streamId === undefined || books.requests.get(requestId) !== streamId || books.responses.has(requestId)) return
+      // A batch's stream ends once every other request on it has its answer too.
+      const others: RequestId[] = []
+      for (const [id, stream] of books.requests) if (stream === streamId && id !== requestId) others.push(id)
+      if (!others.every((id) => books.responses.has(id))) {
+        books.requests.delete(requestId)
+        return
+      }
+      this.#transport.closeSSEStream(requestId)
+      for (const id of [requestId, ...others]) {
+        books.requests.delete(id)
+        books.responses.delete(id)
+      }
+      books.resumable?.delete(streamId)
+    })
+  }
+
+  /**
+   * On a fresh event stream: `list_changed` when the role's tools differ from what the client
+   * last listed. A notice sent on a stream that dropped before the client read it, or stored
+   * while no stream was open, is not lost then; a second notice is harmless (the client lists).
+   */
+  #announceIfStale (): void {
     const current = this.#runtime.roles.find(this.role)?.registry.definitions()
     if (this.#listed === null || current === undefined || current === this.#listed) return
     this.#server.sendToolListChanged().catch(noop)
@@ -568,10 +666,18 @@ export function bytesOf (tool: object): number {
   return bytes
 }
 
+/**
+ * The JSON-RPC error a request handler throws: the SDK answers `code` and `message` as they are.
+ * Not an McpError, whose message carries an "MCP error <code>: " prefix that the client's McpError
+ * would add a second time.
+ */
+function rpcError (code: number, message: string): Error {
+  return Object.assign(new Error(message), { code })
+}
+
 /** The JSON-RPC "invalid params" error a request handler throws. */
 function invalidParams (message: string): Error {
-  const { McpError, ErrorCode } = mcpSdk().types
-  return new McpError(ErrorCode.InvalidParams, message)
+  return rpcError(mcpSdk().types.ErrorCode.InvalidParams, message)
 }
 
 /**
@@ -641,10 +747,72 @@ function streamWithoutReadAhead (transport: StreamableHTTPServerTransport, isChu
   })
 }
 
+/**
+ * A request stream that has nothing more to send (every request on it answered, or cancelled)
+ * could still be resumed with `Last-Event-ID` of one of its events, and the SDK then holds the
+ * resumed GET open for good: nothing ends it, and the SDK client resumes every request stream
+ * that ended without a *result* (a JSON-RPC error, a cancelled call, a stream that dropped).
+ * Here such a resume is sent what the stream has left (its stored answer), then ends; with
+ * nothing left it is refused with a 400, after which SDK clients stop retrying. A request still
+ * running is resumed as the SDK does it (its answer ends the stream). If the SDK's internals
+ * differ, its own behaviour stays.
+ */
+function endFinishedStreamsOnResume (transport: StreamableHTTPServerTransport, store: BoundedEventStore): void {
+  const books = transportBooks(transport)
+  if (books === undefined) return
+  const isFinished = (streamId: string): boolean => {
+    for (const stream of books.requests.values()) if (stream === streamId) return false
+    return true
+  }
+  wrapInnerMethod(transport, 'replayEvents', (original) => async function replayEvents (lastEventId) {
+    const streamId = streamOfEventId(lastEventId)
+    if (streamId === undefined || isStandaloneEventId(lastEventId)) return await original(lastEventId)
+    if (isFinished(streamId) && !store.hasEventsAfter(lastEventId)) {
+      const message = 'Bad Request: that stream has ended and has nothing more to send'
+      return new Response(JSON.stringify({ jsonrpc: '2.0', error: { code: -32000, message }, id: null }), {
+        status: 400,
+        headers: { 'content-type': 'application/json' }
+      })
+    }
+    const response = await original(lastEventId)
+    // Finished before or while it was replayed: what the replay missed is sent on the client's
+    // next resume.
+    if (response.ok && isFinished(streamId)) books.streams.get(streamId)?.cleanup?.()
+    return response
+  })
+}
+
+/** The SDK transport's books of requests and streams (internals), or undefined if they differ. */
+interface TransportBooks {
+  /** Request id → the id of the stream its answer goes on, while it is unanswered. */
+  requests: Map<RequestId, string>
+  /** Answers of a batch's requests, kept until every request on its stream has one. */
+  responses: Map<RequestId, unknown>
+  /** Open streams by id, each with the cleanup that ends it. */
+  streams: Map<string, { cleanup?: () => void }>
+  resumable: Set<string> | undefined
+}
+
+function transportBooks (transport: StreamableHTTPServerTransport): TransportBooks | undefined {
+  const inner = (transport as unknown as { _webStandardTransport?: Record<string, unknown> })._webStandardTransport
+  const requests = inner?._requestToStreamMapping
+  const responses = inner?._requestResponseMap
+  const streams = inner?._streamMapping
+  const resumable = inner?._resumableStreams
+  if (!(requests instanceof Map) || !(responses instanceof Map) || !(streams instanceof Map)) return undefined
+  return {
+    requests: requests as TransportBooks['requests'],
+    responses,
+    streams: streams as TransportBooks['streams'],
+    resumable: resumable instanceof Set ? resumable as Set<string> : undefined
+  }
+}
+
 /** The methods of the SDK transport's inner web-standard transport that this file wraps. */
 interface InnerTransport {
   writePrimingEvent: (controller: unknown, encoder: unknown, streamId: string, version: string) => Promise<void>
   handleRequest: (request: Request, options?: unknown) => Promise<Response>
+  replayEvents: (lastEventId: string) => Promise<Response>
 }
 
 /**
