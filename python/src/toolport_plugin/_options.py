@@ -2,6 +2,7 @@
 instead of the first one surfacing at ``start()`` (Toolport would answer them with a 422)."""
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,8 +27,9 @@ def check_options(
     seconds: dict[str, Any],
     start_timeout: Any,
     max_body_bytes: Any,
-) -> tuple[str, str, str | None]:
-    """Returns (source, Toolport URL, token), or raises TP_ERR_PLUGIN_OPTIONS naming each problem."""
+) -> tuple[str, str, str | None, str]:
+    """Returns (source, Toolport URL, token, callback host), or raises TP_ERR_PLUGIN_OPTIONS naming
+    each problem."""
     problems: list[dict[str, str]] = []
 
     def bad(path: str, message: str) -> None:
@@ -50,7 +52,8 @@ def check_options(
         bad("toolport_url", f"is not a URL: {err}")
     if role is not None and (not isinstance(role, str) or role == ""):
         bad("role", "must be a role name, or None for every role")
-    if not isinstance(host, str) or not is_loopback_hostname(host) or host == "localhost":
+    bind_host = _bind_host(host)
+    if bind_host is None:
         bad("host", "must be a loopback IP address such as 127.0.0.1 or ::1")
     if not isinstance(port, int) or not 0 <= port <= 65535:
         bad("port", "must be 0 (any free port) to 65535")
@@ -73,4 +76,20 @@ def check_options(
     if problems:
         raise PluginError(errors.OPTIONS, "invalid plugin options: " + "; ".join(f"{p['path']} {p['message']}" for p in problems),
                           details=problems)
-    return source, url, token
+    return source, url, token, bind_host or ""
+
+
+def _bind_host(host: Any) -> str | None:
+    """The callback server's address in the canonical form Toolport stores callback URLs in (the
+    WHATWG URL serialisation: ``0:0:0:0:0:0:0:1`` is ``::1``), or None when ``host`` is not a
+    loopback IP. An IPv4-mapped ``::ffff:127.x.y.z`` is its IPv4 address: asyncio's IPv6 sockets
+    (IPV6_V6ONLY) cannot bind it, and a connection to it reaches the IPv4 address anyway."""
+    if not isinstance(host, str) or "%" in host:  # a zone id (::1%lo) has no place in a URL
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name (localhost…), brackets, or no address at all
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address) if address.is_loopback else None

@@ -11,12 +11,17 @@ kept for requests that are not Toolport calls at all. Calls carry the user's con
 so the server only answers Toolport: it binds a loopback address, every tool path carries a
 128-bit random segment a web page cannot guess, the Host header must name loopback (DNS
 rebinding), a browser's Origin header is refused, and bodies must be ``application/json``.
+
+A tool's callback URL is ``<origin>/<secret>/tools/<name, percent-encoded>`` as in the TypeScript
+SDK (but ``=.`` and ``=..`` for the names ``.`` and ``..``); the server routes by the raw path,
+decoded once, so every 1–64 character name reaches its own handler.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +36,32 @@ from ._tool import CallContext, Tool
 
 # Below Toolport's 4 s client keep-alive would race it; 5 s lets Toolport close idle sockets first.
 _KEEPALIVE_SECONDS = 5.0
+# stop(grace=0): aiohttp bounds its shutdown waits with ceil_timeout(), which reads a timeout <= 0
+# as no timeout at all (calls in flight would run to their deadline); this is "at once" for it.
+_AT_ONCE_SECONDS = 0.001
+# The tool names that would be dot segments, which URL canonicalisation removes (Toolport's WHATWG
+# parser, also when spelt %2e): their segment is "=" + the name. Percent-encoding never leaves a
+# bare "=", so no other name's segment starts with one.
+_DOT_SEGMENTS = (".", "..")
+_DOT_MARK = "="
+
+
+def _segment_of(name: str) -> str:
+    """A tool's path segment: its name, UTF-8 percent-encoded but for ``A-Z a-z 0-9 - . _ ~``
+    (so ``/``, ``%``, ``?``, ``#``, controls… are all escaped), or ``=.`` / ``=..`` for ``.`` / ``..``."""
+    encoded = quote(name, safe="")
+    return _DOT_MARK + encoded if encoded in _DOT_SEGMENTS else encoded
+
+
+def _name_of(segment: str) -> str | None:
+    """The name a raw (still percent-encoded) path segment routes to; None when it decodes to no
+    text (bad UTF-8). Decodes exactly once, so a name's own ``%41`` stays ``%41``."""
+    if segment.startswith(_DOT_MARK) and segment[1:] in _DOT_SEGMENTS:
+        return segment[1:]
+    try:
+        return unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        return None
 
 
 class CallbackServer:
@@ -44,6 +75,9 @@ class CallbackServer:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._bound_port = 0
+        # listen() and close() one at a time: a close() while listen() binds (stop() right after
+        # start()) would clean up before the socket exists, and leave it listening.
+        self._opening = asyncio.Lock()
 
     @property
     def origin(self) -> str:
@@ -52,17 +86,19 @@ class CallbackServer:
         return f"http://{host}:{self._bound_port}" if self._bound_port else ""
 
     def callback_url(self, name: str) -> str:
-        return f"{self.origin}{self._prefix}{quote(name, safe='')}"
+        return f"{self.origin}{self._prefix}{_segment_of(name)}"
 
     async def listen(self) -> str:
-        app = web.Application(client_max_size=self._max_body_bytes)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(
-            app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
-        )
-        await self._runner.setup()
-        await self._bind(self._port)
-        return self.origin
+        async with self._opening:
+            app = web.Application(client_max_size=self._max_body_bytes)
+            # Every path: the SDK routes by name itself (_handle). "[\s\S]", as "." misses a line feed.
+            app.router.add_route("*", r"/{tail:[\s\S]*}", self._handle)
+            self._runner = web.AppRunner(
+                app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
+            )
+            await self._runner.setup()
+            await self._bind(self._port)
+            return self.origin
 
     async def _bind(self, port: int) -> None:
         assert self._runner is not None
@@ -74,11 +110,12 @@ class CallbackServer:
 
     async def close(self, grace: float) -> None:
         """Stops accepting, lets calls in flight finish for ``grace`` seconds, then cancels them."""
-        if self._runner is None:
-            return
-        runner, self._runner = self._runner, None
-        runner._shutdown_timeout = grace  # aiohttp reads the grace period from the runner
-        await runner.cleanup()
+        async with self._opening:
+            if self._runner is None:
+                return
+            runner, self._runner = self._runner, None
+            runner._shutdown_timeout = _shutdown_timeout(grace)  # aiohttp reads the grace period from the runner
+            await runner.cleanup()
 
     async def _suspend(self) -> None:
         """Stops listening and drops every connection, keeping the port's number (tests use it
@@ -101,7 +138,7 @@ class CallbackServer:
             return 403, "the Host header must name a loopback address"
         if "origin" in request.headers:
             return 403, "browser requests are not accepted"
-        if not request.path.startswith(self._prefix):
+        if not _raw_path(request).startswith(self._prefix):
             return 404, "not found"
         if request.method != "POST":
             return 405, "only POST"
@@ -113,7 +150,8 @@ class CallbackServer:
         refusal = self._refusal(request)
         if refusal is not None:
             return web.Response(status=refusal[0], text=refusal[1])
-        tool = self._tools.get(unquote(request.path[len(self._prefix):]))
+        name = _name_of(_raw_path(request)[len(self._prefix):])
+        tool = None if name is None else self._tools.get(name)
         if tool is None:
             return web.Response(status=404, text="no such tool")
         try:
@@ -167,6 +205,19 @@ class CallbackServer:
             self._log.debug("tool %r (call %s) raised %s", tool.name, ctx.call_id, type(err).__name__, exc_info=True)
             return exception_reply(err)
         return output_reply(result)
+
+
+def _raw_path(request: web.Request) -> str:
+    """The request's path as sent, still percent-encoded: aiohttp's ``request.path`` is decoded
+    already, and decoding it again would turn a name's own ``%41`` into ``A``."""
+    return request.raw_path.partition("?")[0]
+
+
+def _shutdown_timeout(grace: float) -> float | None:
+    """``grace`` as aiohttp's shutdown timeout: 0 (or less) cancels at once, ``inf`` waits."""
+    if not grace > 0:  # also NaN
+        return _AT_ONCE_SECONDS
+    return None if math.isinf(grace) else grace
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -80,6 +80,7 @@ class _Watch:
     """The watcher's state (only touched from the event loop)."""
 
     failures: int = 0
+    #: Follow the event stream: the ``use_events`` option, but off while Toolport serves none.
     use_events: bool = True
     instance_id: str | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -123,7 +124,7 @@ class Plugin:
         max_body_bytes: int = 8 * 1024 * 1024,
         logger: logging.Logger | None = None,
     ) -> None:
-        source, url, token = check_options(
+        source, url, token, host = check_options(
             id, toolport_url=toolport_url, role=role, token=token, token_file=token_file, host=host, port=port,
             seconds={"poll_interval": poll_interval, "resync_interval": resync_interval,
                      "max_backoff": max_backoff, "request_timeout": request_timeout},
@@ -155,7 +156,10 @@ class Plugin:
         self._lock = asyncio.Lock()
         self._has_registered = False
         self._conflicts: set[tuple[str, str, str, str]] = set()
-        self._watch = _Watch(use_events=use_events)
+        # The option, kept apart from _Watch.use_events, which also turns off while Toolport
+        # serves no event stream and on again when a check succeeds after an outage.
+        self._use_events = bool(use_events)
+        self._watch = _Watch(use_events=self._use_events)
         self._stopping: asyncio.Future[StopResult] | None = None
         self._stop_requested = asyncio.Event()
         self._listener_tasks: set[asyncio.Future[Any]] = set()
@@ -191,6 +195,8 @@ class Plugin:
         tool_name = name or getattr(fn, "__name__", "")
         if not isinstance(tool_name, str) or not 1 <= len(tool_name) <= _MAX_NAME_CHARS:
             raise PluginError(errors.OPTIONS, f"a tool name must be 1–{_MAX_NAME_CHARS} characters (got {tool_name!r})")
+        if not _is_unicode_text(tool_name):  # its callback URL is its UTF-8, percent-encoded
+            raise PluginError(errors.OPTIONS, f"a tool name must be Unicode text, without lone surrogates (got {tool_name!r})")
         if tool_name in self._tools:
             raise PluginError(errors.OPTIONS, f"the tool {tool_name!r} is declared twice")
         if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)) or not 0 < timeout_seconds <= 300:
@@ -506,7 +512,7 @@ class Plugin:
                 self._log.info("Toolport answers again after %d failed check(s)", watch.failures)
                 watch.failures = 0
                 # A Toolport that came back may be a newer one, with the event stream.
-                if not watch.use_events:
+                if self._use_events and not watch.use_events:
                     watch.use_events = True
                     self._start_follower()
 
@@ -554,6 +560,14 @@ class Plugin:
         self._conflicts.add(key)
         owner = f"another callback ({url or 'a local tool'})" if source == self.source else f"source {source or 'local'!r}"
         self._log.warning("%r in role %r now belongs to %s; leaving it alone", tool.name, role, owner)
+
+
+def _is_unicode_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _stopped_during_start() -> PluginError:
