@@ -92,6 +92,8 @@ interface Setup {
   provider: FakeProvider
   callbacks: CallbackServer
   session: RealtimeSession
+  /** The host's socket to the provider; its messages go to the adapter first. */
+  ws: WebSocket
 }
 
 /**
@@ -128,7 +130,7 @@ async function setup (t: TestContext, options: Partial<RealtimeSessionOptions> =
   if (options.attach !== false) await provider.waitFor('session.update')
   // The attach-time sync settles once the provider answered (or the test's ack rule failed it).
   await tp.roles.get('Lanlan').sync()
-  return { tp, provider, callbacks, session }
+  return { tp, provider, callbacks, session, ws }
 }
 
 /**
@@ -439,6 +441,30 @@ test('Realtime: close() detaches the session from its role and aborts its runnin
   assert.equal((await finished)[0].outcome, 'cancelled')
   assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
   assert.equal(session.runningCalls, 0)
+})
+
+test('Realtime: a session whose role was removed is dropped: a role of that name added again runs none of its calls', async (t) => {
+  const { tp, provider, callbacks, session, ws } = await setup(t, {}, [WEATHER])
+  tp.roles.remove('Lanlan')
+  tp.roles.add('Lanlan')
+  const again = await tp.register({ ...WEATHER, role: 'Lanlan', callback_url: `${callbacks.url}${WEATHER.callback_url}` })
+  assert.equal(again.ok, true)
+  const events = [...functionCallEvents('resp_r', 'item_r', 'call_r', 'get_weather', '{"location":"Paris"}'),
+    responseDone('resp_r', 'completed')]
+  // The host's listener after the adapter's: once it has seen every event, the adapter has too.
+  let handled = 0
+  const allHandled = new Promise<void>((resolve) => {
+    ws.on('message', () => { if (++handled === events.length) resolve() })
+  })
+  const sentBefore = provider.received.length
+  provider.play(...events)
+  await allHandled
+  assert.equal(callbacks.requests.length, 0, 'no call reached the plugin')
+  assert.equal(session.runningCalls, 0)
+  assert.deepEqual(provider.received.slice(sentBefore), [], 'nothing was sent for the call')
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 0, 'the new role has no session')
+  session.attach()
+  assert.equal(tp.roles.get('Lanlan').sessions().length, 0, 'a dropped session never joins the role again')
 })
 
 test('Realtime, R6: creating a session for an unknown role throws TP_ERR_ROLE_NOT_FOUND and sends nothing', async (t) => {

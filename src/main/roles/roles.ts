@@ -32,7 +32,8 @@ export class RoleManager {
 
   /**
    * Removes a role and its registry; true when it existed. Its sessions are dropped (the MCP
-   * endpoint ends its MCP sessions on the `role-removed` event).
+   * endpoint ends its MCP sessions on the `role-removed` event; a Realtime adapter closes on its
+   * next server event).
    */
   remove (name: string): boolean {
     if (!this.#roles.delete(name)) return false

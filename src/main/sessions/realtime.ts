@@ -18,6 +18,7 @@
 import { randomUUID } from 'node:crypto'
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
+import type { Role } from '../roles/role.js'
 import { errorText, noop } from '../../shared/util.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
@@ -132,6 +133,8 @@ interface RunningCall {
 class RealtimeAdapter implements RealtimeSession {
   readonly id: string
   readonly role: string
+  /** The role as it was when the adapter was made: a role removed and added again is another. */
+  readonly #role: Role
   readonly #runtime: Runtime
   readonly #send: (event: RealtimeClientEvent) => void | Promise<void>
   readonly #dialect: RealtimeDialect
@@ -156,7 +159,8 @@ class RealtimeAdapter implements RealtimeSession {
 
   constructor (options: RealtimeSessionOptions) {
     // Throws TP_ERR_ROLE_NOT_FOUND for an unknown role, before anything is sent.
-    this.role = options.toolport.roles.get(options.role).name
+    this.#role = options.toolport.roles.get(options.role)
+    this.role = this.#role.name
     this.id = options.id ?? `realtime-${randomUUID()}`
     this.#runtime = options.toolport
     this.#send = options.send
@@ -170,6 +174,8 @@ class RealtimeAdapter implements RealtimeSession {
   get runningCalls (): number { return this.#calls.size }
 
   attach (): () => void {
+    // A closed adapter never joins its role again: every later sync of the role would fail.
+    if (this.#isClosed) return noop
     if (this.#detach === null) this.#detach = this.#runtime.roles.get(this.role).attachSession(this)
     return () => this.#detachNow()
   }
@@ -217,6 +223,11 @@ class RealtimeAdapter implements RealtimeSession {
 
   handleServerEvent (input: unknown): void {
     if (this.#isClosed) return
+    // Its role was removed: the session is dropped, never run against a role added again since.
+    if (this.#runtime.roles.find(this.role) !== this.#role) {
+      this.close()
+      return
+    }
     const event = parseEvent(input)
     if (event === null) return
     switch (event.type) {
@@ -333,7 +344,11 @@ class RealtimeAdapter implements RealtimeSession {
     trim(this.#seenCalls)
     // A call outside any known response completes on its own.
     const response = responseId === undefined ? this.#looseResponse(callId) : this.#response(responseId)
-    if (response.isCancelled) return
+    if (response.isCancelled) {
+      // A late event of a response that ended cancelled: nothing to keep.
+      this.#forget(response)
+      return
+    }
     if (!this.#admit()) {
       response.refused++
       const limit = this.#rateLimit as RealtimeRateLimit
@@ -358,8 +373,13 @@ class RealtimeAdapter implements RealtimeSession {
     this.#calls.delete(call.callId)
     const response = call.response
     response.running--
-    // A cancelled response's late result is dropped, as is anything after close.
-    if (this.#isClosed || response.isCancelled || call.controller.signal.aborted) return
+    // A cancelled response's late result is dropped (and the response forgotten once its last
+    // call is back), as is anything after close.
+    if (this.#isClosed) return
+    if (response.isCancelled || call.controller.signal.aborted) {
+      this.#forget(response)
+      return
+    }
     this.#deliver(response, call.callId, result)
   }
 
@@ -379,13 +399,15 @@ class RealtimeAdapter implements RealtimeSession {
   }
 
   #sendOutput (response: ResponseState, event: RealtimeClientEvent): void {
+    // The host may close the adapter from inside its `send` (its socket found closed).
+    if (this.#isClosed) return
     response.sent++
     this.#sendEvent(event).catch((err: unknown) => this.#logSendFailure(err))
   }
 
   /** One `response.create` per finished response, after its last output. */
   #maybeRespond (response: ResponseState): void {
-    if (!response.isDone || response.running > 0) return
+    if (this.#isClosed || !response.isDone || response.running > 0) return
     this.#forget(response)
     if (!this.#autoRespond || response.isCancelled || response.hasResponded || response.sent === 0) return
     response.hasResponded = true
