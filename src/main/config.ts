@@ -78,6 +78,11 @@ const limitsSchema = z.strictObject({
   maxSchemaCompileMs: z.number().int().min(50).max(60_000).default(2000),
   /** Largest validator code a `parameters` schema may compile into, in bytes (over it: 422). */
   maxSchemaCodeBytes: z.number().int().min(64 * 1024).max(256 * 1024 * 1024).default(4 * 1024 * 1024),
+  /**
+   * Longest the check of one call's arguments against its tool's `parameters` may take, in ms (on
+   * the main thread; past it the call is refused as a tool error, "could not be checked").
+   */
+  maxValidationMs: z.number().int().min(1).max(60_000).default(50),
   /** Longest tool `description`, in characters. */
   maxDescriptionChars: z.number().int().min(1).max(1024 * 1024).default(16 * 1024),
   /** Most tools one role may hold. */

@@ -215,7 +215,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       description: request.description,
       parameters: request.parameters,
       source: request.source,
-      timeoutMs: Math.round(request.timeout_seconds * 1000),
+      // At least 1 ms: a timeout > 0 s never rounds to a deadline that has passed before the call is sent.
+      timeoutMs: Math.max(1, Math.round(request.timeout_seconds * 1000)),
       callback: request.callback_url,
       validator
     })

@@ -12,14 +12,17 @@
 //   schema's size.
 // - `ownProperties: true`: `required: ["toString"]` needs an own `toString`, and an optional
 //   `constructor` property is checked only when the arguments have one.
-import { Ajv, type Format, type Options } from 'ajv'
+import { _, Ajv, str, type CodeKeywordDefinition, type Format, type Name, type Options, type ValidateFunction } from 'ajv'
 import { _Code } from 'ajv/dist/compile/codegen/code.js'
+import { useFunc } from 'ajv/dist/compile/util.js'
+import { checkDataTypes, DataType, getSchemaTypes } from 'ajv/dist/compile/validate/dataType.js'
 import { Ajv2019 } from 'ajv/dist/2019.js'
 import { Ajv2020 } from 'ajv/dist/2020.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
 import traverse from 'json-schema-traverse'
 import { createRequire } from 'node:module'
 import type { RE2 } from 're2-wasm'
+import { uniqueItemsPair } from './validation-cost.js'
 
 /** The dialects Toolport validates. */
 export const SCHEMA_DIALECTS = ['2020-12', '2019-09', 'draft-07'] as const
@@ -61,6 +64,30 @@ export function schemaDialect (schema: Record<string, unknown>): DialectVerdict 
       'https://json-schema.org/draft/2020-12/schema (or omit $schema), ' +
       'https://json-schema.org/draft/2019-09/schema or http://json-schema.org/draft-07/schema#'
   }
+}
+
+/**
+ * The path of a number in a schema that is not finite (`parameters.enum[0]`), or null when none is.
+ * JSON text such as `1e400` parses to Infinity, which JSON.stringify writes as `null`: a schema
+ * holding one would be compiled (and sent on) as another schema than the one written, so Toolport
+ * refuses it (`invalid_schema`).
+ *
+ * @example
+ * nonFiniteNumberPath(JSON.parse('{"enum":[1e400]}')) // 'parameters.enum[0]'
+ */
+export function nonFiniteNumberPath (schema: Record<string, unknown>, root = 'parameters'): string | null {
+  const stack: Array<[unknown, string]> = [[schema, root]]
+  while (stack.length > 0) {
+    const [value, path] = stack.pop() as [unknown, string]
+    if (typeof value === 'number') {
+      if (!Number.isFinite(value)) return path
+    } else if (Array.isArray(value)) {
+      for (let i = 0; i < value.length; i++) stack.push([value[i], `${path}[${i}]`])
+    } else if (typeof value === 'object' && value !== null) {
+      for (const key of Object.keys(value)) stack.push([(value as Record<string, unknown>)[key], `${path}.${key}`])
+    }
+  }
+  return null
 }
 
 /** Annotations no validator reads, left out of the text that keys a compiled validator. */
@@ -197,8 +224,16 @@ function linearFormat (rx: RegExp): (input: string) => boolean {
 }
 
 function compileFormat (rx: RegExp): (input: string) => boolean {
+  // RE2 runs in Unicode mode only, where `i` folds case as Unicode does: the Kelvin sign K
+  // (U+212A) matches `k` and the long s ſ (U+017F) matches `s`. ajv-formats' regexes are
+  // JavaScript regexes with `i` and without `u`, where only ASCII letters fold to ASCII letters;
+  // so each is run as the case-sensitive regex that matches what it matches (`[a-z]` becomes
+  // `[a-zA-Z]`), and one this cannot rewrite runs as JavaScript on bounded input.
+  const caseless = rx.flags.includes('i') && !rx.flags.includes('u')
+  const source = caseless ? asciiCaseless(rx.source) : rx.source
   try {
-    const re = newRE2(rx.source, `${rx.flags.replace(/[gy]/g, '')}u`)
+    if (source === null) throw new Error('not rewritten')
+    const re = newRE2(source, `${rx.flags.replace(caseless ? /[gyi]/g : /[gy]/g, '')}u`)
     return function re2Format (input: string): boolean { return re.test(input) }
   } catch {
     const plain = new RegExp(rx.source, rx.flags.replace(/[gy]/g, ''))
@@ -206,6 +241,115 @@ function compileFormat (rx: RegExp): (input: string) => boolean {
       return input.length <= MAX_BACKTRACKING_FORMAT_CHARS && plain.test(input)
     }
   }
+}
+
+/**
+ * A regex source that, without the `i` flag, matches what `source` matches with `i` and without
+ * `u` (JavaScript's case folding then pairs ASCII letters only with ASCII letters): every ASCII
+ * letter, in a character class or outside one, also stands for its other case; a range adds the
+ * other case of the letters it spans. `null` for a source this does not read: a non-ASCII
+ * character (which JavaScript folds by its own rules), `\c`, `\k`, `\p`, a backreference, an
+ * empty class. Exported for its test.
+ *
+ * @example
+ * asciiCaseless('^[a-z0-9]+@x$') // '^[a-z0-9A-Z]+@[xX]$'
+ */
+export function asciiCaseless (source: string): string | null {
+  let out = ''
+  let i = 0
+  /** The code unit an escape at `i` (a backslash) stands for, its length, or null for a class escape (\d, \w, …). */
+  const escape = (at: number): { code: number | null, length: number } | undefined => {
+    const next = source[at + 1]
+    if (next === undefined) return undefined
+    if (next === 'x' && /^[0-9a-fA-F]{2}$/.test(source.slice(at + 2, at + 4))) {
+      return { code: parseInt(source.slice(at + 2, at + 4), 16), length: 4 }
+    }
+    if (next === 'u' && /^[0-9a-fA-F]{4}$/.test(source.slice(at + 2, at + 6))) {
+      return { code: parseInt(source.slice(at + 2, at + 6), 16), length: 6 }
+    }
+    if ('dDwWsSbB'.includes(next)) return { code: null, length: 2 }
+    if (/[0-9cCkKpPuUx]/.test(next)) return undefined
+    // An identity escape (\. \- \/ \\ …) or a control escape (\t \n \r \f \v), never a letter.
+    if (/[a-zA-Z]/.test(next) && !'tnrfv'.includes(next)) return undefined
+    return { code: null, length: 2 }
+  }
+  while (i < source.length) {
+    const c = source.charCodeAt(i)
+    if (c > 0x7f) return null
+    if (source[i] === '\\') {
+      const e = escape(i)
+      if (e === undefined || (e.code !== null && e.code > 0x7f)) return null
+      out += e.code !== null && isAsciiLetter(e.code) ? bothCases(e.code) : source.slice(i, i + e.length)
+      i += e.length
+    } else if (source[i] === '[') {
+      let j = i + 1
+      let body = '['
+      if (source[j] === '^') { body += '^'; j++ }
+      if (source[j] === ']') return null
+      let extra = ''
+      while (j < source.length && source[j] !== ']') {
+        const start = j
+        const lo = classAtom(j)
+        if (lo === null) return null
+        j += lo.length
+        let hi = lo
+        if (source[j] === '-' && j + 1 < source.length && source[j + 1] !== ']') {
+          const atom = classAtom(j + 1)
+          if (atom === null || lo.code === null || atom.code === null) return null
+          hi = atom
+          j += 1 + atom.length
+        }
+        // A lone `-` is escaped: the members added after it must not make it a range.
+        body += hi === lo && source[start] === '-' ? '\\-' : source.slice(start, j)
+        if (lo.code !== null && hi.code !== null) extra += otherCases(lo.code, hi.code)
+      }
+      if (j >= source.length) return null
+      out += `${body}${extra}]`
+      i = j + 1
+    } else {
+      out += isAsciiLetter(c) ? bothCases(c) : source[i]
+      i++
+    }
+  }
+  return out
+
+  /** One member of a class at `at`: a character or an escape; null when not read. */
+  function classAtom (at: number): { code: number | null, length: number } | null {
+    const c = source.charCodeAt(at)
+    if (Number.isNaN(c) || c > 0x7f) return null
+    if (source[at] !== '\\') return { code: c, length: 1 }
+    const e = escape(at)
+    if (e === undefined || (e.code !== null && e.code > 0x7f)) return null
+    // In a class, \b is a backspace; a control escape stands for its character.
+    const control: Record<string, number> = { b: 8, t: 9, n: 10, v: 11, f: 12, r: 13 }
+    const letter = source[at + 1] as string
+    if (e.code === null && e.length === 2 && Object.hasOwn(control, letter)) {
+      return { code: control[letter] as number, length: 2 }
+    }
+    if (e.code === null && e.length === 2 && !'dDwWsS'.includes(letter)) return { code: letter.charCodeAt(0), length: 2 }
+    return e
+  }
+}
+
+function isAsciiLetter (code: number): boolean {
+  return (code >= 0x41 && code <= 0x5a) || (code >= 0x61 && code <= 0x7a)
+}
+
+/** `[xX]` for an ASCII letter. */
+function bothCases (code: number): string {
+  const c = String.fromCharCode(code)
+  return `[${c.toLowerCase()}${c.toUpperCase()}]`
+}
+
+/** Class members for the other case of the ASCII letters in lo..hi ('' when it spans none). */
+function otherCases (lo: number, hi: number): string {
+  let out = ''
+  for (const [from, to, shift] of [[0x61, 0x7a, -0x20], [0x41, 0x5a, 0x20]] as const) {
+    const a = Math.max(lo, from)
+    const b = Math.min(hi, to)
+    if (a <= b) out += a === b ? String.fromCharCode(a + shift) : `${String.fromCharCode(a + shift)}-${String.fromCharCode(b + shift)}`
+  }
+  return out
 }
 
 /** ajv-formats' full formats with every regex moved onto RE2 or a bounded input (see above). */
@@ -275,7 +419,7 @@ export function createSchemaAjv (dialect: SchemaDialect, options: SchemaAjvOptio
       ...(options.process !== undefined ? { process: options.process } : {})
     }
   }
-  return newAjv(dialect, settings)
+  return useLinearUniqueItems(newAjv(dialect, settings))
 }
 
 function newAjv (dialect: SchemaDialect, settings: Options): Ajv {
@@ -286,20 +430,98 @@ function newAjv (dialect: SchemaDialect, settings: Options): Ajv {
   }
 }
 
-const metaValidators = new Map<SchemaDialect, Ajv>()
+/**
+ * Ajv's `uniqueItems` (ajv/dist/vocabularies/validation/uniqueItems.js), the same code but for
+ * items that may be objects or arrays: Ajv compares every pair of them (9 s for 100 000 numbers
+ * under a bare `{"uniqueItems": true}`), this calls `uniqueItemsPair` (src/shared/validation-cost.ts),
+ * linear, with the same answer, the same pair in the error and the same exceptions. Items of
+ * scalar types only keep Ajv's own (linear) loop.
+ */
+const uniqueItemsKeyword: CodeKeywordDefinition = {
+  keyword: 'uniqueItems',
+  type: 'array',
+  schemaType: 'boolean',
+  error: {
+    message: ({ params: { i, j } }) => str`must NOT have duplicate items (items ## ${j as Name} and ${i as Name} are identical)`,
+    params: ({ params: { i, j } }) => _`{i: ${i as Name}, j: ${j as Name}}`
+  },
+  code (cxt) {
+    const { gen, data, schema, parentSchema, it } = cxt
+    if (schema !== true) return
+    const valid = gen.let('valid')
+    const items = parentSchema.items as Record<string, unknown> | boolean | undefined
+    const itemTypes = items !== undefined ? getSchemaTypes(items as Record<string, unknown>) : []
+    cxt.block$data(valid, () => {
+      const i = gen.let('i', _`${data}.length`)
+      const j = gen.let('j')
+      cxt.setParams({ i, j })
+      gen.assign(valid, true)
+      gen.if(_`${i} > 1`, () => {
+        if (itemTypes.length > 0 && !itemTypes.some((t) => t === 'object' || t === 'array')) {
+          // Ajv's loopN, unchanged.
+          const item = gen.name('item')
+          const wrongType = checkDataTypes(itemTypes, item, it.opts.strictNumbers, DataType.Wrong)
+          const indices = gen.const('indices', _`{}`)
+          gen.for(_`;${i}--;`, () => {
+            gen.let(item, _`${data}[${i}]`)
+            gen.if(wrongType, _`continue`)
+            if (itemTypes.length > 1) gen.if(_`typeof ${item} == "string"`, _`${item} += "_"`)
+            gen.if(_`typeof ${indices}[${item}] == "number"`, () => {
+              gen.assign(j, _`${indices}[${item}]`)
+              cxt.error()
+              gen.assign(valid, false).break()
+            }).code(_`${indices}[${item}] = ${i}`)
+          })
+        } else {
+          const pair = gen.const('pair', _`${useFunc(gen, uniqueItemsPair)}(${data})`)
+          gen.if(_`${pair} !== null`, () => {
+            gen.assign(i, _`${pair}[0]`)
+            gen.assign(j, _`${pair}[1]`)
+            cxt.error()
+            gen.assign(valid, false)
+          })
+        }
+      })
+    })
+    cxt.ok(valid)
+  }
+}
+
+/** Replaces Ajv's `uniqueItems` with `uniqueItemsKeyword`, at the same place in its rules. */
+function useLinearUniqueItems (ajv: Ajv): Ajv {
+  const rules = (ajv as unknown as { RULES: { rules: Array<{ rules: Array<{ keyword: string }> }> } }).RULES.rules
+  let before: string | undefined
+  for (const group of rules) {
+    const at = group.rules.findIndex((rule) => rule.keyword === 'uniqueItems')
+    if (at !== -1) before = group.rules[at + 1]?.keyword
+  }
+  ajv.removeKeyword('uniqueItems')
+  ajv.addKeyword(before === undefined ? uniqueItemsKeyword : { ...uniqueItemsKeyword, before })
+  return ajv
+}
+
+const metaValidators = new Map<SchemaDialect, { ajv: Ajv, validate: ValidateFunction }>()
 
 /**
  * Checks a schema against its dialect's meta-schema; returns the problems ('' when none). One
- * Ajv per dialect and thread does this: `validateSchema` compiles only the (fixed) meta-schema
- * and keeps nothing of the schema it checks.
+ * Ajv per dialect and thread does this: it compiles only the (fixed) meta-schema and keeps
+ * nothing of the schema it checks.
+ *
+ * The meta-schema is the dialect's own (Ajv's default), not the one `$schema` names: every URI
+ * `schemaDialect` maps to the dialect (http or https, with or without `#`) is checked the same
+ * way, where Ajv's `validateSchema` would look `$schema` up and find no meta-schema under the
+ * other spellings.
  */
 export function metaSchemaProblems (schema: Record<string, unknown>, dialect: SchemaDialect): string {
-  let ajv = metaValidators.get(dialect)
-  if (ajv === undefined) {
-    ajv = newAjv(dialect, { strict: false, allErrors: false, logger: false, validateFormats: false })
-    metaValidators.set(dialect, ajv)
+  let meta = metaValidators.get(dialect)
+  if (meta === undefined) {
+    const ajv = newAjv(dialect, { strict: false, allErrors: false, logger: false, validateFormats: false })
+    const validate = ajv.getSchema(ajv.defaultMeta() as string)
+    if (validate === undefined) throw new Error(`Ajv has no meta-schema for ${dialect}`)
+    meta = { ajv, validate }
+    metaValidators.set(dialect, meta)
   }
-  if (ajv.validateSchema(schema) === true) return ''
-  return (ajv.errors ?? []).slice(0, 5)
+  if (meta.validate(schema) === true) return ''
+  return (meta.validate.errors ?? []).slice(0, 5)
     .map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
 }

@@ -111,10 +111,18 @@ export function checkCallbackUrl (input: string):
 
 /**
  * True when the authority of an absolute http(s) URL holds an `@` (userinfo, even empty). For
- * special schemes the parser accepts any run of slashes and backslashes after the colon.
+ * special schemes the parser accepts any run of slashes and backslashes after the colon. The text
+ * is first cleaned as the WHATWG parser cleans it (leading and trailing C0 controls and spaces
+ * removed, every tab and newline removed), so that `http:/\t/@127.0.0.1/` is read as the parser
+ * reads it.
  */
 function hasUserinfo (input: string): boolean {
-  const text = input.trim()
+  // (Loops, not a regex: `[\0- ]+$` backtracks quadratically over a long run of spaces.)
+  let start = 0
+  let end = input.length
+  while (start < end && input.charCodeAt(start) <= 0x20) start++
+  while (end > start && input.charCodeAt(end - 1) <= 0x20) end--
+  const text = input.slice(start, end).replace(/[\t\n\r]/g, '')
   let i = text.indexOf(':') + 1
   if (i === 0) return false
   while (i < text.length && (text[i] === '/' || text[i] === '\\')) i++

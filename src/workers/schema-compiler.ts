@@ -9,12 +9,16 @@
 // One message in, one message out; the main thread sends one job at a time and terminates this
 // thread when a job runs past its time budget.
 import { parentPort } from 'node:worker_threads'
+import type { Ajv } from 'ajv'
+import { _Code, safeStringify } from 'ajv/dist/compile/codegen/code.js'
+import type { ValueScopeName } from 'ajv/dist/compile/codegen/scope.js'
 import standalone from 'ajv/dist/standalone/index.js'
 import type { RE2 } from 're2-wasm'
 import {
   createSchemaAjv, freeRegExp, metaSchemaProblems, SCHEMA_DIALECTS, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE,
   type SchemaDialect
 } from '../shared/json-schema.js'
+import { CodeTooDeep, instrumentValidatorCode } from '../shared/validation-cost.js'
 import { errorText } from '../shared/util.js'
 
 /** A compile job: the schema as JSON text, its dialect, and the generated-code budget. */
@@ -70,6 +74,7 @@ export function compileSchema (job: CompileJob): CompileReply {
   })
   try {
     const validate = ajv.compile(schema as Record<string, unknown>)
+    schemaValuesAsJson(ajv)
     // The CommonJS module's `default` (a property of the function itself under Node's ESM interop too).
     const code = standalone.default(ajv, validate)
     if (code.length > job.maxCodeBytes) {
@@ -80,12 +85,36 @@ export function compileSchema (job: CompileJob): CompileReply {
         overBudget: true
       }
     }
-    return { id: job.id, ok: true, code }
+    // Each function and loop charges the check's time budget (src/shared/validation-cost.ts).
+    return { id: job.id, ok: true, code: instrumentValidatorCode(code) }
   } catch (err) {
-    if (err instanceof BudgetError) return { id: job.id, ok: false, problem: err.message, overBudget: true }
+    if (err instanceof BudgetError || err instanceof CodeTooDeep) {
+      return { id: job.id, ok: false, problem: err.message, overBudget: true }
+    }
     return { id: job.id, ok: false, problem: `it does not compile: ${errorText(err)}` }
   } finally {
     for (const re of regexps) freeRegExp(re)
+  }
+}
+
+/**
+ * Ajv's standalone code writes each schema object its validator reads at run time (a `const` or
+ * `enum` value, the `properties` an `additionalProperties` check looks keys up in) as an object
+ * literal, where a `"__proto__"` key sets the object's prototype instead of making a key: the
+ * validator would then hold `{}` for `{"__proto__": {"x": 1}}`, and accept and refuse the
+ * opposite of what the schema says. Each is written as `JSON.parse("…")` of its JSON instead,
+ * which makes every key an own property: the values a direct `ajv.compile` of the same JSON holds.
+ */
+function schemaValuesAsJson (ajv: Ajv): void {
+  const scope = ajv.scope as unknown as { _values: Record<string, Map<unknown, ValueScopeName> | undefined> }
+  const values = scope._values.schema
+  if (values === undefined) return
+  for (const name of values.values()) {
+    const value = name.value
+    if (value === undefined || value.code === undefined) continue
+    const json = JSON.stringify(value.ref)
+    if (json === undefined) throw new Error(`the schema value ${name.str} is not JSON`)
+    value.code = new _Code(`JSON.parse(${safeStringify(json)})`)
   }
 }
 

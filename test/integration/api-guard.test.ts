@@ -210,6 +210,47 @@ test('guard: a request without a Host header (HTTP/1.0) or with an empty one is 
   }
 })
 
+test('guard: HTTP/1.1 without Host is the guard\'s 403 too; with checkHost off, the 400 RFC 9112 asks for', async (t) => {
+  const { port } = await startToolport(t, { roles: ['A'] })
+  const refused = await rawHttp(t, port, 'GET /api/tools HTTP/1.1\r\nConnection: close\r\n\r\n')
+  assert.equal(refused.status, 403)
+  assert.equal(refused.body.code, 'TP_ERR_HOST_FORBIDDEN')
+  const off = await startToolport(t, { roles: ['A'], security: { checkHost: false } })
+  const bad = await rawHttp(t, off.port, 'GET /api/tools HTTP/1.1\r\nConnection: close\r\n\r\n')
+  assert.equal(bad.status, 400)
+  assert.equal(bad.body.code, 'TP_ERR_BAD_REQUEST')
+})
+
+test('guard: an absolute-form target is judged as a Host and must name the Host header\'s target', async (t) => {
+  const { port } = await startToolport(t, { roles: ['A'] })
+  assert.equal((await rawHttp(t, port, `GET http://127.0.0.1:${port}/api/tools HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n` +
+    'Connection: close\r\n\r\n')).status, 200)
+  for (const [target, host] of [['http://evil.example/api/tools', `127.0.0.1:${port}`], ['http://localhost/api/tools', `127.0.0.1:${port}`],
+    [`http://user@127.0.0.1:${port}/api/tools`, `127.0.0.1:${port}`], ['http://evil.example/api/tools', 'evil.example']]) {
+    const res = await rawHttp(t, port, `GET ${target} HTTP/1.1\r\nHost: ${host}\r\nConnection: close\r\n\r\n`)
+    assert.equal(res.status, 403, target)
+    assert.equal(res.body.code, 'TP_ERR_HOST_FORBIDDEN')
+  }
+})
+
+test('guard: what the router or Node\'s parser refuses is answered in the documented shape, after the guard when there is a request', async (t) => {
+  const { port } = await startToolport(t, { roles: ['A'] })
+  const cases: Array<[string, number, string]> = [
+    ['GET /api/tools/%zz HTTP/1.1\r\nHost: evil.example\r\n\r\n', 403, 'TP_ERR_HOST_FORBIDDEN'],
+    ['GET /api/tools/%zz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n', 400, 'TP_ERR_BAD_REQUEST'],
+    [`GET /mcp/${'r'.repeat(300)} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`, 414, 'TP_ERR_BAD_REQUEST'],
+    ['POST /api/tools/register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n', 400, 'TP_ERR_BAD_REQUEST'],
+    [`GET /api/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`, 431, 'TP_ERR_BAD_REQUEST']
+  ]
+  for (const [text, status, code] of cases) {
+    const res = await rawHttp(t, port, text)
+    assert.equal(res.status, status, text.slice(0, 60))
+    assert.equal(res.body.code, code)
+    assert.equal(res.body.ok, false)
+    assert.equal(res.body.statusCode, status)
+  }
+})
+
 test('guard: the guard answers before the body is read (headers announcing a large body, no body sent)', async (t) => {
   const { port } = await startToolport(t, { roles: ['A'] })
   const res = await rawHttp(t, port, 'POST /api/tools/register HTTP/1.1\r\nHost: evil.example\r\n' +

@@ -299,6 +299,52 @@ test('$id poisoning: a schema that failed to compile, or another tool\'s $id, ch
   assert.match((await tp.callTool('A', { name: 'other', arguments: { n: 1 } })).error ?? '', /must be string/)
 })
 
+test('cost bomb: anyOf branches that both $ref their definition (2^depth) are cut at limits.maxValidationMs, and another role answers meanwhile', ATTACK, async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A', 'B'] })
+  const ping = await withBystander(tp)
+  const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool('nest', {
+    role: 'A',
+    parameters: {
+      $ref: '#/$defs/d',
+      $defs: { d: { anyOf: [{ type: 'array', items: { $ref: '#/$defs/d' } }, { type: 'array', items: { $ref: '#/$defs/d' } }] } }
+    }
+  }))
+  assert.equal(registered.statusCode, 200)
+  // 24 levels held the thread ~70 s and then exhausted the heap; 60 would never end.
+  let nested: unknown = 1
+  for (let i = 0; i < 60; i++) nested = [nested]
+  const started = performance.now()
+  const [call] = await Promise.all([
+    httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'nest', arguments: nested }),
+    ping()
+  ])
+  assert.equal(call.statusCode, 200)
+  assert.equal(call.body.is_error, true)
+  assert.match(call.body.error, /^the arguments could not be checked against the tool's parameters: checking them took longer than 50 ms \(limits\.maxValidationMs\)/)
+  assert.ok(performance.now() - started < 10_000)
+  // Arguments the same schema checks quickly still pass (and reach the callback, which is not there).
+  const shallow = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'nest', arguments: [[[]]] })
+  assert.match(shallow.body.error, /unreachable/)
+})
+
+test('compile bomb: validator code nested deeper than V8 compiles reliably is a 422 schema_too_costly; a thousand properties are fine', async (t) => {
+  // (A compile budget no busy machine reaches: the refusal tested is the nesting's, not the time's.)
+  const tp = await createTestToolport(t, { roles: ['A'], limits: { maxSchemaCompileMs: 60_000 } })
+  // 1 800 `not`s in an `allOf` (40 KB): V8's compile of the validator overflowed the main thread's
+  // stack after ~1.7 s, on every call.
+  const deep = await tp.register(tool('deep', {
+    parameters: { allOf: Array.from({ length: 1800 }, (_, i) => ({ not: { const: i + 0.5 } })) }
+  })).catch((err: unknown) => err as { statusCode: number, details: Array<{ code: string, message: string }> })
+  assert.equal((deep as { statusCode: number }).statusCode, 422)
+  const detail = (deep as { details: Array<{ code: string, message: string }> }).details[0]
+  assert.equal(detail?.code, 'schema_too_costly')
+  assert.match(detail?.message ?? '', /nests blocks more than 1024 deep/)
+  const wide = await tp.register(tool('wide', {
+    parameters: { type: 'object', properties: Object.fromEntries(Array.from({ length: 1000 }, (_, i) => [`p${i}`, { type: 'string' }])) }
+  }))
+  assert.equal(wide.ok, true)
+})
+
 test('inherited names: required "toString" is enforced and an optional "constructor" does not fail calls', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   await tp.roles.get('A').registerLocalTool({

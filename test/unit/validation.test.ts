@@ -4,8 +4,9 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { z } from 'zod'
 import { compileCount, compileValidator, DEFAULT_SCHEMA_BUDGETS } from '../../src/main/dispatch/validators.js'
+import { fullFormats } from 'ajv-formats/dist/formats.js'
 import {
-  MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect, validationJson
+  asciiCaseless, MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect, validationJson
 } from '../../src/shared/json-schema.js'
 import { resolvePluginOptions } from '../../src/plugin/options.js'
 import { createTestToolport, inject, tool } from '../helpers.js'
@@ -210,6 +211,79 @@ test('format regexes run on RE2, or on bounded input when RE2 cannot run them', 
   assert.equal(test('hostname', 'example.com'), true)
   assert.equal(test('duration', 'P1DT2H'), true)
   assert.equal(test('duration', 'P'), false)
+})
+
+test('case-insensitive format regexes match ASCII letters only, as ajv-formats\' JavaScript regexes do', () => {
+  assert.equal(asciiCaseless('^[a-z0-9-]+@x\\.co$'), '^[a-z0-9\\-A-Z]+@[xX]\\.[cC][oO]$')
+  assert.equal(asciiCaseless('^\\x41[\\x00-\\x20b-d]$'), '^[aA][\\x00-\\x20b-dB-D]$')
+  // Not rewritten (the format then runs as JavaScript on bounded input): non-ASCII, \p, backreferences.
+  for (const source of ['\u00e9', '\\p{L}', '(a)\\1', '[]']) assert.equal(asciiCaseless(source), null, source)
+  const inputs = ['a@example.com', 'A@EXAMPLE.COM', '\u212a@example.com', '\u017f@example.com', 'x@\u212a.example',
+    '123E4567-E89B-12D3-A456-426614174000', 'urn:uuid:123e4567-e89b-12d3-a456-42661417400\u212a', 'FE80::1', '#/A/b~0',
+    'HTTP://a.example/x', '{+Var}', 'ſ']
+  for (const [name, format] of Object.entries(fullFormats)) {
+    if (!(format instanceof RegExp) || !format.flags.includes('i') || format.flags.includes('u')) continue
+    assert.notEqual(asciiCaseless(format.source), null, name)
+    for (const input of inputs) {
+      assert.equal((SCHEMA_FORMATS[name] as (s: string) => boolean)(input), format.test(input), `${name} ${JSON.stringify(input)}`)
+    }
+  }
+})
+
+test('a $schema URI of a dialect in the other scheme (http for 2020-12 and 2019-09, https for draft-07) is that dialect', async () => {
+  for (const $schema of ['http://json-schema.org/draft/2020-12/schema', 'http://json-schema.org/draft/2019-09/schema#',
+    'https://json-schema.org/draft-07/schema#']) {
+    const validate = await compile({ $schema, type: 'object', required: ['a'] })
+    assert.equal(validate({ a: 1 }), '', $schema)
+    assert.match(validate({}), /required property 'a'/, $schema)
+    await assert.rejects(compile({ $schema, type: 'strnig' }), (err: { details: Array<{ code: string }> }) =>
+      err.details[0]?.code === 'invalid_schema')
+  }
+})
+
+test('a `__proto__` key in a schema value is a key: const, enum, and the properties an additionalProperties check reads', async () => {
+  // Parsed from JSON, as a registration body is: `__proto__` is an own key.
+  const constant = await compile(JSON.parse('{"const":{"__proto__":{"x":1}}}'))
+  assert.equal(constant(JSON.parse('{"__proto__":{"x":1}}')), '')
+  assert.match(constant({}), /must be equal to constant/)
+  const listed = await compile(JSON.parse('{"enum":[{"__proto__":1},2]}'))
+  assert.equal(listed(JSON.parse('{"__proto__":1}')), '')
+  assert.match(listed({}), /allowed values/)
+  // Past eight properties Ajv looks keys up in the schema's `properties` object at run time (and,
+  // as Ajv does, applies no subschema to a property named `__proto__`, but does not call it additional).
+  const closed = await compile(JSON.parse('{"type":"object","additionalProperties":false,"properties":{' +
+    '"a":{},"b":{},"c":{},"d":{},"e":{},"f":{},"g":{},"h":{},"i":{},"__proto__":{"type":"string"}}}'))
+  assert.equal(closed(JSON.parse('{"__proto__":1,"a":1}')), '')
+  assert.match(closed({ z: 1 }), /additional properties/)
+})
+
+test('uniqueItems over objects is linear and keeps Ajv\'s answer: the same pair in the error, key order ignored', async () => {
+  // (A budget for slow machines: the check's deadline is tested in validation-hostile.test.ts.)
+  const unique = await compileValidator({ type: 'array', uniqueItems: true }, { ...DEFAULT_SCHEMA_BUDGETS, maxValidationMs: 60_000 })
+  const items = Array.from({ length: 20_000 }, (_, i) => ({ a: i, b: [i, 'x'] }))
+  assert.equal(unique(items), '')
+  assert.match(unique([...items, { b: [7, 'x'], a: 7 }, 1, '1']), /items ## 7 and 20000 are identical/)
+  assert.match(unique([1, 2, 1, 2]), /items ## 1 and 3 are identical/)
+  assert.equal(unique([1, '1', [1], { 1: 1 }, null, 0]), '')
+  // An object whose own toString is not a function: Ajv's equality throws, so the call cannot be checked.
+  assert.match(unique(JSON.parse('[{"toString":1},{"toString":1}]')), /could not be checked/)
+})
+
+test('a schema holding a number outside the range of a double (1e400) is refused, not read as null', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  for (const parameters of ['{"enum":[1e400]}', '{"type":"number","maximum":-1e400}', '{"const":{"a":[1e999]}}']) {
+    const res = await tp.app.inject({
+      method: 'POST',
+      url: '/api/tools/register',
+      headers: { 'content-type': 'application/json' },
+      payload: `{"name":"t","callback_url":"http://127.0.0.1:9/cb","parameters":${parameters}}`
+    })
+    const body = JSON.parse(res.body) as { details: Array<{ path: string, code: string, message: string }> }
+    assert.equal(res.statusCode, 422, parameters)
+    assert.deepEqual([body.details[0]?.path, body.details[0]?.code], ['parameters', 'invalid_schema'])
+    assert.match(body.details[0]?.message ?? '', /outside the range of a double/)
+  }
+  assert.deepEqual(tp.list().tools_by_role.A, [])
 })
 
 test('a zod 4 z.toJSONSchema output (2020-12, $schema included) validates', async () => {

@@ -7,7 +7,11 @@
 // the compiler thread a time budget is enforced by terminating the thread, a memory bound by its
 // heap limit, and the main thread keeps answering every role meanwhile. The thread sends back
 // the validator as standalone code (`ajv/dist/standalone`), which the main thread evaluates once
-// (parsing, not compiling: a few ms for the largest code the budget allows).
+// (parsing: a few ms for the largest code the budget allows; V8 compiles each function on its
+// first call, in time that grows with the code's size and nesting, which the compiler thread caps).
+//
+// Per call. Each check runs under a deadline, `limits.maxValidationMs` (src/shared/validation-cost.ts):
+// the instrumented code charges its functions and loops, the helpers below charge their work.
 //
 // Lifetime. Each schema gets its own Ajv (on the compiler thread) and its own module here, so
 // nothing one schema does (`$id`, refs, Ajv's ever-growing scope) reaches another tool. The
@@ -24,27 +28,34 @@ import { Worker } from 'node:worker_threads'
 import type { ErrorObject } from 'ajv'
 import type { RE2 } from 're2-wasm'
 import {
-  freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE,
-  validationJson
+  freeRegExp, nonFiniteNumberPath, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE,
+  STANDALONE_REGEXP_MODULE, validationJson
 } from '../../shared/json-schema.js'
+import {
+  BUDGET_MODULE, countingEqual, REGEXP_TEST_UNITS, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget,
+  ValidationTooCostly
+} from '../../shared/validation-cost.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
 import type { CompileJob, CompileReply, CompilerNotice } from '../../workers/schema-compiler.js'
 import { workerModule, type WorkerModule } from './worker-module.js'
 import { errorText, noop } from '../../shared/util.js'
 
-/** The compile budgets (the `limits` options of the same names). */
+/** The compile and check budgets (the `limits` options of the same names). */
 export interface SchemaBudgets {
   /** Longest a schema may take to compile, in ms, on the compiler thread. */
   maxSchemaCompileMs: number
   /** Largest generated validator code, in bytes. */
   maxSchemaCodeBytes: number
+  /** Longest one call's arguments may take to check, in ms (on the main thread). */
+  maxValidationMs: number
 }
 
 /** The `limits` defaults, for roles built outside a runtime. */
 export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({
   maxSchemaCompileMs: 2000,
-  maxSchemaCodeBytes: 4 * 1024 * 1024
+  maxSchemaCodeBytes: 4 * 1024 * 1024,
+  maxValidationMs: 50
 })
 
 /**
@@ -118,6 +129,12 @@ export async function compileValidator (parameters: Record<string, unknown>,
   budgets: SchemaBudgets): Promise<ArgumentsValidator> {
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
+  const unrepresentable = nonFiniteNumberPath(parameters)
+  if (unrepresentable !== null) {
+    // JSON text such as 1e400 parses to Infinity, which JSON.stringify writes as null: the
+    // schema compiled would not be the schema sent (`{"enum": [1e400]}` would be `{"enum": [null]}`).
+    throw schemaError('invalid_schema', `${unrepresentable} is a number outside the range of a double (such as 1e400)`)
+  }
   // Annotations left out: schemas that differ only in their descriptions compile once.
   const text = validationJson(parameters)
   const key = cacheKey(text, budgets)
@@ -128,14 +145,15 @@ export async function compileValidator (parameters: Record<string, unknown>,
   let pending = compiling.get(key)
   if (pending === undefined) {
     pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes },
-      budgets.maxSchemaCompileMs)
+      budgets.maxSchemaCompileMs, budgets.maxValidationMs)
     compiling.set(key, pending)
     pending.then(() => compiling.delete(key), () => compiling.delete(key))
   }
   return await pending
 }
 
-async function build (key: string, job: CompileJob, budgetMs: number): Promise<ArgumentsValidator> {
+async function build (key: string, job: CompileJob, budgetMs: number,
+  maxValidationMs: number): Promise<ArgumentsValidator> {
   const reply = await compiler.compile(job, budgetMs)
   if (!reply.ok) {
     const problem = reply.problem.length > MAX_PROBLEM_CHARS ? `${reply.problem.slice(0, MAX_PROBLEM_CHARS)}…` : reply.problem
@@ -154,12 +172,19 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
     throw schemaError('invalid_schema', problem)
   }
   const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
+    // The check has a deadline (src/shared/validation-cost.ts): no schema and no argument can
+    // hold the main thread for longer.
+    validationBudget.start(maxValidationMs)
     try {
       if (validate(value)) return ''
     } catch (err) {
-      // A pattern compiles on its first test (see loadStandalone): should RE2 fail there (it
-      // compiled the same pattern on the compiler thread), the call is refused, never thrown.
-      return `the arguments could not be checked against the tool's parameters: ${errorText(err)}`
+      // Past the deadline; or Ajv's deep equality on an object whose own `toString` is not a
+      // function; or a pattern that RE2 fails to compile on its first test (see loadStandalone;
+      // it compiled the same pattern on the compiler thread): the call is refused, never thrown.
+      const why = err instanceof ValidationTooCostly ? err.message : errorText(err)
+      return `the arguments could not be checked against the tool's parameters: ${why}`
+    } finally {
+      validationBudget.stop()
     }
     return `arguments do not match the tool's parameters: ${describeErrors(validate.errors)}`
   }
@@ -174,7 +199,7 @@ async function build (key: string, job: CompileJob, budgetMs: number): Promise<A
  * one is keyed by its SHA-256, so the cache never holds 60 KB keys.
  */
 function cacheKey (text: string, budgets: SchemaBudgets): string {
-  const prefix = `${budgets.maxSchemaCodeBytes}:${budgets.maxSchemaCompileMs}:`
+  const prefix = `${budgets.maxSchemaCodeBytes}:${budgets.maxSchemaCompileMs}:${budgets.maxValidationMs}:`
   if (text.length <= SHORT_KEY_CHARS) return `${prefix}${text}`
   return `${prefix}sha256:${createHash('sha256').update(text).digest('base64url')}`
 }
@@ -204,10 +229,15 @@ interface StandaloneValidate {
  * shared formats: the code Ajv generates needs nothing else.
  */
 function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
-  const engine = re2Engine((re) => { regexps.push(re); compiledRegExps++ }, `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true)
+  const engine = chargingRegExp(re2Engine((re) => { regexps.push(re); compiledRegExps++ },
+    `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true))
   const load = (id: string): unknown => {
     if (id === STANDALONE_REGEXP_MODULE) return engine
-    if (id === STANDALONE_FORMATS_MODULE) return SCHEMA_FORMATS
+    if (id === STANDALONE_FORMATS_MODULE) return CHARGING_FORMATS
+    if (id === BUDGET_MODULE) return validationBudget
+    if (id === UNIQUE_ITEMS_MODULE) return uniqueItemsPair
+    if (id === `${AJV_RUNTIME}equal`) return CHARGING_EQUAL
+    if (id === `${AJV_RUNTIME}ucs2length`) return CHARGING_UCS2LENGTH
     if (id.startsWith(AJV_RUNTIME) && /^[a-z0-9_]+$/.test(id.slice(AJV_RUNTIME.length))) return requireFromHere(id)
     throw new Error(`the validator code asks for an unknown module ${JSON.stringify(id)}`)
   }
@@ -223,6 +253,57 @@ function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
   if (typeof module.exports !== 'function') throw new Error('the validator code exports no function')
   return module.exports as StandaloneValidate
 }
+
+/**
+ * The helpers generated code calls, each charging the check's budget for the work it does (the
+ * code's own functions and loops charge themselves; see src/shared/validation-cost.ts).
+ */
+type RegExpEngine = ReturnType<typeof re2Engine>
+
+function chargingRegExp (engine: RegExpEngine): RegExpEngine {
+  const charging = function chargingRegExp (pattern: string, flags: string): { test: (input: string) => boolean } {
+    const re = engine(pattern, flags)
+    return {
+      test: (input: string): boolean => {
+        validationBudget.charge(REGEXP_TEST_UNITS + input.length)
+        return re.test(input)
+      }
+    }
+  }
+  return Object.assign(charging, { code: engine.code }) as unknown as RegExpEngine
+}
+
+const CHARGING_FORMATS: Readonly<Record<string, unknown>> = (() => {
+  const out: Record<string, unknown> = Object.create(null)
+  for (const [name, format] of Object.entries(SCHEMA_FORMATS)) {
+    const charge = (input: unknown): void => {
+      validationBudget.charge(REGEXP_TEST_UNITS + (typeof input === 'string' ? input.length : 0))
+    }
+    if (typeof format === 'function') {
+      out[name] = (input: unknown): unknown => { charge(input); return (format as (i: unknown) => unknown)(input) }
+    } else if (format instanceof RegExp) {
+      out[name] = { test: (input: string): boolean => { charge(input); return format.test(input) } }
+    } else if (typeof format === 'object' && typeof format.validate === 'function') {
+      const check = format.validate as (i: unknown) => unknown
+      out[name] = { ...format, validate: (input: unknown): unknown => { charge(input); return check(input) } }
+    } else {
+      out[name] = format
+    }
+  }
+  return out
+})()
+
+const CHARGING_EQUAL = Object.freeze({ default: countingEqual })
+
+const CHARGING_UCS2LENGTH = (() => {
+  const ucs2length = (requireFromHere(`${AJV_RUNTIME}ucs2length`) as { default: (s: string) => number }).default
+  return Object.freeze({
+    default: (text: string): number => {
+      validationBudget.charge(text.length)
+      return ucs2length(text)
+    }
+  })
+})()
 
 function describeErrors (errors: ErrorObject[] | null | undefined): string {
   if (errors == null || errors.length === 0) return 'invalid'

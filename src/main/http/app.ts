@@ -3,7 +3,7 @@ import fastify, { LogController, type FastifyInstance, type FastifyPluginCallbac
 import type { Runtime } from '../runtime.js'
 import { buildGuard } from './guard.js'
 import { ConnectionPressure } from './connections.js'
-import { handleError, handleNotFound } from './error-handler.js'
+import { buildFrameworkErrorHandler, handleClientError, handleError, handleNotFound } from './error-handler.js'
 import { buildJsonParser } from './json-body.js'
 import { registerToolRoutes } from './tools.js'
 import { registerOperationRoutes } from './operations.js'
@@ -51,6 +51,7 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
 
 /** Builds the standalone app: the guard on every request, the routes, JSON errors everywhere. */
 export function buildApp (runtime: Runtime): FastifyInstance {
+  const guard = buildAppGuard(runtime.options.security, runtime.options.console)
   // Typed as the default instance: the pino Logger type is wider than FastifyBaseLogger, and the
   // routes only use the base logger's methods.
   const app: FastifyInstance = fastify({
@@ -63,6 +64,13 @@ export function buildApp (runtime: Runtime): FastifyInstance {
     connectionTimeout: 0,
     keepAliveTimeout: 65_000,
     routerOptions: { maxParamLength: 256 },
+    // Every answer is the guard's or in the documented shape, also for requests that never reach
+    // a route: an HTTP/1.1 request without Host reaches the guard (its 403) instead of Node's bare
+    // 400; what the router refuses passes the guard first; what Node cannot parse gets the JSON
+    // body, the security headers and Connection: close.
+    http: { requireHostHeader: false },
+    frameworkErrors: buildFrameworkErrorHandler(guard),
+    clientErrorHandler: handleClientError,
     forceCloseConnections: true,
     return503OnClosing: true,
     // Calls are logged by the runtime (metadata only, at debug); per-request lines would be noise.
@@ -76,7 +84,7 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   app.server.headersTimeout = 15_000
   // The event ring and the console's numbers start now, not when the routes are first mounted.
   observerOf(runtime)
-  app.addHook('onRequest', buildAppGuard(runtime.options.security, runtime.options.console))
+  app.addHook('onRequest', guard)
   const { limits } = runtime.options
   const connections = new ConnectionPressure(app.server, limits)
   if (runtime.options.security.token !== undefined) {

@@ -17,7 +17,7 @@ import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fast
 import ipaddr from 'ipaddr.js'
 import { isLoopbackAddress } from '../../shared/loopback.js'
 import {
-  HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnauthorizedError,
+  BadRequestError, HostForbiddenError, NotLoopbackError, OriginForbiddenError, UnauthorizedError,
   UnsupportedMediaTypeError
 } from '../errors.js'
 
@@ -66,6 +66,12 @@ export function buildGuard (options: GuardOptions): GuardHook {
         done(new HostForbiddenError(problem))
         return
       }
+    } else if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
+      // The standalone server lets HTTP/1.1 without Host through to this guard (Node's
+      // `requireHostHeader` is off) so that the check above answers it; without that check, it
+      // is still the 400 RFC 9112 §3.2 asks for.
+      done(new BadRequestError('an HTTP/1.1 request needs a Host header'))
+      return
     }
     if (checkOrigin) {
       const origin = request.headers.origin
@@ -157,6 +163,16 @@ function hostProblem (request: FastifyRequest, allowedHosts: ReadonlySet<string>
     // RFC 9113 §8.3.1: a Host naming another target than :authority makes the request malformed.
     if (host !== undefined && host.toLowerCase() !== authority.toLowerCase()) return '(Host differs from :authority)'
     host = authority
+  } else {
+    // HTTP/1.1 absolute form (`POST http://evil.example/api/tools/register`): the request-target
+    // names the target, and RFC 9112 §3.2.2 has the server use it instead of Host. Judge it as a
+    // Host, and refuse a Host that names another target (as for :authority above).
+    const target = targetAuthority(request.raw.url)
+    if (target !== undefined) {
+      if (target === null) return '(the request-target holds userinfo or no host)'
+      if (host !== undefined && host.toLowerCase() !== target.toLowerCase()) return '(Host differs from the request-target)'
+      host = target
+    }
   }
   if (host === undefined || host === '') return '(missing)'
   let verdicts = hostVerdicts.get(allowedHosts)
@@ -171,6 +187,19 @@ function hostProblem (request: FastifyRequest, allowedHosts: ReadonlySet<string>
     verdicts.set(host, verdict)
   }
   return verdict
+}
+
+/**
+ * The authority of an absolute-form request-target (`http://host:port/path`), `null` when it has
+ * userinfo or is empty, `undefined` for the origin form (`/path`) and every other form (`*`,
+ * which matches no route).
+ */
+function targetAuthority (url: string | undefined): string | null | undefined {
+  if (url === undefined || url.startsWith('/')) return undefined
+  const match = /^[a-z][a-z0-9+.-]*:\/\/([^/?#]*)/i.exec(url)
+  if (match === null) return undefined
+  const authority = match[1] as string
+  return authority === '' || authority.includes('@') ? null : authority
 }
 
 function judgeHost (host: string, allowedHosts: ReadonlySet<string>): string {

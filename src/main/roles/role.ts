@@ -192,7 +192,7 @@ async function buildLocalEntry (options: LocalToolOptions, budgets: SchemaBudget
     description: valid.description,
     parameters: valid.parameters,
     source: valid.source,
-    timeoutMs: Math.round(valid.timeoutSeconds * 1000),
+    timeoutMs: Math.max(1, Math.round(valid.timeoutSeconds * 1000)),
     handler: options.handler,
     validator
   })
