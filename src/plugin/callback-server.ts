@@ -154,35 +154,9 @@ export class CallbackServer {
       : typeof headerCallId === 'string' ? headerCallId : ''
     const deadlineMs = deadlineOf(req.headers['x-toolport-deadline-ms'], tool.timeoutSeconds)
 
-    let args: unknown = body.arguments
-    if (args === undefined && typeof body.raw_arguments === 'string') {
-      try {
-        args = JSON.parse(body.raw_arguments === '' ? '{}' : body.raw_arguments)
-      } catch {
-        send(res, errorEnvelope('arguments are not valid JSON'))
-        return
-      }
-    }
-    args ??= {}
-    if (tool.schema !== null) {
-      // Validated here even though Toolport checked the JSON Schema: refinements, transforms and
-      // defaults exist only in zod, and the handler is typed with the schema's output.
-      const parsed = await z.safeParseAsync(tool.schema, args)
-      if (!parsed.success) {
-        send(res, errorEnvelope(`invalid arguments: ${z.prettifyError(parsed.error)}`))
-        return
-      }
-      args = parsed.data
-    } else if (typeof args !== 'object' || args === null || Array.isArray(args)) {
-      send(res, errorEnvelope('arguments must be a JSON object'))
-      return
-    } else if (tool.validate !== null && !tool.validate(args)) {
-      const problems = (tool.validate.errors ?? []).slice(0, 5)
-        .map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
-      send(res, errorEnvelope(`invalid arguments: ${problems === '' ? 'invalid' : problems}`))
-      return
-    }
-
+    // The call is live from here, before its arguments are checked (a zod refinement may await):
+    // the deadline counts from the call's arrival (as ctx.deadlineMs says), and a caller who
+    // hangs up while the arguments are still being checked is noticed.
     const controller = new AbortController()
     const timer = setTimeout(() => {
       controller.abort(new DOMException(`the call's deadline of ${deadlineMs} ms passed`, DEADLINE_NAME))
@@ -193,20 +167,53 @@ export class CallbackServer {
       if (!res.writableFinished) controller.abort(new DOMException('Toolport closed the connection', DISCONNECT_NAME))
     }
     res.once('close', onClose)
-    const ctx: ToolCallContext = { name: tool.name, callId, deadlineMs, signal: controller.signal }
     let envelope: Envelope
     try {
-      envelope = outputEnvelope(await tool.handler(args, ctx))
-    } catch (err) {
-      this.#options.logger.debug?.(`tool '${tool.name}' (call ${callId}) threw: ${messageOf(err)}`)
-      envelope = errorEnvelope(messageOf(err))
+      envelope = await this.#answer(tool, body, { name: tool.name, callId, deadlineMs, signal: controller.signal })
     } finally {
       clearTimeout(timer)
+      res.removeListener('close', onClose)
     }
-    res.removeListener('close', onClose)
     // Nobody is listening any more: the connection is gone.
     if (res.destroyed) return
     send(res, envelope)
+  }
+
+  /** Checks the arguments, then runs the handler: the envelope to answer with. */
+  async #answer (tool: ResolvedTool, body: { arguments?: unknown, raw_arguments?: unknown },
+    ctx: ToolCallContext): Promise<Envelope> {
+    let args: unknown = body.arguments
+    if (args === undefined && typeof body.raw_arguments === 'string') {
+      try {
+        args = JSON.parse(body.raw_arguments === '' ? '{}' : body.raw_arguments)
+      } catch {
+        return errorEnvelope('arguments are not valid JSON')
+      }
+    }
+    args ??= {}
+    if (tool.schema !== null) {
+      // Validated here even though Toolport checked the JSON Schema: refinements, transforms and
+      // defaults exist only in zod, and the handler is typed with the schema's output.
+      const parsed = await z.safeParseAsync(tool.schema, args)
+      if (!parsed.success) return errorEnvelope(`invalid arguments: ${z.prettifyError(parsed.error)}`)
+      args = parsed.data
+    } else if (typeof args !== 'object' || args === null || Array.isArray(args)) {
+      return errorEnvelope('arguments must be a JSON object')
+    } else if (tool.validate !== null && !tool.validate(args)) {
+      const problems = (tool.validate.errors ?? []).slice(0, 5)
+        .map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
+      return errorEnvelope(`invalid arguments: ${problems === '' ? 'invalid' : problems}`)
+    }
+    // The caller left, or the deadline passed, while the arguments were checked: nobody waits for
+    // the handler's answer any more, so it is not run at all.
+    if (ctx.signal.aborted) return errorEnvelope(messageOf(ctx.signal.reason))
+
+    try {
+      return outputEnvelope(await tool.handler(args, ctx))
+    } catch (err) {
+      this.#options.logger.debug?.(`tool '${tool.name}' (call ${ctx.callId}) threw: ${messageOf(err)}`)
+      return errorEnvelope(messageOf(err))
+    }
   }
 }
 

@@ -3,9 +3,10 @@
 // Polling finds a missing registration within one poll interval; the stream says so at once: a
 // `hello` with a new `instance_id` means Toolport restarted (registrations are runtime-only), and
 // an `unregistered`, `cleared` or `evicted` event naming the plugin's callback origin or source
-// means some of its tools are gone. Either way the plugin runs its usual check right away. The
-// stream is only a hint: polling goes on as the fallback, and a Toolport without the stream
-// (404) is simply polled.
+// means some of its tools are gone. Either way the plugin runs its usual check right away; it
+// also checks on the first `hello`, for what happened before the watch connected. The stream is
+// only a hint: polling goes on as the fallback, and a Toolport without the stream (404) is
+// simply polled.
 //
 // One dedicated undici `Client` (one long-lived connection), apart from the API pool, so a
 // stream never takes a connection a registration or a clear needs.
@@ -96,10 +97,19 @@ export class EventWatch {
         waitMs = outcome === 'unsupported' ? UNSUPPORTED_RETRY_MS : 250
       } catch (err) {
         if (signal.aborted) break
-        failures++
-        if (failures === 1) this.#options.logger.debug?.(`event stream lost, polling meanwhile: ${errorText(err)}`)
-        const ceiling = Math.min(this.#options.maxBackoffMs, 500 * 2 ** Math.min(failures, 20))
-        waitMs = ceiling / 2 + Math.random() * ceiling / 2
+        if (this.#connected) {
+          // The stream was up (its `hello` came) and broke, as it does when Toolport closes: come
+          // back soon, as after a clean end, with the backoff started over. Only attempts that
+          // never got a stream make it grow, so it does not grow with every Toolport restart.
+          failures = 0
+          waitMs = 250
+          this.#options.logger.debug?.(`event stream lost, reconnecting: ${errorText(err)}`)
+        } else {
+          failures++
+          if (failures === 1) this.#options.logger.debug?.(`event stream lost, polling meanwhile: ${errorText(err)}`)
+          const ceiling = Math.min(this.#options.maxBackoffMs, 500 * 2 ** Math.min(failures, 20))
+          waitMs = ceiling / 2 + Math.random() * ceiling / 2
+        }
       }
       this.#connected = false
       try {
@@ -148,9 +158,12 @@ export class EventWatch {
         const previous = this.#instanceId
         this.#instanceId = typeof data.instance_id === 'string' ? data.instance_id : null
         this.#connected = true
-        if (previous !== null && previous !== this.#instanceId) this.#options.onStale('Toolport restarted')
-        else if (previous !== null &&
-          data.replay !== 'complete') this.#options.onStale('events were missed while disconnected')
+        // The first `hello` checks too: the watch starts after start()'s registrations, and
+        // whatever removed them before it connected (an unregister, an eviction, a restart) was
+        // published to no one. After that, a reconnection checks only when it missed something.
+        if (previous === null) this.#options.onStale('the event stream connected')
+        else if (previous !== this.#instanceId) this.#options.onStale('Toolport restarted')
+        else if (data.replay !== 'complete') this.#options.onStale('events were missed while disconnected')
         return
       }
       case 'unregistered':

@@ -102,7 +102,10 @@ export interface PluginOptions<T extends Record<string, unknown> = Record<string
   port?: number | undefined
   /** How often the SDK checks that its tools are still registered, in ms (default 2000). */
   pollIntervalMs?: number | undefined
-  /** Longest wait between checks while Toolport is down, in ms (default 30000). */
+  /**
+   * Longest wait between checks while Toolport is down, between `start()`'s retries and between
+   * the event stream's reconnections, in ms (default 30000); it may be below `pollIntervalMs`.
+   */
   maxBackoffMs?: number | undefined
   /**
    * Watch Toolport's live event stream (`GET /api/events`) and check at once when Toolport
@@ -260,7 +263,7 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
     host,
     port,
     pollIntervalMs,
-    maxBackoffMs: Math.max(maxBackoffMs, pollIntervalMs),
+    maxBackoffMs,
     watchEvents,
     requestTimeoutMs,
     startTimeoutMs,

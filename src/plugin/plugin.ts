@@ -52,7 +52,10 @@ export interface StartResult {
 
 /** What `stop()` resolves to; it never rejects. */
 export interface StopResult {
-  /** True when Toolport confirmed the clear (docs/protocol.md R16). */
+  /**
+   * True when Toolport confirmed the clear (docs/protocol.md R16), or answered that the plugin's
+   * one role no longer exists (its tools went with it; `removed` is then 0).
+   */
   isCleared: boolean
   /** How many registrations the clear removed. */
   removed: number
@@ -288,7 +291,9 @@ export class Plugin extends EventEmitter<PluginEvents> {
     } finally {
       this.#check = null
       if (this.#state === 'running') {
-        const again = this.#recheck && this.#failures === 0
+        // A check asked for meanwhile runs now even when this one failed: the event that asked
+        // came after this check began, so this one's failure need not be its answer.
+        const again = this.#recheck
         this.#recheck = false
         this.#schedule(again ? 0 : this.#nextDelay())
       }
@@ -328,7 +333,15 @@ export class Plugin extends EventEmitter<PluginEvents> {
         // keeps it; with `role: null` this also reaches roles created after start (beyond R4).
         const targets = this.role !== null || missingRoles.length === listed.size ? [this.role] : missingRoles
         for (const target of targets) {
-          const done = await this.#registerTools([tool], target)
+          let done: { names: string[], roles: string[] }
+          try {
+            done = await this.#registerTools([tool], target)
+          } catch (err) {
+            // A role removed since the list took its tools with it: nothing to restore there, and
+            // the other roles still need theirs.
+            if (this.role === null && target !== null && isRoleNotFound(err)) continue
+            throw err
+          }
           for (const r of done.roles) roles.add(r)
           if (done.names.length > 0 && !names.includes(tool.name)) names.push(tool.name)
         }
@@ -382,9 +395,14 @@ export class Plugin extends EventEmitter<PluginEvents> {
         const removed = await this.#client.clear(this.source, this.role)
         result = { isCleared: true, removed, error: null }
       } catch (err) {
-        const error = asPluginError(err)
-        result = { isCleared: false, removed: 0, error }
-        this.#report(error, 'warn')
+        if (this.role !== null && isRoleNotFound(err)) {
+          // The plugin's one role is gone, and every tool of ours went with it: nothing to clear.
+          result = { isCleared: true, removed: 0, error: null }
+        } else {
+          const error = asPluginError(err)
+          result = { isCleared: false, removed: 0, error }
+          this.#report(error, 'warn')
+        }
       }
     }
     await this.#server.close(graceMs)
@@ -402,6 +420,11 @@ export class Plugin extends EventEmitter<PluginEvents> {
 
 function stoppedDuringStart (): PluginError {
   return new PluginError(PLUGIN_ERROR_CODES.state, 'stop() was called before start() finished')
+}
+
+/** Toolport's 404 for a role that does not exist (any more). */
+function isRoleNotFound (err: unknown): boolean {
+  return err instanceof PluginError && err.toolportCode === 'TP_ERR_ROLE_NOT_FOUND'
 }
 
 function asPluginError (err: unknown): PluginError {
