@@ -62,7 +62,7 @@ export class CallbackServer {
 
   /** The callback URL of one tool (the canonical form Toolport stores and lists). */
   callbackUrl (name: string): string {
-    return new URL(this.#prefix + encodeURIComponent(name), this.#url).href
+    return new URL(this.#prefix + segmentOf(name), this.#url).href
   }
 
   async listen (): Promise<string> {
@@ -99,12 +99,7 @@ export class CallbackServer {
       return
     }
     const path = (req.url ?? '').split('?', 1)[0] as string
-    let name: string
-    try {
-      name = decodeURIComponent(path.slice(this.#prefix.length))
-    } catch {
-      name = ''
-    }
+    const name = nameOf(path.slice(this.#prefix.length))
     const tool = this.#options.tools.get(name)
     if (tool === undefined) {
       req.resume()
@@ -292,3 +287,26 @@ async function readBody (req: IncomingMessage, maxBytes: number): Promise<string
   }
   return Buffer.concat(chunks).toString('utf8')
 }
+
+/**
+ * A tool's path segment: its name percent-encoded (`encodeURIComponent`), or `=.` / `=..` for
+ * the names `.` and `..`, which URL resolution would drop as dot segments (Toolport stores the
+ * canonical URL, and every call would miss the tool). `=` is always encoded otherwise, so no other
+ * name makes those segments. The Python SDK spells them the same way.
+ */
+function segmentOf (name: string): string {
+  const encoded = encodeURIComponent(name)
+  return encoded === '.' || encoded === '..' ? `${DOT_MARK}${encoded}` : encoded
+}
+
+/** The name a raw path segment routes to, decoded once; '' (no tool) when it does not decode. */
+function nameOf (segment: string): string {
+  if (segment === `${DOT_MARK}.` || segment === `${DOT_MARK}..`) return segment.slice(DOT_MARK.length)
+  try {
+    return decodeURIComponent(segment)
+  } catch {
+    return ''
+  }
+}
+
+const DOT_MARK = '='

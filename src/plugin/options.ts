@@ -6,7 +6,7 @@
 import { randomBytes } from 'node:crypto'
 import type { ValidateFunction } from 'ajv'
 import { z } from 'zod'
-import { createSchemaAjv, schemaDialect } from '../shared/json-schema.js'
+import { createSchemaAjv, nonFiniteNumberPath, schemaDialect } from '../shared/json-schema.js'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
 import { codePointLength, errorText, isPlainObject, MAX_TIMER_MS } from '../shared/util.js'
@@ -305,8 +305,12 @@ function resolveTool (name: string, tool: unknown, problem: (path: string,
     jsonSchema = parameters
     // What Toolport would refuse with a 422 at registration, refused here first.
     const dialect = schemaDialect(parameters)
+    const unrepresentable = nonFiniteNumberPath(parameters, `${at}.parameters`)
     if (!dialect.ok) {
       problem(`${at}.parameters`, dialect.problem)
+    } else if (unrepresentable !== null) {
+      // JSON has no Infinity or NaN: sent, it would be null, and not the schema the plugin wrote.
+      problem(unrepresentable, 'is not a finite number (JSON has no Infinity or NaN)')
     } else {
       try {
         validate = createSchemaAjv(dialect.dialect).compile(parameters)

@@ -1253,6 +1253,27 @@ test('a handler sees its caller go away (AbortError) even when the caller left w
   if (state.isStarted) assert.equal(state.reason, 'AbortError')
 })
 
+// Tool names are any 1–64 characters: `.` and `..` too, which a URL would drop as dot segments
+// (Toolport stores the canonical callback URL, so every call of such a tool would miss it), and
+// names that look percent-encoded, whose own `%41` must not be decoded twice.
+test('R7: tools named ".", "..", "a%41b" and "a/b" are each registered at a URL of their own and reach their own handler', async (t) => {
+  const { tp, url } = await listening(t, ['A'])
+  const names = ['.', '..', 'a%41b', 'aAb', 'a/b', 'x\ny']
+  const tools: Record<string, { handler: () => string }> = {}
+  for (const name of names) tools[name] = { handler: () => `handled ${name}` }
+  const plugin = createPlugin({ toolportUrl: url, source: 'plugin:names', logger: false, tools })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  await plugin.start()
+  const rows = tp.list('A').tools_by_role.A ?? []
+  assert.deepEqual(rows.map((row) => row.name).sort(), [...names].sort())
+  assert.equal(new Set(rows.map((row) => row.callback_url)).size, names.length, 'one callback URL per tool')
+  for (const name of names) {
+    const result = await tp.callTool('A', { name, arguments: {} })
+    assert.equal(result.is_error, false, `${JSON.stringify(name)}: ${result.error ?? ''}`)
+    assert.equal(result.output, `handled ${name}`, JSON.stringify(name))
+  }
+})
+
 // The watch starts after start()'s registrations, so an event in between (an unregister, an
 // eviction, a Toolport restart) is published to no one: the watch's first `hello` runs a check,
 // which registers again whatever went missing meanwhile, without waiting for the next poll.

@@ -137,6 +137,17 @@ test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PL
     tools: { a: { handler } }
   }),
   { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  // JSON has no Infinity: sent, `{"maximum": Infinity}` would be `{"maximum": null}` (Toolport
+  // refuses a number outside a double's range as invalid_schema).
+  assert.throws(() => createPlugin({
+    toolportUrl: 'http://127.0.0.1:3917',
+    source: 'plugin:x',
+    tools: { a: { handler, parameters: { type: 'object', properties: { n: { type: 'number', maximum: Infinity } } } } }
+  }), (err: unknown) => {
+    assert.ok(err instanceof PluginError)
+    assert.deepEqual(err.details.map((d) => d.path), ['tools.a.parameters.properties.n.maximum'])
+    return true
+  })
 })
 
 test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and startTimeoutMs is 0', async () => {
