@@ -384,6 +384,38 @@ test('MCP: a client that disconnects (event stream closed, not reopened) is deta
   assert.equal(tp.roles.get('Lanlan').sessions().length, 0)
 })
 
+test('MCP: a session with a call still running is not ended as idle when the call\'s own stream drops', async (t) => {
+  const { tp, url } = await setup(t)
+  const server = await callbacks(t)
+  // No grace: a session whose event stream went away, with nothing else open, is ended at once.
+  const mcpOnly = await mcpOnlyApp(t, tp, { reconnectGraceMs: 0 })
+  await register(url, { name: 'slowish', callback_url: `${server.url}/sleep/300` })
+  const endpoint = `${mcpOnly.url}/mcp/Lanlan`
+  const post = async (body: unknown, headers: Record<string, string> = {}) => await httpRequest(endpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+    body: JSON.stringify(body)
+  })
+  const init = await post(INITIALIZE)
+  const session = { 'mcp-session-id': String(init.headers['mcp-session-id']), 'mcp-protocol-version': '2025-06-18' }
+  await init.body.dump()
+  await (await post({ jsonrpc: '2.0', method: 'notifications/initialized' }, session)).body.dump()
+  const events = await httpRequest(endpoint, { method: 'GET', headers: { ...session, accept: 'text/event-stream' } })
+  assert.equal(events.statusCode, 200)
+  const order: string[] = []
+  const finished = once(tp, 'call-finished').then(([event]) => { order.push(`call ${String(event.outcome)}`) })
+  const closed = once(mcpOnly.sessions, 'session-closed').then(([event]) => { order.push(`session ${String(event.reason)}`) })
+  const arrived = once(server.events, 'request')
+  const call = await post({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'slowish', arguments: {} } }, session)
+  await arrived
+  // The client goes quiet: its event stream and then the call's stream drop (a network blip).
+  events.body.destroy()
+  await new Promise((resolve) => setTimeout(resolve, 20))
+  call.body.destroy()
+  await Promise.all([finished, closed])
+  assert.deepEqual(order, ['call ok', 'session idle'], 'the call ran to its end, and only then did the idle session end')
+})
+
 test('MCP: closing the server ends every session, aborts its running calls and detaches it', async (t) => {
   const { tp, url, connect } = await setup(t)
   const server = await callbacks(t)

@@ -561,6 +561,7 @@ export class McpSession implements ModelSession {
       }
     } finally {
       if (this.#running.get(requestId) === signal) this.#running.delete(requestId)
+      if (this.#isInitialized) this.#armIdle()
     }
   }
 
@@ -611,8 +612,13 @@ export class McpSession implements ModelSession {
     this.#server.sendToolListChanged().catch(noop)
   }
 
+  /**
+   * Starts the idle timer once nothing is open and no call runs: a call whose own stream dropped
+   * (a network blip) still runs, and its client may resume that stream to get the answer.
+   */
   #armIdle (): void {
-    if (this.#isClosed || this.#streams > 0 || this.#requests > 0) return
+    if (this.#isClosed || this.#streams > 0 || this.#requests > 0 || this.#running.size > 0) return
+    clearTimeout(this.#idleTimer)
     const ms = this.#hadStream ? this.#options.reconnectGraceMs : this.#options.idleTimeoutMs
     this.#idleTimer = setTimeout(closeIdle, ms, this)
     this.#idleTimer.unref()
