@@ -26,6 +26,7 @@ import {
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import { MCP_SERVER_INFO, mcpInstructions } from './sessions/mcp-info.js'
 import { RoleNotFoundError } from './errors.js'
+import { roleNameSchema } from './config.js'
 import { noop } from '../shared/util.js'
 
 export interface BridgeOptions {
@@ -89,11 +90,34 @@ export async function startBridge (options: BridgeOptions): Promise<Bridge> {
   return bridge
 }
 
+/**
+ * A bridge option that can never work: `setting` names it, the message says why (and is meant to
+ * follow the name the caller gave the setting, e.g. `--url` or `TOOLPORT_URL`).
+ */
+export class BridgeSettingError extends TypeError {
+  readonly setting: 'url' | 'role'
+
+  constructor (setting: 'url' | 'role', message: string) {
+    super(message)
+    this.setting = setting
+  }
+}
+
 /** `<base>/mcp/<role>`, keeping a path prefix the base URL may have. */
 export function bridgeEndpoint (url: string, role: string): URL {
-  const base = new URL(url)
+  let base: URL
+  try {
+    base = new URL(url)
+  } catch {
+    throw new BridgeSettingError('url', `is not a URL (got ${JSON.stringify(url)})`)
+  }
   if (base.protocol !== 'http:' &&
-    base.protocol !== 'https:') throw new TypeError(`--url must be http or https (got ${url})`)
+    base.protocol !== 'https:') throw new BridgeSettingError('url', `must be http or https (got ${url})`)
+  // The rule of the role names a Toolport accepts: `..` would name the server root here, not a role.
+  const checked = roleNameSchema.safeParse(role)
+  if (!checked.success) {
+    throw new BridgeSettingError('role', `${JSON.stringify(role)} is not a role name: ${checked.error.issues[0]?.message ?? 'invalid'}`)
+  }
   if (!base.pathname.endsWith('/')) base.pathname += '/'
   return new URL(`mcp/${encodeURIComponent(role)}`, base)
 }

@@ -62,7 +62,8 @@ export interface CliIo {
 
 /**
  * Runs `toolport <argv>` and resolves with the exit code; never rejects (a failure is a message on
- * `io.stderr` and a non-zero code: 2 for a usage or input mistake, 1 otherwise).
+ * `io.stderr` and a non-zero code: 2 for a usage or input mistake, a bad setting included however
+ * it was given (flag, variable or config file: TP_ERR_CONFIG), 1 otherwise).
  *
  * @example
  * const code = await main(['serve', '--port', '0'], { stdin, stdout, stderr, env: {}, stop: controller.signal })
@@ -97,7 +98,8 @@ function report (err: unknown, io: CliIo): number {
   }
   if (isToolportError(err)) {
     io.stderr.write(`toolport: ${err.message} (${err.code})\n`)
-    return 1
+    // Every TP_ERR_CONFIG here comes from the settings: an input mistake, as `--port abc` is.
+    return err.code === 'TP_ERR_CONFIG' ? 2 : 1
   }
   io.stderr.write(`toolport: ${errorText(err)}\n`)
   return 1
@@ -125,18 +127,21 @@ async function mcp (args: string[], io: CliIo): Promise<number> {
   }
   if (flags.role === undefined || flags.role === '') throw new UsageError('mcp needs --role NAME')
   const envUrl = io.env.TOOLPORT_URL
-  const url = flags.url ?? (envUrl !== undefined && envUrl !== '' ? envUrl : 'http://127.0.0.1:3917')
+  const fromEnv = flags.url === undefined && envUrl !== undefined && envUrl !== ''
+  const url = flags.url ?? (fromEnv ? envUrl : 'http://127.0.0.1:3917')
   const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
   const headers: Record<string, string> = {}
   if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${readTokenFile(tokenFile)}`
-  const { startBridge } = await import('./cli-bridge.js')
+  const { BridgeSettingError, startBridge } = await import('./cli-bridge.js')
   let bridge
   try {
     bridge = await startBridge({
       role: flags.role, url, headers, stdin: io.stdin, stdout: io.stdout, log: (line) => io.stderr.write(`${line}\n`)
     })
   } catch (err) {
-    if (err instanceof TypeError) throw new UsageError(err.message)
+    if (err instanceof BridgeSettingError) {
+      throw new UsageError(`${err.setting === 'role' ? '--role' : fromEnv ? 'TOOLPORT_URL' : '--url'} ${err.message}`)
+    }
     throw err
   }
   const stop = (): void => { bridge.close().catch(noop) }
@@ -166,9 +171,10 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   const [{ optionsFromEnv, parseOptions }, { Toolport }, { createLogger }, { applyServerV8Flags }] = await Promise.all([
     import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')
   ])
-  const options: Record<string, unknown> = {}
   const configFile = flags.config ?? io.env.TOOLPORT_CONFIG
-  if (configFile !== undefined && configFile !== '') Object.assign(options, readConfigFile(configFile))
+  // The file's object itself, not copied onto another: an own `__proto__` key stays a key (that
+  // the schema refuses, as the library does) instead of becoming the options' prototype.
+  const options = configFile !== undefined && configFile !== '' ? readConfigFile(configFile) : {}
   mergeOptions(options, optionsFromEnv(io.env))
   if (flags.host !== undefined) options.host = flags.host
   if (flags.port !== undefined) {
@@ -184,8 +190,12 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     mergeOptions(options,
       { security: { token: readTokenFile(tokenFile) } })
   }
-  if (!Array.isArray(options.roles) || options.roles.length === 0) options.roles = ['default']
-  options.logger ??= 'info'
+  // The CLI's defaults fill only what no source set: a bad value (`"roles": "A"`, `"logger":
+  // null`) is left for the schema to report.
+  if (options.roles === undefined || (Array.isArray(options.roles) && options.roles.length === 0)) {
+    options.roles = ['default']
+  }
+  if (options.logger === undefined) options.logger = 'info'
 
   // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
   const settings = parseOptions(options)
@@ -246,6 +256,8 @@ function readConfigFile (file: string): Record<string, unknown> {
   } catch (err) {
     throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
   }
+  // A leading byte order mark (some editors write one) is not part of the JSON.
+  if (text.startsWith('\uFEFF')) text = text.slice(1)
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
@@ -255,12 +267,17 @@ function readConfigFile (file: string): Record<string, unknown> {
   }
 }
 
-/** Shallow-merges one level of nested option groups (dispatch, security, limits). */
+/**
+ * Shallow-merges one level of nested option groups (dispatch, security, limits). A group that is
+ * set but not an object (`"dispatch": "inline"` in the config file) is kept as it is, for the
+ * schema to report, rather than replaced by the group merged into it.
+ */
 function mergeOptions (target: Record<string, unknown>, source: Record<string, unknown>): void {
   for (const [key, value] of Object.entries(source)) {
     const current = target[key]
-    if (isPlainObject(current) && isPlainObject(value)) target[key] = { ...current, ...value }
-    else target[key] = value
+    if (isPlainObject(value) && current !== undefined) {
+      if (isPlainObject(current)) target[key] = { ...current, ...value }
+    } else target[key] = value
   }
 }
 

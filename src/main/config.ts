@@ -5,8 +5,13 @@
 import { z } from 'zod'
 import { ConfigError } from './errors.js'
 
-/** A role name: 1 to 128 characters. The one rule, used by the options and by `tp.roles.add`. */
+/**
+ * A role name: 1 to 128 characters, not `.` or `..` (a URL path cannot carry those as a segment,
+ * so `/mcp/<role>` could never reach the role). The one rule, used by the options, by
+ * `tp.roles.add` and by `toolport mcp --role`.
+ */
 export const roleNameSchema = z.string().min(1).max(128)
+  .refine((name) => name !== '.' && name !== '..', { message: 'a role cannot be named . or ..: URLs cannot name it' })
 
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
@@ -57,10 +62,17 @@ const securitySchema = z.strictObject({
    * Token mode: every request must carry `Authorization: Bearer <token>` (else 401). At least 32
    * bytes. The CLI reads it from a 0600 file (`--token-file`), never from argv.
    */
-  token: z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'must be at least 32 bytes' }).optional(),
+  token: z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'must be at least 32 bytes' })
+    .refine((t) => t.trim() === t, {
+      message: 'must not begin or end with whitespace: a client\'s Authorization header is read trimmed, so it could never match'
+    })
+    .optional(),
   /** Ownership mode: a registration may not replace a tool that another `source` owns. */
   enforceOwnership: z.boolean().default(false)
 })
+
+/** `limits.reservedConnections` when unset (and `maxConnections` leaves room for it). */
+const DEFAULT_RESERVED_CONNECTIONS = 64
 
 const limitsSchema = z.strictObject({
   /** Largest request body in bytes. */
@@ -93,9 +105,10 @@ const limitsSchema = z.strictObject({
   maxConnections: z.number().int().min(1).max(1_000_000).default(1024),
   /**
    * Connections kept free for new clients: from `maxConnections - reservedConnections` open
-   * connections on, each new one closes the longest-idle one (token holders' last).
+   * connections on, each new one closes the longest-idle one (token holders' last). Less than
+   * `maxConnections`; unset, 64 or `maxConnections - 1`, whichever is less (see the transform below).
    */
-  reservedConnections: z.number().int().min(0).max(1_000_000).default(64),
+  reservedConnections: z.number().int().min(0).max(1_000_000).optional(),
   /** Idle timeout of API sockets while the reserve is in use (else the 65 s keep-alive timeout). */
   pressureIdleTimeoutMs: z.number().int().min(10).max(600_000).default(2_000),
   /**
@@ -103,6 +116,19 @@ const limitsSchema = z.strictObject({
    * TP_ERR_LIMIT_EXCEEDED. The answer is streamed, so this bounds the time and bandwidth, not memory.
    */
   maxDefinitionsBytes: z.number().int().min(1024).max(16 * 1024 ** 3).default(1024 ** 3)
+}).transform((limits, ctx) => {
+  // The reserve must leave room for clients; the default one shrinks under a small `maxConnections`.
+  const reservedConnections = limits.reservedConnections ??
+    Math.min(DEFAULT_RESERVED_CONNECTIONS, limits.maxConnections - 1)
+  if (reservedConnections >= limits.maxConnections) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['reservedConnections'],
+      message: `must be less than limits.maxConnections (got ${reservedConnections} >= ${limits.maxConnections})`
+    })
+    return z.NEVER
+  }
+  return { ...limits, reservedConnections }
 })
 
 const mcpSchema = z.strictObject({
@@ -140,7 +166,10 @@ const eventsSchema = z.strictObject({
 /** Every option of `createToolport` and `toolport serve`. */
 export const optionsSchema = z.strictObject({
   /** Roles that exist from the start. */
-  roles: z.array(roleNameSchema).default([]),
+  roles: z.array(roleNameSchema).superRefine((names, ctx) => {
+    const twice = names.find((name, i) => names.indexOf(name) !== i)
+    if (twice !== undefined) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(twice)} is named more than once` })
+  }).default([]),
   /** Address `listen()` binds by default. */
   host: z.string().min(1).default('127.0.0.1'),
   /** Port `listen()` binds by default (0 = any free port). */

@@ -1,5 +1,6 @@
 // createToolport: a Runtime plus its HTTP server.
 import type { FastifyInstance } from 'fastify'
+import ipaddr from 'ipaddr.js'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
 import type { ToolportOptions } from './config.js'
@@ -34,10 +35,29 @@ export class Toolport extends Runtime {
     return this.#app
   }
 
-  /** Starts the HTTP server. A non-loopback address needs `security.allowNonLoopbackBind`. */
+  /**
+   * Starts the HTTP server. A non-loopback address needs `security.allowNonLoopbackBind`; bad
+   * arguments (a port outside 0..65535, an IPv4-mapped IPv6 host) are TP_ERR_CONFIG.
+   */
   async listen (options: ListenOptions = {}): Promise<ListenResult> {
-    const host = options.host ?? this.options.host
+    if (typeof options !== 'object' || options === null) {
+      throw new ConfigError(`listen(): the argument must be an object of { host, port } (got ${String(options)})`)
+    }
+    const given = options.host ?? this.options.host
     const port = options.port ?? this.options.port
+    if (typeof given !== 'string' || given === '') {
+      throw new ConfigError(`listen(): host must be a non-empty string (got ${describe(given)})`)
+    }
+    if (typeof port !== 'number' || !Number.isInteger(port) || port < 0 || port > 65_535) {
+      throw new ConfigError(`listen(): port must be an integer from 0 to 65535 (got ${describe(port)})`)
+    }
+    if (isIPv4MappedAddress(given)) {
+      // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
+      // answer could never be served.
+      throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
+    }
+    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
+    const host = given.toLowerCase() === 'localhost' ? 'localhost' : given
     if (!isLoopbackBindHost(host)) {
       if (!this.options.security.allowNonLoopbackBind) {
         throw new ConfigError(`refusing to bind ${host}: not a loopback address (set security.allowNonLoopbackBind to allow it)`)
@@ -62,6 +82,24 @@ export class Toolport extends Runtime {
 
 function isLoopbackBindHost (host: string): boolean {
   return host === 'localhost' || isLoopbackAddress(host)
+}
+
+/** True for an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`, `::ffff:7f00:1`, …). */
+function isIPv4MappedAddress (host: string): boolean {
+  if (!host.includes(':') || host.includes('%')) return false
+  let text: string
+  try {
+    // As in isLoopbackAddress: the WHATWG serialiser first, so that the IPv4-compatible form
+    // `::127.0.0.1` (not mapped) is not read as `::ffff:127.0.0.1` by ipaddr.js.
+    text = new URL(`http://[${host}]/`).hostname.slice(1, -1)
+  } catch {
+    return false
+  }
+  return ipaddr.IPv6.isValid(text) && ipaddr.IPv6.parse(text).isIPv4MappedAddress()
+}
+
+function describe (value: unknown): string {
+  return typeof value === 'string' ? JSON.stringify(value) : String(value)
 }
 
 /**

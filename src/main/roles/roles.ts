@@ -20,8 +20,9 @@ export class RoleManager {
 
   /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists. */
   add (name: string): Role {
-    if (!roleNameSchema.safeParse(name).success) {
-      throw new ConfigError('a role name must be a string of 1 to 128 characters')
+    const checked = roleNameSchema.safeParse(name)
+    if (!checked.success) {
+      throw new ConfigError(`role name: ${checked.error.issues[0]?.message ?? 'must be a string of 1 to 128 characters'}`)
     }
     if (this.#roles.has(name)) throw new RoleExistsError(name)
     const role = new Role(name, this.#options)
