@@ -143,7 +143,12 @@ function readEnvelope (body: Uint8Array, limits: ImageLimits, largeText: number)
   return mapped
 }
 
-/** R11's message: `error` (a string as-is, else its JSON), else the output, else a fixed text. */
+/**
+ * R11's message: `error` (a string as-is, else its JSON), else the output (a string as-is, else its
+ * JSON), else a fixed text. JSON is the reply's own text without whitespace: no parse and
+ * re-encode, whose recursion would depend on the thread's stack (a 5 000-level output encoded in
+ * a worker but not on the main thread).
+ */
 function envelopeError (body: Uint8Array, outputJson: string, outputKind: number | undefined): string {
   if (has(RootMember.error) && !isNull(body, RootMember.error)) {
     const start = scanner.memberStart[RootMember.error] as number
@@ -152,7 +157,7 @@ function envelopeError (body: Uint8Array, outputJson: string, outputKind: number
       const error = stringValue(body, start, end, scanner.memberEscaped[RootMember.error] === 1)
       if (error !== '') return error
     } else {
-      return safeStringify(JSON.parse(utf8Slice.decode(body.subarray(start, end))))
+      return compactJson(utf8Slice.decode(body.subarray(start, end)))
     }
   }
   if (outputJson !== '') {
@@ -160,7 +165,7 @@ function envelopeError (body: Uint8Array, outputJson: string, outputKind: number
       const output = JSON.parse(outputJson) as string
       if (output !== '') return output
     } else {
-      return safeStringify(JSON.parse(outputJson))
+      return compactJson(outputJson)
     }
   }
   return 'tool reported an error'
@@ -206,6 +211,29 @@ export function decodeReplyText (bytes: Uint8Array): string {
 function stringValue (body: Uint8Array, start: number, end: number, isEscaped: boolean): string {
   if (!isEscaped) return utf8Slice.decode(body.subarray(start + 1, end - 1))
   return JSON.parse(utf8Slice.decode(body.subarray(start, end))) as string
+}
+
+/**
+ * Validated JSON text without the whitespace between its tokens (strings kept as written), in one
+ * pass that needs no stack however deep the value.
+ */
+export function compactJson (json: string): string {
+  let out = ''
+  let from = 0
+  let inString = false
+  for (let i = 0; i < json.length; i++) {
+    const c = json.charCodeAt(i)
+    if (inString) {
+      if (c === 0x5c) i++ // \ escapes the next character
+      else if (c === 0x22) inString = false
+    } else if (c === 0x22) {
+      inString = true
+    } else if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) {
+      if (i > from) out += json.slice(from, i)
+      from = i + 1
+    }
+  }
+  return from === 0 ? json : out + json.slice(from)
 }
 
 /** JSON text of a value, or a JSON string saying it could not be encoded (too deep, BigInt). */

@@ -36,6 +36,15 @@ test('R11: is_error counts only when it is the JSON value true', () => {
   assert.equal(mapReply('{"is_error":true,"error":""}', J).toolError, 'tool reported an error')
 })
 
+test('R11: a non-string error or output is its message as the reply\'s JSON without whitespace, strings untouched, at any depth', () => {
+  assert.equal(mapReply('{"is_error":true,"output":{ "a" : [1, 2],\n "b": "x \\" y\\\\" }}', J).toolError, '{"a":[1,2],"b":"x \\" y\\\\"}')
+  assert.equal(mapReply('{"is_error":true,"error":{ "code" : 7 }}', J).toolError, '{"code":7}')
+  assert.equal(mapReply('{"is_error":true,"error":5}', J).toolError, '5')
+  // Deeper than JSON.stringify manages on a main thread's stack: the message is still the output.
+  const deep = '{"a":'.repeat(20_000) + '1' + '}'.repeat(20_000)
+  assert.equal(mapReply(`{"is_error":true,"output":${deep}}`, J).toolError, deep)
+})
+
 test('R12: non-JSON is text, an empty body is "", other JSON values are the output itself', () => {
   assert.deepEqual(mapReply('hello', 'text/plain'), { text: 'hello', textIsJson: false, toolError: '' })
   assert.deepEqual(mapReply('{broken', J), { text: '{broken', textIsJson: false, toolError: '' })

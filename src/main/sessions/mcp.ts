@@ -641,7 +641,11 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
     }
   }
   const out: CallToolResult = { content, isError: result.is_error }
-  if (!result.is_error && isPlainObject(result.output)) out.structuredContent = result.output
+  // A top-level `__proto__` key would not survive: the SDK re-validates the result, and zod's
+  // rebuilt object turns that key into a prototype. The text carries it.
+  if (!result.is_error && isPlainObject(result.output) && !Object.hasOwn(result.output, '__proto__')) {
+    out.structuredContent = result.output
+  }
   return out
 }
 
