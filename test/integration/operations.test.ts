@@ -171,7 +171,10 @@ test('the README configuration table lists every option, with its real default, 
   const defaults = parseOptions({}) as unknown as Record<string, unknown>
   const names: string[] = []
   for (const [key, value] of Object.entries(optionsSchema.shape)) {
-    const inner = (value as { def?: { innerType?: { shape?: Record<string, unknown> } } }).def?.innerType?.shape
+    // A group is an object schema with defaults, possibly piped through a transform (limits).
+    type Shaped = { shape?: Record<string, unknown>, def?: { in?: { shape?: Record<string, unknown> } } }
+    const innerType = (value as { def?: { innerType?: Shaped } }).def?.innerType
+    const inner = innerType?.shape ?? innerType?.def?.in?.shape
     if (inner !== undefined) {
       for (const sub of Object.keys(inner)) names.push(`${key}.${sub}`)
     } else {
