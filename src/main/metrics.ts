@@ -104,9 +104,11 @@ export class Metrics {
       calls.inc(event.role, outcome === 'unknown_tool' ? '(unknown)' : event.name, outcome)
       callSeconds.observe(outcome, event.durationMs / 1000)
     })
-    source.events.on('origin-evicted', (event) => {
-      evictions.inc()
-      evictedTools.inc(event.tools.length * Math.max(1, event.roles.length))
+    source.events.on('origin-evicted', () => { evictions.inc() })
+    // One `tool-removed` per registration an eviction removed: `origin-evicted` names the tools
+    // and the roles, not which tool was in which role.
+    source.events.on('tool-removed', (event) => {
+      if (event.reason === 'evicted') evictedTools.inc()
     })
     source.events.on('sync-finished', (event) => {
       syncSeconds.observe({ role: event.role }, event.durationMs / 1000)

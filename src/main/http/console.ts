@@ -84,7 +84,8 @@ export function registerConsole (app: FastifyInstance): void {
       cacheControl: false,
       allowedPath: (path) => path === '/uPlot.esm.js' || path === '/uPlot.min.css'
     })
-    child.get('/ui/vendor/eventsource-parser.js', function parserRoute (_request: FastifyRequest, reply: FastifyReply) {
+    child.get('/ui/vendor/eventsource-parser.js', { schema: { hide: true } }, function parserRoute (
+      _request: FastifyRequest, reply: FastifyReply) {
       return reply.sendFile('index.js', parserDir)
     })
     child.get('/ui', { schema: { hide: true } }, function consoleRedirectRoute (_request: FastifyRequest,

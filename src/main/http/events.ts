@@ -9,7 +9,7 @@ import { StreamFullError, validationError } from '../errors.js'
 import { parseOrThrow } from '../schemas.js'
 import { observerOf } from '../observe/observer.js'
 import { STREAM_EVENT_TYPES, type EventFilter } from '../observe/event-hub.js'
-import { ERROR_BODY_JSON_SCHEMA as errorBody } from './openapi.js'
+import { ERROR_BODY_JSON_SCHEMA as errorBody, errors, jsonSchema, textBody } from './openapi.js'
 
 const eventsQuerySchema = z.object({
   /** Only events that concern this role (`hello` always comes). */
@@ -41,13 +41,11 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
     schema: {
       summary: 'Live events (Server-Sent Events): hello, registered, unregistered, cleared, evicted, sync, call, role-added, role-removed',
       tags: ['operations'],
-      produces: ['text/event-stream'],
+      querystring: jsonSchema(eventsQuerySchema, 'input'),
       response: {
-        200: { type: 'string', description: 'text/event-stream' },
-        401: errorBody,
-        403: errorBody,
-        422: errorBody,
-        503: errorBody
+        200: textBody('text/event-stream', 'the event stream (a HEAD answers its headers only)'),
+        ...errors(422),
+        503: { ...errorBody, description: 'every subscriber slot is taken (TP_ERR_STREAM_FULL)' }
       }
     }
   }, function eventsRoute (request: FastifyRequest, reply: FastifyReply) {
@@ -67,6 +65,11 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
       // Tells a buffering reverse proxy (nginx) to pass events through at once.
       'x-accel-buffering': 'no'
     })
+    // A HEAD gets the GET's checks and headers, and no stream: it never takes a subscriber's slot.
+    if (request.method === 'HEAD') {
+      res.end()
+      return
+    }
     res.socket?.setNoDelay(true)
     const unsubscribe = observer.hub.subscribe(res, filter, typeof lastEventId === 'string' ? lastEventId : undefined)
     open.set(res, unsubscribe)

@@ -6,19 +6,124 @@
 // TP_ERR_* shape; errors of the MCP protocol itself (no or unknown session, a body that is not
 // JSON) answer JSON-RPC errors with the statuses the MCP transport specifies, so MCP clients
 // react as they should (a 404 for a session makes them start a new one).
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { ServerResponse } from 'node:http'
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest, FastifySchema } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError, isToolportError } from '../errors.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
 import { loadMcpSdk } from '../sessions/mcp-sdk.js'
 import { errorText } from '../../shared/util.js'
 import { handleError } from './error-handler.js'
+import { ERROR_BODY_JSON_SCHEMA, documentationOnly, errors } from './openapi.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
 const RPC_BAD_REQUEST = -32000
 const RPC_SESSION_NOT_FOUND = -32001
 const RPC_PARSE_ERROR = -32700
 const RPC_INVALID_REQUEST = -32600
+
+/** A JSON-RPC message (request, notification or response) as the document describes it. */
+const RPC_MESSAGE = {
+  type: 'object',
+  properties: { jsonrpc: { type: 'string', const: '2.0' } },
+  required: ['jsonrpc']
+}
+
+/** A JSON-RPC error of the MCP transport (the SDK's or the endpoint's own). */
+const RPC_ERROR = {
+  type: 'object',
+  properties: {
+    jsonrpc: { type: 'string', const: '2.0' },
+    error: {
+      type: 'object',
+      properties: { code: { type: 'integer' }, message: { type: 'string' }, data: {} },
+      required: ['code', 'message']
+    },
+    id: { type: ['string', 'number', 'null'] }
+  },
+  required: ['jsonrpc', 'error', 'id']
+}
+
+/** An error answer of the endpoint: a JSON-RPC error, or a TP_ERR_* body (an unknown role, …). */
+function mcpError (description: string, rpcOnly = false): Record<string, unknown> {
+  return rpcOnly
+    ? { ...RPC_ERROR, description }
+    : { description, anyOf: [ERROR_BODY_JSON_SCHEMA, RPC_ERROR] }
+}
+
+const MCP_ERRORS: Record<number, Record<string, unknown>> = {
+  ...errors(),
+  400: mcpError('no valid Mcp-Session-Id (start with an initialize request), a body that is not JSON or not ' +
+    'JSON-RPC, an unsupported MCP-Protocol-Version (JSON-RPC errors)'),
+  404: mcpError('unknown role (TP_ERR_ROLE_NOT_FOUND), or an unknown or ended session (JSON-RPC error -32001: ' +
+    'start a new session)'),
+  406: mcpError('the Accept header lacks application/json and text/event-stream (POST) or text/event-stream (GET)',
+    true),
+  409: mcpError('the session\'s event stream is already open', true),
+  413: mcpError('body too large or too deep (JSON-RPC error -32600, `data.code` TP_ERR_BODY_TOO_LARGE or ' +
+    'TP_ERR_JSON_TOO_DEEP)', true),
+  415: mcpError('the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)'),
+  500: mcpError('the request failed inside the server (JSON-RPC error -32603)'),
+  503: mcpError('too many MCP sessions with requests in flight, or the server is closing')
+}
+
+function mcpErrors (...statuses: number[]): Record<number, Record<string, unknown>> {
+  const out: Record<number, Record<string, unknown>> = {}
+  for (const status of [401, 403, 400, 404, 500, ...statuses]) out[status] = MCP_ERRORS[status]!
+  return out
+}
+
+const SESSION_HEADERS = {
+  type: 'object',
+  properties: {
+    'mcp-session-id': {
+      type: 'string',
+      description: 'the session, from the initialize answer\'s Mcp-Session-Id; absent on the initialize request only'
+    }
+  }
+}
+
+/**
+ * The document's view of the endpoint (docs/protocol.md "MCP endpoint"); the MCP SDK's transport
+ * answers, so the schemas describe and never validate or serialize (`documentationOnly`).
+ */
+const MCP_ROUTE_SCHEMAS: Record<'POST' | 'GET' | 'DELETE', FastifySchema> = {
+  POST: {
+    summary: 'MCP Streamable HTTP: a JSON-RPC message of the role\'s MCP session (initialize opens one)',
+    tags: ['tools'],
+    headers: SESSION_HEADERS,
+    body: { anyOf: [RPC_MESSAGE, { type: 'array', items: RPC_MESSAGE }], description: 'a JSON-RPC message or a batch' },
+    response: {
+      200: {
+        description: 'the JSON-RPC answer, as JSON or as an event stream',
+        content: {
+          'application/json': { schema: { anyOf: [RPC_MESSAGE, { type: 'array', items: RPC_MESSAGE }] } },
+          'text/event-stream': { schema: { type: 'string' } }
+        }
+      },
+      202: { type: 'null', description: 'notifications or responses only: accepted, no body' },
+      ...mcpErrors(406, 413, 415, 503)
+    }
+  },
+  GET: {
+    summary: 'MCP Streamable HTTP: the session\'s event stream of server messages',
+    tags: ['tools'],
+    headers: SESSION_HEADERS,
+    response: {
+      200: { description: 'the event stream', content: { 'text/event-stream': { schema: { type: 'string' } } } },
+      ...mcpErrors(406, 409)
+    }
+  },
+  DELETE: {
+    summary: 'MCP Streamable HTTP: end the session',
+    tags: ['tools'],
+    headers: SESSION_HEADERS,
+    response: {
+      200: { type: 'null', description: 'the session ended (no body)' },
+      ...mcpErrors(413, 415)
+    }
+  }
+}
 
 /**
  * Registers `POST|GET|DELETE /mcp/:role` on `app`. Every session ends when the app closes.
@@ -69,6 +174,7 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     for (const [name, value] of Object.entries(reply.getHeaders())) {
       if (value !== undefined) reply.raw.setHeader(name, value)
     }
+    keepNoStore(reply.raw)
     reply.hijack()
     try {
       await session.handle(request.raw, reply.raw, request.body)
@@ -83,11 +189,35 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     }
   }
 
-  const routeOptions = { errorHandler: mcpErrorHandler }
-  app.post('/mcp/:role', routeOptions, mcpRoute)
-  app.get('/mcp/:role', routeOptions, mcpRoute)
-  app.delete('/mcp/:role', routeOptions, mcpRoute)
+  const routeOptions = { errorHandler: mcpErrorHandler, serializerCompiler: documentationOnly }
+  app.post('/mcp/:role', { ...routeOptions, schema: MCP_ROUTE_SCHEMAS.POST }, mcpRoute)
+  app.get('/mcp/:role', { ...routeOptions, schema: MCP_ROUTE_SCHEMAS.GET }, mcpRoute)
+  app.delete('/mcp/:role', { ...routeOptions, schema: MCP_ROUTE_SCHEMAS.DELETE }, mcpRoute)
   return sessions
+}
+
+/**
+ * The SDK's transport answers its event streams with `Cache-Control: no-cache, no-transform`;
+ * every answer says `no-store` (SECURITY.md). Its other headers (`X-Accel-Buffering`, …) stay.
+ */
+function keepNoStore (res: ServerResponse): void {
+  const writeHead = res.writeHead
+  res.writeHead = function writeHeadNoStore (this: ServerResponse, ...args: unknown[]): ServerResponse {
+    const last = args.length - 1
+    const headers = args[last]
+    if (Array.isArray(headers)) {
+      const kept: unknown[] = []
+      for (let i = 0; i + 1 < headers.length; i += 2) {
+        if (String(headers[i]).toLowerCase() !== 'cache-control') kept.push(headers[i], headers[i + 1])
+      }
+      args[last] = [...kept, 'cache-control', 'no-store']
+    } else if (headers !== null && typeof headers === 'object') {
+      const kept = Object.entries(headers).filter(([name]) => name.toLowerCase() !== 'cache-control')
+      args[last] = { ...Object.fromEntries(kept), 'cache-control': 'no-store' }
+    }
+    this.setHeader('cache-control', 'no-store')
+    return Reflect.apply(writeHead, this, args) as ServerResponse
+  } as ServerResponse['writeHead']
 }
 
 /**

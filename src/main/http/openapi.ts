@@ -24,8 +24,16 @@ export function jsonSchema (schema: z.ZodType, io: 'input' | 'output'): Record<s
  */
 export const ERROR_BODY_JSON_SCHEMA = jsonSchema(errorBodySchema, 'output')
 
+/**
+ * A response whose body is text of `mediaType`, for the document only: the route's error answers,
+ * documented as plain schemas, stay application/json.
+ */
+export function textBody (mediaType: string, description: string): Record<string, unknown> {
+  return { description, content: { [mediaType]: { schema: { type: 'string' } } } }
+}
+
 /** The error statuses every route can answer, with the guard's 401/403 and body errors. */
-function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
+export function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
   for (const status of [401, 403, ...statuses]) {
     out[status] = {
@@ -109,6 +117,19 @@ export function noValidation (): (data: unknown) => { value: unknown } {
 
 function passThrough (data: unknown): { value: unknown } {
   return { value: data }
+}
+
+/**
+ * The `serializerCompiler` of a route whose response schemas are for the document only: its
+ * answers are written with JSON.stringify, as a route without response schemas writes them (a
+ * schema's serializer would drop the properties it does not list).
+ */
+export function documentationOnly (): (data: unknown) => string {
+  return stringify
+}
+
+function stringify (data: unknown): string {
+  return JSON.stringify(data)
 }
 
 /**

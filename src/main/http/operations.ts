@@ -2,7 +2,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { healthSchema } from '../schemas.js'
-import { ERROR_BODY_JSON_SCHEMA as errorBody, jsonSchema } from './openapi.js'
+import { ERROR_BODY_JSON_SCHEMA as errorBody, errors, jsonSchema, textBody } from './openapi.js'
 
 export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime): void {
   const health = jsonSchema(healthSchema, 'output')
@@ -23,11 +23,9 @@ export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime)
     schema: {
       summary: 'Prometheus metrics: calls, dispatch latency (queue and callback), evictions, syncs, registry sizes, pool',
       tags: ['operations'],
-      produces: ['text/plain'],
       response: {
-        200: { type: 'string', description: 'Prometheus text exposition format' },
-        401: errorBody,
-        403: errorBody
+        200: textBody('text/plain', 'Prometheus text exposition format'),
+        ...errors()
       }
     }
   }, async function metricsRoute (_request: FastifyRequest, reply: FastifyReply) {
