@@ -10,6 +10,13 @@ const TOKEN_KEY = 'toolport.token'
 const THEME_KEY = 'toolport.theme'
 const MAX_CALL_ROWS = 60
 const STATS_EVERY_MS = 2000
+/** A registry event's read of the state waits this long (a burst of events makes one read). */
+const REFRESH_MS = 120
+/** A `call` event's read (the plugins' health, and calls not streamed) waits this long: one a second at most. */
+const CALL_REFRESH_MS = 1000
+/** A failed read of the state is tried again after 250 ms, then twice as long each time, up to 5 s. */
+const RETRY_FIRST_MS = 250
+const RETRY_MAX_MS = 5000
 /** Events after which the registry view is fetched again. */
 const REGISTRY_EVENTS = new Set(['registered', 'unregistered', 'cleared', 'evicted', 'sync', 'role-added',
   'role-removed'])
@@ -101,15 +108,16 @@ function outcomeBadge (outcome, isError) {
 // Registry view: roles, plugins, evictions
 
 let state = null
-let instanceId = null
 
+/** Reads the state and shows it; throws when the read fails (the caller tries again). */
 async function loadState () {
+  // `call` events after this one may come before or after the server wrote the state.
+  const eventsBefore = callEvents
   const { status, body } = await api('/api/console/state')
-  if (status !== 200 || body === null) return
+  if (status !== 200 || body === null) throw new Error(`GET /api/console/state: HTTP ${status}`)
   state = body
-  if (instanceId !== null && instanceId !== body.instance_id) $('calls').replaceChildren()
-  instanceId = body.instance_id
   renderState()
+  mergeCalls(body.calls, eventsBefore)
   playground.update(state.roles)
 }
 
@@ -125,9 +133,6 @@ function renderState () {
   renderRoles()
   renderOrigins()
   renderEvictions()
-  if ($('calls').children.length === 0) {
-    for (const call of state.calls) addCallRow(call, false)
-  }
 }
 
 function renderRoles () {
@@ -193,29 +198,110 @@ function renderEvictions () {
   $('evictions').replaceChildren(...(items.length === 0 ? [h('div', { className: 'empty' }, 'no evictions')] : items))
 }
 
+// Reads of the state: at most one in flight and one waiting (however many events ask), and a
+// failed one is tried again with a growing delay, the view marked stale meanwhile.
 let refreshTimer = null
-function scheduleStateRefresh () {
-  if (refreshTimer !== null) return
-  refreshTimer = setTimeout(() => {
-    refreshTimer = null
-    loadState().catch(() => {})
-  }, 120)
+let refreshAt = 0
+let reading = false
+/** The delay of the read asked for while one was in flight (null: none was). */
+let readAgain = null
+let retryMs = 0
+
+function scheduleStateRefresh (delay = REFRESH_MS) {
+  if (reading) {
+    readAgain = Math.min(readAgain ?? delay, delay)
+    return
+  }
+  // A read already waiting stays, unless this one is wanted sooner (never sooner than a retry's delay).
+  if (refreshTimer !== null && (retryMs > 0 || refreshAt <= Date.now() + delay)) return
+  clearTimeout(refreshTimer)
+  refreshAt = Date.now() + delay
+  refreshTimer = setTimeout(refreshState, delay)
+}
+
+async function refreshState () {
+  refreshTimer = null
+  reading = true
+  readAgain = null
+  try {
+    await loadState()
+    retryMs = 0
+  } catch {
+    retryMs = retryMs === 0 ? RETRY_FIRST_MS : Math.min(RETRY_MAX_MS, retryMs * 2)
+  } finally {
+    reading = false
+  }
+  setStale(retryMs > 0)
+  if (retryMs > 0) {
+    refreshAt = Date.now() + retryMs
+    refreshTimer = setTimeout(refreshState, retryMs)
+  } else if (readAgain !== null) {
+    scheduleStateRefresh(readAgain)
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Recent calls (from `call` events: metadata only)
+// Recent calls (metadata only): the state's `calls`, then the `call` events that came after it.
+// Events are never replayed, and not all are streamed (a call storm), so each read of the state
+// (after a reconnect too) sets the table again.
 
-function addCallRow (call, flash = true) {
-  const tbody = $('calls')
-  const row = h('tr', { className: flash ? 'flash' : '' },
-    h('td', { className: 'muted' }, clock(call.at ?? new Date().toISOString())),
+/** The calls shown, oldest first; each row is `rows.get(call)`. */
+let calls = []
+const rows = new WeakMap()
+/** `call` events received so far: the `seq` of each. */
+let callEvents = 0
+
+function callRow (call, flash) {
+  return h('tr', { className: flash ? 'flash' : '' },
+    h('td', { className: 'muted' }, clock(call.at)),
     h('td', {}, call.role),
     h('td', { className: 'mono' }, call.tool ?? '(unknown tool)'),
     h('td', {}, outcomeBadge(call.outcome, call.is_error)),
     h('td', { className: 'num' }, ms(call.duration_ms)),
     h('td', { className: 'num' }, String(call.bytes)))
+}
+
+function addCallEvent (data) {
+  const call = { ...data, at: new Date().toISOString(), seq: ++callEvents }
+  calls.push(call)
+  const row = callRow(call, true)
+  rows.set(call, row)
+  const tbody = $('calls')
   tbody.prepend(row)
+  if (calls.length > MAX_CALL_ROWS) calls = calls.slice(-MAX_CALL_ROWS)
   while (tbody.children.length > MAX_CALL_ROWS) tbody.lastElementChild.remove()
+}
+
+const callKey = (c) => JSON.stringify([c.role, c.tool, c.source ?? null, c.outcome, c.is_error, c.duration_ms, c.bytes])
+
+/**
+ * Sets the table to the state's calls (oldest first), then the events received since the read was
+ * sent (`seq` > `eventsBefore`) that the state does not hold yet. Those the state holds are the
+ * first of them (calls finish in one order), matched from its end; they keep their rows.
+ */
+function mergeCalls (stateCalls, eventsBefore) {
+  const late = calls.filter((c) => c.seq !== undefined && c.seq > eventsBefore)
+  const merged = stateCalls.map((c) => ({ ...c }))
+  let held = late.length
+  for (; held > 0; held--) {
+    let i = merged.length - 1
+    let k = held - 1
+    for (; k >= 0 && i >= 0; i--) if (callKey(merged[i]) === callKey(late[k])) k--
+    if (k < 0) break
+  }
+  // The events the state holds give their rows (and their place) to its entries.
+  for (let i = merged.length - 1, k = held - 1; k >= 0 && i >= 0; i--) {
+    if (callKey(merged[i]) === callKey(late[k])) merged[i] = late[k--]
+  }
+  calls = [...merged, ...late.slice(held)].slice(-MAX_CALL_ROWS)
+  $('calls').replaceChildren(...calls.map((call) => {
+    let row = rows.get(call)
+    if (row === undefined) {
+      row = callRow(call, false)
+      rows.set(call, row)
+    }
+    return row
+  }).reverse())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,7 +414,22 @@ async function loadStats () {
 
 let lastEventId = null
 
+let live = { kind: 'connecting', text: 'connecting' }
+let stale = false
+
+/** The stream's state, shown unless it is live and the last read of the state failed. */
 function setLive (kind, text) {
+  live = { kind, text }
+  showLive()
+}
+
+function setStale (value) {
+  stale = value
+  showLive()
+}
+
+function showLive () {
+  const [kind, text] = live.kind === 'live' && stale ? ['stale', 'live · view stale, retrying'] : [live.kind, live.text]
   $('live').dataset.state = kind
   $('live-text').textContent = text
 }
@@ -338,18 +439,23 @@ function onEvent (message) {
   const data = JSON.parse(message.data)
   if (message.event === 'hello') {
     setLive('live', 'live')
-    // A new instance, or a replay that could not cover the gap: fetch the whole view again.
-    if (data.instance_id !== instanceId || data.replay !== 'complete') scheduleStateRefresh()
+    // Fetch the whole view again, even when the replay is complete: `call` events are never
+    // replayed, and the calls made while the stream was down show only in the state.
+    scheduleStateRefresh()
     return
   }
   if (message.event === 'call') {
-    addCallRow({ ...data, at: new Date().toISOString() })
+    addCallEvent(data)
+    // The plugins' health (consecutive connection failures) changes with calls, and only the
+    // state says it; so does a call whose event was not streamed. One read a second at most.
+    scheduleStateRefresh(CALL_REFRESH_MS)
     return
   }
   if (REGISTRY_EVENTS.has(message.event)) scheduleStateRefresh()
 }
 
-async function streamOnce () {
+/** Reads the stream until it ends; `onOpen` once it is open. */
+async function streamOnce (onOpen) {
   const headers = authHeaders({ accept: 'text/event-stream' })
   if (lastEventId !== null) headers['last-event-id'] = lastEventId
   const res = await fetch('/api/events', { headers, cache: 'no-store' })
@@ -358,6 +464,7 @@ async function streamOnce () {
     return
   }
   if (!res.ok || res.body === null) throw new Error(`HTTP ${res.status}`)
+  onOpen()
   const parser = createParser({ onEvent })
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader()
   for (;;) {
@@ -370,11 +477,14 @@ async function streamOnce () {
 async function stream () {
   let failures = 0
   for (;;) {
+    // A stream that was open counts no failure when it breaks (a dropped connection ends it with
+    // an error): only attempts that never opened make the wait grow.
+    let opened = false
     try {
-      await streamOnce()
+      await streamOnce(() => { opened = true })
       failures = 0
     } catch {
-      failures++
+      failures = opened ? 0 : failures + 1
     }
     setLive(failures === 0 ? 'connecting' : 'down', failures === 0 ? 'reconnecting' : 'disconnected')
     await new Promise((resolve) => setTimeout(resolve, Math.min(10_000, 500 * 2 ** Math.min(failures, 5))))
@@ -409,7 +519,7 @@ async function main () {
     drawCharts()
   })
   window.addEventListener('resize', () => drawCharts())
-  await loadState()
+  await refreshState()
   await loadStats()
   setInterval(() => { loadStats().catch(() => {}) }, STATS_EVERY_MS)
   // Relative times ("12 s ago") age even without events.

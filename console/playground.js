@@ -133,7 +133,9 @@ export function setupPlayground ({ api, h }) {
     const args = {}
     for (const [name, field] of fields) {
       const value = field.read()
-      if (value !== undefined) args[name] = value
+      if (value === undefined) continue
+      // Defined, not assigned: `args[name] = value` sets no key for a property named `__proto__`.
+      Object.defineProperty(args, name, { value, enumerable: true, writable: true, configurable: true })
     }
     raw.value = JSON.stringify(args, null, 2)
     $('pg-raw-error').textContent = ''
@@ -152,7 +154,8 @@ export function setupPlayground ({ api, h }) {
       ? 'arguments must be a JSON object'
       : ''
     if ($('pg-raw-error').textContent !== '') return
-    for (const [name, field] of fields) field.write(args[name])
+    // Own keys only: `args.constructor`, `args.__proto__` … of an object without them are Object's.
+    for (const [name, field] of fields) field.write(Object.hasOwn(args, name) ? args[name] : undefined)
   }
 
   async function call (event) {

@@ -7,11 +7,15 @@ import { ConfigError } from './errors.js'
 
 /**
  * A role name: 1 to 128 characters, not `.` or `..` (a URL path cannot carry those as a segment,
- * so `/mcp/<role>` could never reach the role). The one rule, used by the options, by
- * `tp.roles.add` and by `toolport mcp --role`.
+ * so `/mcp/<role>` could never reach the role), and well-formed Unicode (a lone surrogate has no
+ * UTF-8 form: no URL can carry it). The one rule, used by the options, by `tp.roles.add` and by
+ * `toolport mcp --role`.
  */
 export const roleNameSchema = z.string().min(1).max(128)
   .refine((name) => name !== '.' && name !== '..', { message: 'a role cannot be named . or ..: URLs cannot name it' })
+  // `String.prototype.isWellFormed` is ES2024, beyond this project's lib: a code point of the
+  // Surrogate category is one that is not half of a pair.
+  .refine((name) => !/\p{Surrogate}/u.test(name), { message: 'a role name must be well-formed Unicode (no lone surrogates)' })
 
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
