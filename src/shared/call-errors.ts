@@ -13,7 +13,9 @@ const CONNECT_CODES = new Set([
 // Errors after the request was handed to a live connection: the reply broke or was not HTTP.
 const PROTOCOL_CODES = new Set([
   'UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE', 'ECONNABORTED', 'ETIMEDOUT', 'EPROTO',
-  'UND_ERR_RES_CONTENT_LENGTH_MISMATCH', 'UND_ERR_INFO', 'UND_ERR_NOT_SUPPORTED'
+  'UND_ERR_RES_CONTENT_LENGTH_MISMATCH', 'UND_ERR_INFO', 'UND_ERR_NOT_SUPPORTED',
+  // The reply's headers passed undici's header size limit (16 KiB by default).
+  'UND_ERR_HEADERS_OVERFLOW'
 ])
 // undici's own per-request timers; we set both to the remaining budget, so they are the deadline.
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT'])

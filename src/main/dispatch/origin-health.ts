@@ -7,7 +7,9 @@
 //
 // Each origin has an epoch that a reset or an eviction advances; a call records its outcome
 // against the epoch it was dispatched in, so failures of calls sent before a re-registration (or
-// before an eviction) can never count against the tools registered after it.
+// before an eviction) can never count against the tools registered after it. Epochs come from one
+// counter for all origins, so an origin forgotten and registered again never reuses an epoch that
+// calls still queued from before hold.
 import type { OutcomeKind } from '../../workers/protocol.js'
 
 interface OriginState {
@@ -18,6 +20,8 @@ interface OriginState {
 export class OriginHealth {
   readonly #origins = new Map<string, OriginState>()
   readonly #threshold: number
+  /** The last epoch handed out (0: an origin never registered). */
+  #lastEpoch = 0
 
   constructor (threshold: number) {
     this.#threshold = threshold
@@ -36,7 +40,7 @@ export class OriginHealth {
       if (state === undefined) {
         if (epoch !== 0) return false
         if (this.#threshold <= 1) {
-          this.#origins.set(origin, { failures: 0, epoch: 1 })
+          this.#origins.set(origin, { failures: 0, epoch: ++this.#lastEpoch })
           return true
         }
         this.#origins.set(origin, { failures: 1, epoch: 0 })
@@ -47,7 +51,7 @@ export class OriginHealth {
       if (state.failures < this.#threshold) return false
       // Evicting: later failures of calls already in flight belong to the old epoch.
       state.failures = 0
-      state.epoch++
+      state.epoch = ++this.#lastEpoch
       return true
     }
     if ((kind === 'ok' || kind === 'http') && state !== undefined && state.epoch === epoch) state.failures = 0
@@ -57,10 +61,10 @@ export class OriginHealth {
   /** A new registration at the origin: start counting afresh. */
   reset (origin: string): void {
     const state = this.#origins.get(origin)
-    if (state === undefined) this.#origins.set(origin, { failures: 0, epoch: 1 })
+    if (state === undefined) this.#origins.set(origin, { failures: 0, epoch: ++this.#lastEpoch })
     else {
       state.failures = 0
-      state.epoch++
+      state.epoch = ++this.#lastEpoch
     }
   }
 
