@@ -74,6 +74,14 @@ export class SourceOwners {
     if (this.#boundOwner(source) === undefined) this.#owners.set(source, owner)
   }
 
+  /**
+   * Releases the binding of `source` if it has no tool left. Call before adding a tool by a way
+   * that asks no owner (a host's local tool), so that it does not bring an ended binding back.
+   */
+  release (source: string): void {
+    this.#boundOwner(source)
+  }
+
   /** Forgets the bindings of sources that have no tool left (an unref'd sweep calls it). */
   sweep (): void {
     for (const source of this.#owners.keys()) {

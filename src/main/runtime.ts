@@ -108,7 +108,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     this.roles = new RoleManager({
       syncTimeoutMs: this.options.syncTimeoutMs,
       events: this,
-      schemaBudgets: this.options.limits
+      schemaBudgets: this.options.limits,
+      beforeLocalTool: (source) => { this.#owners.release(source) }
     })
     for (const name of this.options.roles) this.roles.add(name)
     this.metrics = this.options.metrics

@@ -34,7 +34,7 @@ export async function runLocalTool (entry: ToolEntry, args: unknown, role: strin
   signal?.addEventListener('abort', cancel, { once: true })
   const ran = (async (): Promise<ToolResult> => {
     try {
-      return outputResult(await handler(args, { role, callId, signal: controller.signal }))
+      return localResult(entry.name, await handler(args, { role, callId, signal: controller.signal }))
     } catch (err) {
       return errorResult(errorText(err))
     }
@@ -46,4 +46,22 @@ export async function runLocalTool (entry: ToolEntry, args: unknown, role: strin
     running.delete(cancel)
     signal?.removeEventListener('abort', cancel)
   }
+}
+
+/**
+ * A handler's value as a plugin's reply would carry it: the JSON value `JSON.stringify` makes of it
+ * (a Date is its string, a class instance or Map a plain object, `undefined` null), so that every
+ * session reads the same output and text. A value JSON cannot encode (a BigInt, a cycle, nesting
+ * past the stack) is a tool error, never a text that pretends to be the output.
+ */
+function localResult (name: string, value: unknown): ToolResult {
+  if (typeof value === 'string') return outputResult(value)
+  let json: string | undefined
+  try {
+    json = JSON.stringify(value)
+  } catch (err) {
+    return errorResult(`tool '${name}' returned an output that cannot be encoded as JSON (${errorText(err)})`)
+  }
+  if (json === undefined) return outputResult(null)
+  return outputResult(JSON.parse(json))
 }

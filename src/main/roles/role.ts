@@ -26,6 +26,11 @@ export interface RoleOptions {
   events: EventEmitter<ToolportEvents>
   /** Compile budgets of local tools' `parameters` (the runtime's `limits`). */
   schemaBudgets?: SchemaBudgets | undefined
+  /**
+   * Called in the turn a local tool of `source` is added, before it is: ownership mode releases a
+   * binding whose tools are all gone, which the local tool would otherwise bring back in force.
+   */
+  beforeLocalTool?: ((source: string) => void) | undefined
 }
 
 /**
@@ -46,11 +51,13 @@ export class Role {
   readonly #sync: RoleSync
   readonly #events: EventEmitter<ToolportEvents>
   readonly #schemaBudgets: SchemaBudgets
+  readonly #beforeLocalTool: ((source: string) => void) | undefined
 
   constructor (name: string, options: RoleOptions) {
     this.name = name
     this.#events = options.events
     this.#schemaBudgets = options.schemaBudgets ?? DEFAULT_SCHEMA_BUDGETS
+    this.#beforeLocalTool = options.beforeLocalTool
     this.#sync = new RoleSync({
       definitions: () => this.registry.definitions(),
       sessions: () => this.#sessionList
@@ -135,6 +142,7 @@ export class Role {
    */
   async registerLocalTool (options: LocalToolOptions): Promise<SyncOutcome> {
     const entry = await buildLocalEntry(options, this.#schemaBudgets)
+    this.#beforeLocalTool?.(entry.source)
     const previous = this.registry.set(entry)
     if (previous !== undefined) this.emitRemoved(previous, 'replaced')
     if (this.#events.listenerCount('tool-registered') > 0) {
@@ -186,11 +194,14 @@ export class Role {
 async function buildLocalEntry (options: LocalToolOptions, budgets: SchemaBudgets): Promise<ToolEntry> {
   // The registration rules, shared with the HTTP API; a bad field is a 422 naming it.
   const valid = parseOrThrow(localToolSchema, options)
-  const validator = await compileValidator(valid.parameters, budgets)
+  // A copy: the host may go on using its object (a schema builder reused for the next tool), and
+  // the schema listed and measured must stay the one compiled here.
+  const parameters = JSON.parse(JSON.stringify(valid.parameters)) as typeof valid.parameters
+  const validator = await compileValidator(parameters, budgets)
   return new ToolEntry({
     name: valid.name,
     description: valid.description,
-    parameters: valid.parameters,
+    parameters,
     source: valid.source,
     timeoutMs: Math.max(1, Math.round(valid.timeoutSeconds * 1000)),
     handler: options.handler,

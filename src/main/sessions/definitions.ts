@@ -129,16 +129,20 @@ const objectSchemas = new WeakMap<JsonSchemaObject, ObjectSchema>()
 
 /**
  * `parameters` with an object root, as every provider requires (MCP clients reject the whole
- * `tools/list` if one `inputSchema` is not `type: 'object'`). A schema that already is one is
- * returned as it is; otherwise a copy gets `type: 'object'` and loses a `properties` or `required`
- * that is malformed. The plugin's schema still validates the arguments at call time.
+ * `tools/list` if one `inputSchema` is not `type: 'object'`, or if a property's schema is not an
+ * object). A schema that already is one is returned as it is; otherwise a copy gets
+ * `type: 'object'`, a property schema `true` or `false` becomes its object form (`{}`,
+ * `{"not": {}}`: the same meaning), and a `properties` or `required` that is malformed is left out.
+ * The plugin's schema still validates the arguments at call time.
  */
 export function objectSchema (parameters: JsonSchemaObject): ObjectSchema {
   if (isObjectSchema(parameters)) return parameters
   let fixed = objectSchemas.get(parameters)
   if (fixed === undefined) {
     const copy: JsonSchemaObject = { ...parameters, type: 'object' }
-    if (!isPropertiesMap(copy.properties)) delete copy.properties
+    const properties = propertiesMap(copy.properties)
+    if (properties === undefined) delete copy.properties
+    else copy.properties = properties
     if (!isStringArray(copy.required)) delete copy.required
     fixed = copy as ObjectSchema
     objectSchemas.set(parameters, fixed)
@@ -158,6 +162,19 @@ function isPropertiesMap (value: unknown): boolean {
     if (typeof child !== 'object' || child === null) return false
   }
   return true
+}
+
+/** A `properties` map with boolean schemas in object form; undefined when it is not a map of schemas. */
+function propertiesMap (value: unknown): Record<string, unknown> | undefined {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return undefined
+  if (isPropertiesMap(value)) return value as Record<string, unknown>
+  const entries: Array<[string, unknown]> = []
+  for (const [name, child] of Object.entries(value)) {
+    if (typeof child === 'boolean') entries.push([name, child ? {} : { not: {} }])
+    else if (typeof child === 'object' && child !== null) entries.push([name, child])
+    else return undefined
+  }
+  return Object.fromEntries(entries) // own keys, `__proto__` too
 }
 
 function isStringArray (value: unknown): boolean {
