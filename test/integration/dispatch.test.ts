@@ -367,7 +367,8 @@ for (const mode of MODES) {
       assert.deepEqual(answers.empty, { is_error: false, output: '', text: '' })
       assert.equal((answers.broken as { is_error: boolean }).is_error, true)
       assert.equal((answers.broken as { output: unknown }).output, null)
-      assert.deepEqual(answers.nothing, { is_error: false, output: null, text: '' })
+      // A success's text is its output's JSON (docs/protocol.md "Model-visible result").
+      assert.deepEqual(answers.nothing, { is_error: false, output: null, text: 'null' })
     })
 
     test('keep-alive: 50 sequential calls reuse a few connections', async (t) => {

@@ -169,7 +169,7 @@ interface ExpectedImage { mime_type: string, data_base64: string, prompt?: strin
 interface Expected {
   is_error: boolean
   /** Exact error, or a prefix (for failures whose wording carries details). */
-  error?: { exact: string } | { prefix: string, includes?: string }
+  error?: { exact: string } | { prefix: string, includes?: string } | { jsonOf: unknown }
   output: unknown
   /** The text: exactly this string, or a JSON text that parses to this value. */
   text: { exact: string } | { json: unknown }
@@ -243,13 +243,17 @@ function envelope (reply: Record<string, unknown>): Expected {
 
 function errorEnvelope (reply: Record<string, unknown>, raw: unknown, seen: unknown): Expected {
   // "Without an `error` string, the output (or a fixed text) is the error message."
+  // A non-string output's message is its JSON text as the plugin wrote it, without whitespace.
   let message: string | undefined
+  let jsonOf = false
   if (typeof reply.error === 'string' && reply.error !== '') message = reply.error
+  else if (typeof raw === 'string' && raw !== '') message = raw
   else if (raw !== undefined && raw !== null && raw !== '') {
     try {
-      message = typeof raw === 'string' ? raw : JSON.stringify(raw)
+      JSON.stringify(raw)
+      jsonOf = true
     } catch {
-      // Too deep for this thread's JSON.stringify: the wording is Toolport's (both modes must agree).
+      // Too deep for this thread's JSON.stringify to compare: any message (both modes must agree).
     }
   }
   // "the error result's `output` is that value, else `null`"; the text carries `output` only when non-null.
@@ -258,7 +262,7 @@ function errorEnvelope (reply: Record<string, unknown>, raw: unknown, seen: unkn
   return {
     is_error: true,
     output: seen,
-    error: message === undefined ? { prefix: '' } : { exact: message },
+    error: message !== undefined ? { exact: message } : jsonOf ? { jsonOf: raw } : { prefix: '' },
     text: { json: text }
   }
 }
@@ -380,7 +384,16 @@ function checkResult (result: ToolResult, expected: Expected, where: string): vo
     assert.equal(typeof result.error, 'string', `${where}: error is a string`)
     const error = result.error as string
     if ('exact' in expected.error) assert.equal(error, expected.error.exact, `${where}: error`)
-    else {
+    else if ('jsonOf' in expected.error) {
+      // The output's JSON text as the plugin wrote it (so 9007199254740993 stays as written).
+      let parsed: unknown
+      try {
+        parsed = JSON.parse(error)
+      } catch {
+        assert.fail(`${where}: error ${JSON.stringify(error.slice(0, 200))} is not the output's JSON`)
+      }
+      assertSame(parsed, expected.error.jsonOf, `${where}: error is the output's JSON`)
+    } else {
       assert.ok(error.startsWith(expected.error.prefix), `${where}: error ${JSON.stringify(error.slice(0, 200))} starts with ${JSON.stringify(expected.error.prefix)}`)
       assert.ok(error !== '', `${where}: error is not empty`)
       if (expected.error.includes !== undefined) assert.ok(error.includes(expected.error.includes), `${where}: error mentions ${expected.error.includes}`)

@@ -62,6 +62,7 @@ function localResult (name: string, value: unknown): ToolResult {
   } catch (err) {
     return errorResult(`tool '${name}' returned an output that cannot be encoded as JSON (${errorText(err)})`)
   }
+  // Nothing returned (or a function, a symbol): null, as the plugin SDKs send it.
   if (json === undefined) return outputResult(null)
   return outputResult(JSON.parse(json))
 }
