@@ -87,6 +87,7 @@ const WEIGHTS = {
   'test/integration/results-properties.test.ts': 8,
   'test/integration/local-definitions-properties.test.ts': 7,
   'test/integration/ownership-properties.test.ts': 7,
+  'test/integration/transport-properties.test.ts': 7,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

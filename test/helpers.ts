@@ -310,17 +310,25 @@ export async function startHttp2Host (t: TestContext, tp: Toolport): Promise<{
   await host.listen({ host: '127.0.0.1', port: 0 })
   const address = host.server.address()
   const port = typeof address === 'object' && address !== null ? address.port : 0
-  const session = http2Connect(`http://127.0.0.1:${port}`)
+  // Like a browser: a session the server closed (after refusing a request, SECURITY.md) is
+  // replaced by a new one for the next request.
+  let session = http2Connect(`http://127.0.0.1:${port}`)
   t.after(() => session.close())
   async function request (headers: Record<string, string>, body?: string): Promise<Http2Reply> {
-    const stream = session.request(headers)
+    if (session.closed || session.destroyed) session = http2Connect(`http://127.0.0.1:${port}`)
+    const current = session
+    const stream = current.request(headers)
     stream.end(body)
     const [response] = await once(stream, 'response', { signal: AbortSignal.timeout(10_000) }) as
       [Http2Reply['headers']]
     stream.setEncoding('utf8')
     let text = ''
     for await (const chunk of stream) text += String(chunk)
-    return { statusCode: Number(response[':status']), headers: response, text }
+    const statusCode = Number(response[':status'])
+    if ((statusCode === 401 || statusCode === 403) && !current.closed && !current.destroyed) {
+      await once(current, 'close', { signal: AbortSignal.timeout(10_000) })
+    }
+    return { statusCode, headers: response, text }
   }
   return { port, request }
 }

@@ -1,6 +1,7 @@
 // Maps every error a route can raise to the JSON error body (docs/protocol.md "Errors of the API itself"):
 // `{ ok: false, statusCode, code, error, message, details? }` with a stable TP_ERR_* code.
 import { STATUS_CODES } from 'node:http'
+import type { Http2ServerRequest } from 'node:http2'
 import type { Socket } from 'node:net'
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify'
 import {
@@ -29,8 +30,22 @@ export function handleError (this: unknown, err: FastifyError, request: FastifyR
   }
   // A refused client (no token, not loopback, foreign Host/Origin, not the owner) keeps no socket:
   // an idle keep-alive connection it holds would count against limits.maxConnections.
-  if (mapped.statusCode === 401 || mapped.statusCode === 403) reply.header('connection', 'close')
+  if (mapped.statusCode === 401 || mapped.statusCode === 403) closeAfter(request, reply)
   reply.code(mapped.statusCode).type('application/json').send(errorBody(mapped))
+}
+
+/**
+ * Ends the client's connection after this answer: `Connection: close` on HTTP/1.x. HTTP/2 has no
+ * such header (RFC 9113 §8.2.2; Node warns and drops it), so a host's HTTP/2 session is closed
+ * instead once the answer is sent: it takes no new streams, and those in flight complete.
+ */
+function closeAfter (request: FastifyRequest, reply: FastifyReply): void {
+  if (request.raw.httpVersionMajor < 2) {
+    reply.header('connection', 'close')
+    return
+  }
+  const session = (request.raw as unknown as Http2ServerRequest).stream?.session
+  if (session !== undefined) reply.raw.once('finish', () => { if (!session.closed) session.close() })
 }
 
 /** fastify's setNotFoundHandler. */
