@@ -88,6 +88,7 @@ const WEIGHTS = {
   'test/integration/local-definitions-properties.test.ts': 7,
   'test/integration/ownership-properties.test.ts': 7,
   'test/integration/transport-properties.test.ts': 7,
+  'test/integration/lifecycle-properties.test.ts': 12,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

@@ -100,6 +100,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   /** Ownership mode: the owner each source is bound to. */
   readonly #owners: SourceOwners
   #closed = false
+  #closing: Promise<void> | undefined
 
   constructor (options: ToolportOptions = {}, logger?: Logger) {
     super()
@@ -414,8 +415,17 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /** Stops accepting calls, lets in-flight calls finish (up to `dispatch.closeGraceMs`), frees the pool. */
-  async close (): Promise<void> {
-    if (this.#closed) return
+  /**
+   * Closes the runtime: in-flight calls get `dispatch.closeGraceMs` to finish, the rest are
+   * answered as cancelled. Every call of close() returns the first one's promise: none resolves
+   * before the runtime is closed.
+   */
+  close (): Promise<void> {
+    this.#closing ??= this.#close()
+    return this.#closing
+  }
+
+  async #close (): Promise<void> {
     this.#closed = true
     clearInterval(this.#sweeper)
     // Local handlers run on this thread and cannot be waited for safely: answer them now.

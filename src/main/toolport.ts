@@ -7,6 +7,10 @@ import type { ToolportOptions } from './config.js'
 import { isLoopbackAddress } from '../shared/loopback.js'
 import { ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
+import { ClosedError } from './errors.js'
+import { answersSent } from './http/tools.js'
+import { closeObserverOf } from './observe/observer.js'
+import { noop } from '../shared/util.js'
 
 export interface ListenOptions {
   /** Address to bind (default: the `host` option, 127.0.0.1). */
@@ -28,6 +32,8 @@ export interface ListenResult {
  */
 export class Toolport extends Runtime {
   #app: FastifyInstance | null = null
+  #listening: Promise<unknown> | null = null
+  #closingAll: Promise<void> | undefined
 
   /** The fastify app serving the API (built on first use; `inject()` works without listening). */
   get app (): FastifyInstance {
@@ -40,6 +46,7 @@ export class Toolport extends Runtime {
    * arguments (a port outside 0..65535, an IPv4-mapped IPv6 host) are TP_ERR_CONFIG.
    */
   async listen (options: ListenOptions = {}): Promise<ListenResult> {
+    if (this.closed) throw new ClosedError()
     if (typeof options !== 'object' || options === null) {
       throw new ConfigError(`listen(): the argument must be an object of { host, port } (got ${String(options)})`)
     }
@@ -65,7 +72,11 @@ export class Toolport extends Runtime {
       this.log.warn({ host }, 'binding a non-loopback address; non-loopback clients are still refused (403)')
     }
     await this[kDispatchReady]
-    await this.app.listen({ host, port })
+    // close() may have begun meanwhile: it must not be left a server it does not know of.
+    if (this.closed) throw new ClosedError()
+    const listening = this.app.listen({ host, port })
+    this.#listening = listening
+    await listening
     this.app.server.maxConnections = this.options.limits.maxConnections
     const address = this.app.server.address()
     const realPort = typeof address === 'object' && address !== null ? address.port : port
@@ -73,10 +84,27 @@ export class Toolport extends Runtime {
     return { url: `http://${shownHost}:${realPort}`, host, port: realPort }
   }
 
-  /** Closes the HTTP server (if any), then the runtime. */
-  override async close (): Promise<void> {
-    if (this.#app !== null) await this.#app.close()
+  /**
+   * Closes the runtime, then the HTTP server (if any). The runtime first: tool calls in flight get
+   * `dispatch.closeGraceMs` to finish and the rest are answered as cancelled, and the call route
+   * sends those answers before the server ends event streams and MCP sessions and closes every
+   * connection. Requests meanwhile are answered 503 TP_ERR_CLOSED. Every call of close() returns
+   * the first one's promise.
+   */
+  override close (): Promise<void> {
+    this.#closingAll ??= this.#closeAll()
+    return this.#closingAll
+  }
+
+  async #closeAll (): Promise<void> {
     await super.close()
+    closeObserverOf(this)
+    if (this.#app === null) return
+    await this.#listening?.catch(noop)
+    // One turn for the call routes to send the answers the runtime's close gave their calls.
+    await new Promise((resolve) => setImmediate(resolve))
+    await answersSent(this, this.options.dispatch.closeGraceMs)
+    await this.#app.close()
   }
 }
 

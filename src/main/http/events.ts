@@ -5,7 +5,7 @@ import type { ServerResponse } from 'node:http'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { z } from 'zod'
 import type { Runtime } from '../runtime.js'
-import { StreamFullError, validationError } from '../errors.js'
+import { ClosedError, StreamFullError, validationError } from '../errors.js'
 import { parseOrThrow } from '../schemas.js'
 import { observerOf } from '../observe/observer.js'
 import { STREAM_EVENT_TYPES, type EventFilter } from '../observe/event-hub.js'
@@ -49,6 +49,7 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
       }
     }
   }, function eventsRoute (request: FastifyRequest, reply: FastifyReply) {
+    if (runtime.closed) throw new ClosedError()
     const query = parseOrThrow(eventsQuerySchema, request.query ?? {})
     const filter: EventFilter = { types: parseTypes(query.types), role: query.role ?? null }
     if (!observer.hub.hasRoom) throw new StreamFullError(String(runtime.options.events.maxSubscribers))

@@ -63,7 +63,40 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
       res[kCallCancel] = null
     }
     reply.type('application/json; charset=utf-8').send(toolResultBody(result))
+    // Answered while the runtime closes: the server waits for this answer before it closes the
+    // connections (a large one may still sit in the socket's buffer).
+    if (runtime.closed && !reply.raw.writableFinished) holdClose(runtime, reply.raw)
   })
+}
+
+const answersAtClose = new WeakMap<Runtime, Set<ServerResponse>>()
+
+function holdClose (runtime: Runtime, res: ServerResponse): void {
+  let answers = answersAtClose.get(runtime)
+  if (answers === undefined) answersAtClose.set(runtime, answers = new Set())
+  const held = answers
+  held.add(res)
+  res.once('close', () => { held.delete(res) })
+}
+
+/**
+ * Resolves once every tool-call answer written while `runtime` closed has been sent (or its
+ * connection closed), or after `ms`.
+ */
+export async function answersSent (runtime: Runtime, ms: number): Promise<void> {
+  const answers = answersAtClose.get(runtime)
+  if (answers === undefined || answers.size === 0) return
+  let timer: NodeJS.Timeout | undefined
+  const deadline = new Promise((resolve) => { timer = setTimeout(resolve, ms) })
+  const sent = Promise.all([...answers].map(async (res) => await new Promise((resolve) => {
+    if (res.writableFinished || res.destroyed) resolve(undefined)
+    else {
+      res.once('finish', resolve)
+      res.once('close', resolve)
+    }
+  })))
+  await Promise.race([sent, deadline])
+  clearTimeout(timer)
 }
 
 const kCallCancel = Symbol('toolport.callCancel')

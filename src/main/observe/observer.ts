@@ -203,3 +203,8 @@ export function observerOf (runtime: Runtime): Observer {
   }
   return observer
 }
+
+/** Ends the event streams of a runtime's observer, if it has one (the runtime has closed). */
+export function closeObserverOf (runtime: Runtime): void {
+  observers.get(runtime)?.close()
+}
