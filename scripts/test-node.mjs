@@ -89,6 +89,7 @@ const WEIGHTS = {
   'test/integration/ownership-properties.test.ts': 7,
   'test/integration/transport-properties.test.ts': 7,
   'test/integration/lifecycle-properties.test.ts': 12,
+  'test/integration/callback-security-properties.test.ts': 12,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

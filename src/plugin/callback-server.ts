@@ -16,7 +16,7 @@ import { createServer } from 'node:http'
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 import { z } from 'zod'
-import { isLoopbackHostname } from '../shared/loopback.js'
+import { isLoopbackAddress } from '../shared/loopback.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
 import { errorText } from '../shared/util.js'
 
@@ -121,6 +121,10 @@ export class CallbackServer {
 
   /** [status, text] when the request is not a Toolport call, else null. */
   #refusal (req: IncomingMessage): [number, string] | null {
+    // Node keeps the first of two Host (or Content-Type) headers; the Python SDK's parser refuses
+    // the request, as RFC 9112 §3.2 asks for Host. Judged on the raw lines, before either is read.
+    const duplicate = duplicateHeader(req.rawHeaders)
+    if (duplicate !== null) return [400, `more than one ${duplicate} header`]
     if (!isLoopbackHost(req.headers.host)) return [403, 'the Host header must name a loopback address']
     if (req.headers.origin !== undefined) return [403, 'browser requests are not accepted']
     const path = (req.url ?? '').split('?', 1)[0] as string
@@ -260,15 +264,43 @@ function deadlineOf (header: string | string[] | undefined, timeoutSeconds: numb
   return value > 0 ? value : Math.round(timeoutSeconds * 1000)
 }
 
-function isLoopbackHost (host: string | undefined): boolean {
-  if (host === undefined || host === '') return false
-  let hostname: string
-  try {
-    hostname = new URL(`http://${host}/`).hostname
-  } catch {
-    return false
+/** 'Host' or 'Content-Type' when the request has more than one such line, else null. */
+function duplicateHeader (rawHeaders: string[]): string | null {
+  let hosts = 0
+  let types = 0
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = (rawHeaders[i] as string).toLowerCase()
+    if (name === 'host' && ++hosts > 1) return 'Host'
+    if (name === 'content-type' && ++types > 1) return 'Content-Type'
   }
-  return isLoopbackHostname(hostname)
+  return null
+}
+
+/**
+ * A Host header the server answers: `localhost` (ASCII, any case), a dotted-decimal IPv4 address
+ * (four parts, no leading zeros; 127/8 checked below) or a bracketed IPv6 address (loopback checked
+ * below), then optionally `:` and a port. Nothing else: no userinfo, path, trailing dot, legacy
+ * IPv4 spelling (`127.1`, `0x7f.0.0.1`) or space. The Python SDK's `_HOST_HEADER`
+ * (python/src/toolport_plugin/_loopback.py) is the same expression.
+ */
+const HOST_HEADER = /^(?:localhost|((?:0|[1-9][0-9]{0,2})(?:\.(?:0|[1-9][0-9]{0,2})){3})|\[([0-9a-f:.]+)\])(?::([0-9]{1,5}))?$/i
+
+/**
+ * True when a Host header names loopback: `localhost`, a dotted-decimal 127/8 address or a
+ * bracketed `::1` (or `::ffff:127.x.y.z`), with an optional port of 1 to 65535. Parsed here rather
+ * than by the WHATWG URL parser, which reads userinfo and paths and normalises `127.1`.
+ */
+function isLoopbackHost (host: string | undefined): boolean {
+  const match = HOST_HEADER.exec(host ?? '')
+  if (match === null) return false
+  const [, ipv4, ipv6, port] = match
+  if (port !== undefined && !(Number(port) >= 1 && Number(port) <= 65535)) return false
+  if (ipv4 !== undefined) {
+    const parts = ipv4.split('.').map(Number)
+    return parts[0] === 127 && parts.every((part) => part <= 255)
+  }
+  if (ipv6 !== undefined) return ipv6.includes(':') && isLoopbackAddress(ipv6)
+  return true
 }
 
 /**

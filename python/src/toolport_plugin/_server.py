@@ -15,6 +15,11 @@ rebinding), a browser's Origin header is refused, and bodies must be ``applicati
 A tool's callback URL is ``<origin>/<secret>/tools/<name, percent-encoded>`` as in the TypeScript
 SDK (but ``=.`` and ``=..`` for the names ``.`` and ``..``); the server routes by the raw path,
 decoded once, so every 1–64 character name reaches its own handler.
+
+aiohttp's connection handler is replaced by ``_RequestHandler``: its answer to a request it cannot
+parse quotes the raw bytes around the error (which can hold an earlier call's arguments), and it
+logs them with a traceback at ERROR level; ours answers a fixed text and logs neither. It also
+parses one request at a time, so a call is answered before a malformed request behind it.
 """
 from __future__ import annotations
 
@@ -24,10 +29,15 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, unquote
 
 from aiohttp import web
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.http_parser import HttpRequestParser
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
 
 from ._loopback import is_loopback_host_header
 from ._results import error_reply, exception_reply, output_reply
@@ -93,7 +103,7 @@ class CallbackServer:
             app = web.Application(client_max_size=self._max_body_bytes)
             # Every path: the SDK routes by name itself (_handle). "[\s\S]", as "." misses a line feed.
             app.router.add_route("*", r"/{tail:[\s\S]*}", self._handle)
-            self._runner = web.AppRunner(
+            self._runner = _AppRunner(
                 app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
             )
             await self._runner.setup()
@@ -205,6 +215,63 @@ class CallbackServer:
             self._log.debug("tool %r (call %s) raised %s", tool.name, ctx.call_id, type(err).__name__, exc_info=True)
             return exception_reply(err)
         return output_reply(result)
+
+
+class _RequestHandler(RequestHandler):
+    """aiohttp's connection handler, but for requests it cannot parse: a fixed answer that quotes
+    nothing of the request, and nothing of it logged. It parses one request at a time (aiohttp's
+    own flow control with a queue of one), so a request that fails to parse does not discard a
+    complete call read before it (aiohttp drops every request of a read that ends in a parse error):
+    the call is answered first, then the 400, and the connection closes."""
+
+    def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
+        if hasattr(self, "_max_msg_queue_size"):  # aiohttp >= 3.14; older ones parse a whole read
+            self._max_msg_queue_size = 1
+            self._msg_queue_resume_size = 0
+            self._parser = HttpRequestParser(
+                self, loop, kwargs.get("read_bufsize", DEFAULT_CHUNK_SIZE), max_line_size=self.max_line_size,
+                max_field_size=self.max_field_size, max_headers=self.max_headers,
+                payload_exception=RequestPayloadError,
+                auto_decompress=kwargs.get("auto_decompress", True), max_msg_queue_size=1,
+            )
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's message quotes the request's bytes: only the exception's type is logged.
+        self.logger.debug("refused a request with %d (%s)", status, type(exc).__name__ if exc else "no details")
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was sent already")
+        try:
+            text = HTTPStatus(status).phrase
+        except ValueError:
+            text = "error"
+        response = web.Response(status=status, text=text)
+        response.force_close()
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # An exception escaping the SDK's own handler (a bug in the SDK, not the tool's): its type at
+        # ERROR, its traceback (whose text may hold call data) at DEBUG, as for a tool's exception.
+        exc_info = kw.get("exc_info")
+        kind = type(exc_info).__name__ if isinstance(exc_info, BaseException) else "no details"
+        self.logger.error("internal error in the plugin SDK (%s)", kind)
+        self.logger.debug("the internal error's traceback", exc_info=exc_info or True)
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _AppRunner(web.AppRunner):
+    """``web.AppRunner`` serving with ``_RequestHandler`` (aiohttp has no option naming the
+    connection handler's class): the server it makes, rebuilt as a ``_Server``."""
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()
+        return _Server(made.request_handler, request_factory=made.request_factory,
+                       handler_cancellation=made.handler_cancellation, loop=asyncio.get_running_loop(), **made._kwargs)
 
 
 def _raw_path(request: web.Request) -> str:
