@@ -679,6 +679,8 @@ async function runOwnershipOps (tp: Toolport, url: string, plugin: string, owner
     const what = `step ${step} ${JSON.stringify(op)} (ownership ${String(ownership)})`
     switch (op.op) {
       case 'local': {
+        // A binding whose tools are all gone has ended: the host's tool does not bring it back.
+        model.bound(op.source)
         const outcome = await tp.roles.get(op.role).registerLocalTool({
           name: op.name, source: op.source, handler: () => `local/${op.role}/${op.name}/${op.source}`
         })
@@ -1020,7 +1022,7 @@ test('property: definitions of random registries agree in every format with tool
 })
 
 // ---------------------------------------------------------------------------------------------
-// Cases the properties found, shrunk. Each fails until the bug it documents is fixed.
+// Cases the properties found, shrunk; each failed on the code before its fix.
 
 /** A listening Toolport with role A, local tool `t` whose handler returns `make()`, and an MCP client. */
 async function oneLocalTool (t: TestContext, make: () => unknown): Promise<{ tp: Toolport, url: string, mcp: Client }> {
@@ -1047,7 +1049,7 @@ test('a local tool that returns a class instance answers MCP tools/call with the
   const lib = await tp.callTool('A', { name: 't', arguments: {} })
   assert.deepEqual({ is_error: lib.is_error, text: lib.text }, { is_error: false, text: '{"temperature_c":28,"sky":"clear"}' })
   const answer = await mcpCall(mcp)
-  // Today: "MCP error -32602: Invalid tools/call result: … expected record, received Forecast" (the
+  // Before the fix: "MCP error -32602: Invalid tools/call result: … expected record, received Forecast" (the
   // raw handler value goes out as structuredContent; the SDK's result schema refuses it).
   assert.equal(answer.error, undefined, 'tools/call failed')
   assert.deepEqual(answer.result.content, [{ type: 'text', text: lib.text }])
@@ -1059,7 +1061,7 @@ test('a local tool that returns a Date (or anything whose JSON is a string) answ
   const { tp, url, mcp } = await oneLocalTool(t, () => new Date(0))
   const http = await httpCall(url, { role: 'A', name: 't', arguments: {} })
   assert.equal(http.status, 200)
-  // Today: {"is_error":false,"output":"1970-01-01T00:00:00.000Z","text":"\"1970-01-01T00:00:00.000Z\""}
+  // Before the fix: {"is_error":false,"output":"1970-01-01T00:00:00.000Z","text":"\"1970-01-01T00:00:00.000Z\""}
   const body = http.body as Json
   assert.ok(typeof body.output === 'string' ? body.text === body.output : sameJson(JSON.parse(body.text), body.output),
     `output ${JSON.stringify(body.output)} and text ${JSON.stringify(body.text)} disagree`)
@@ -1082,7 +1084,7 @@ test('a local tool whose output cannot be encoded as JSON (a BigInt member, a cy
     assert.equal(http.body.text, lib.text, label)
     assert.equal(http.body.is_error, lib.is_error, label)
     const answer = await mcpCall(mcp)
-    // Today: BigInt → "MCP error -32603: the response was too large to keep for a resumed stream";
+    // Before the fix: BigInt → "MCP error -32603: the response was too large to keep for a resumed stream";
     // cycle → isError true, "the tool's output is nested more than 4096 levels deep".
     assert.equal(answer.error, undefined, `${label}: tools/call failed`)
     assert.deepEqual({ text: answer.result.content[0].text, isError: answer.result.isError },
@@ -1097,7 +1099,7 @@ test('a local tool whose handler returns nothing answers the same output (null) 
   const { tp, url } = await oneLocalTool(t, () => undefined)
   const lib = await tp.callTool('A', { name: 't', arguments: {} })
   const http = await httpCall(url, { role: 'A', name: 't', arguments: {} })
-  // Today: callTool {output: undefined, text: ""}, the route {"output":null,"text":""}.
+  // Before the fix: callTool {output: undefined, text: ""}, the route {"output":null,"text":""}.
   assert.equal(http.body.text, lib.text)
   assert.deepEqual(http.body.output, lib.output, 'the route and callTool answer different outputs')
   // docs/protocol.md "Model-visible result": a success's text is its output's JSON; nothing
@@ -1115,7 +1117,7 @@ test('ownership mode: a binding that ended with its source\'s last tool does not
   assert.equal(gone.removed, true)
   // plugin:p1 has no tool left: its binding to K1 has ended.
   await tp.roles.get('A').registerLocalTool({ name: 'y', source: 'plugin:p1', handler: () => 'y' })
-  // Today: 403 TP_ERR_NOT_OWNER, the ended binding to K1 revived by the host's tool.
+  // Before the fix: 403 TP_ERR_NOT_OWNER, the ended binding to K1 revived by the host's tool.
   const second = await tp.register({ name: 'z', source: 'plugin:p1', callback_url: 'http://127.0.0.1:9/z' }, { pluginKey: k2 })
     .catch((err: { code?: string }) => ({ ok: false, error: err.code }))
   assert.equal(second.ok, true, `K2's registration: ${JSON.stringify(second)}`)
@@ -1128,7 +1130,7 @@ test('definitions keep a `properties` map whose subschemas are booleans (valid J
   const res = await api(url, 'POST', '/api/tools/register', { name: 'search', parameters: registered, callback_url: `${url}/never` })
   assert.equal(res.body.ok, true)
   const anthropic = await api(url, 'GET', '/api/tools/definitions?role=A&format=anthropic')
-  // Today: input_schema {type: 'object', required: ['location']}: `properties` dropped.
+  // Before the fix: input_schema {type: 'object', required: ['location']}: `properties` dropped.
   assert.deepStrictEqual(anthropic.body.tools[0].input_schema, parameters)
   const mcp = new Client({ name: 'local-definitions-regressions', version: '1.0.0' })
   await mcp.connect(new StreamableHTTPClientTransport(new URL(`${url}/mcp/A`)))
@@ -1147,7 +1149,7 @@ test('a host that changes a local tool\'s parameters object after registering it
   // The host goes on using its object (e.g. a schema builder it reuses for the next tool).
   parameters.properties.q.description = 'x'.repeat(100)
   const second = await getRaw(`${url}/api/tools/definitions?role=A&format=mcp`)
-  // Today: the size measured for the snapshot is reused, the body is cut at the old
+  // Before the fix: the size measured for the snapshot is reused, the body is cut at the old
   // Content-Length, mid-JSON ("…{"type":"string","desc").
   let body: any
   assert.doesNotThrow(() => { body = JSON.parse(second.raw.toString('utf8')) }, `not JSON: …${second.raw.toString('utf8').slice(-60)}`)
