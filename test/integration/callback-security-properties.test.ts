@@ -654,7 +654,7 @@ test('Toolport API (smuggling property): a hostile registration pipelined or hid
   assert.deepEqual(after.statuses, [200])
 })
 
-// ---- Regressions: bugs the properties found (left failing until fixed) -------------------------
+// ---- Regressions: bugs the properties found (each failed before its fix) ----------------------------
 
 /** Toolport's call to `target`, with `hosts` as its Host header lines and `types` as its Content-Type lines. */
 function callWith (target: Target, m: string, hosts: string[], types = ['application/json']): Buffer {

@@ -809,7 +809,7 @@ test('R13: an HTTP error reply between connection failures resets the count (REA
 })
 
 // ---------------------------------------------------------------------------------------------
-// Regressions (left failing until fixed): the first found by the property above, the second by
+// Regressions (each failed on the code before its fix): the first found by the property above, the second by
 // reading src/main/dispatch/origin-health.ts and its sweep in src/main/runtime.ts
 
 for (const mode of MODES) {

@@ -1067,7 +1067,7 @@ test('a local tool that returns a Date (or anything whose JSON is a string) answ
     `output ${JSON.stringify(body.output)} and text ${JSON.stringify(body.text)} disagree`)
   const lib = await tp.callTool('A', { name: 't', arguments: {} })
   assert.equal(lib.text, body.text, 'callTool and the route read the same text')
-  // And MCP answers a result too (today: -32602 "expected record, received Date").
+  // And MCP answers a result too (before the fix: -32602 "expected record, received Date").
   const answer = await mcpCall(mcp)
   assert.equal(answer.error, undefined, 'tools/call failed')
   assert.equal(answer.result.content[0].text, lib.text)

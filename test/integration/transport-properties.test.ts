@@ -19,7 +19,7 @@
 // and what SECURITY.md "Refused clients keep no socket" means for an h2 client. Toolport must not
 // make Node emit an UnsupportedWarning (a header HTTP/2 cannot carry) on any answer.
 //
-// The tests at the end are the bugs this file found, shrunk to one case each (left failing).
+// The tests at the end are the bugs this file found, shrunk to one case each (each failed on the code before its fix).
 // TP_PROPERTY_RUNS=5 multiplies the runs of the property.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
