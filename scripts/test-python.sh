@@ -3,7 +3,8 @@
 #
 # Needs python3 >= 3.10 (else it skips, exit 0, saying so). Installs python/requirements-test.txt
 # into python/.venv (gitignored; reinstalled when the requirements change), builds dist/ when it
-# is missing or older than src/, and runs pytest; extra arguments go to pytest.
+# is missing or older than src/, and runs pytest; extra arguments go to pytest (`--setup-only`
+# stops after the venv is ready).
 set -euo pipefail
 here="${BASH_SOURCE[0]%/*}"
 [ "$here" != "${BASH_SOURCE[0]}" ] || here=.
@@ -39,6 +40,11 @@ if ! cmp -s python/requirements-test.txt "$venv/.requirements-test.txt"; then
   echo "== python: installing python/requirements-test.txt into $venv ($("$venv/bin/python" --version))"
   "$venv/bin/python" -m pip install --quiet -r python/requirements-test.txt
   cp python/requirements-test.txt "$venv/.requirements-test.txt"
+fi
+# `--setup-only`: the venv is ready; `npm test` runs this first, because Node tests start a
+# Python plugin from it while pytest runs.
+if [ "${1:-}" = "--setup-only" ]; then
+  exit 0
 fi
 
 bash scripts/build-if-stale.sh

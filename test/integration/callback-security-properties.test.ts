@@ -125,7 +125,8 @@ async function startWorld (t: TestContext): Promise<World> {
       if (message.ran !== undefined) pyRan.push(message.ran)
     }
   })
-  await waitFor(`the Python plugin starts (stderr: ${stderr})`, () => pyUrl !== '', 20_000)
+  // A hang guard, generous for a loaded CI machine (Python starts, imports aiohttp, registers).
+  await waitFor(`the Python plugin starts (stderr: ${stderr})`, () => pyUrl !== '', 120_000)
   const tsUrl = new URL(plugin.callbackUrl('probe'))
   const py = new URL(pyUrl)
   const world: World = {
@@ -140,7 +141,7 @@ async function startWorld (t: TestContext): Promise<World> {
     const m = `baseline-${target.sdk}`
     const reply = await exchange(target.port, wellFormed(target, { marker: m }), 3000)
     assert.deepEqual(reply.statuses, [200], `${target.sdk}: the baseline call: ${reply.raw.slice(0, 300)}`)
-    await waitFor(`${target.sdk}: the baseline call's handler run`, () => target.ran.includes(m), 3000)
+    await waitFor(`${target.sdk}: the baseline call's handler run`, () => target.ran.includes(m), 30_000)
   }
   return world
 }
@@ -150,7 +151,7 @@ async function assertToolportCallWorks (w: World, target: Target, m: string): Pr
   const result = await within(w.toolport.tp.callTool(target.sdk === 'ts' ? 'A' : 'B',
     { name: 'probe', call_id: `c-${m}`, arguments: { x: m } }), `${target.sdk}: Toolport's call`, 10_000)
   assert.equal(result.is_error, false, `${target.sdk}: Toolport's own call after the hostile requests: ${JSON.stringify(result)}`)
-  await waitFor(`${target.sdk} records ${m}`, () => target.ran.includes(m), 3000)
+  await waitFor(`${target.sdk} records ${m}`, () => target.ran.includes(m), 30_000)
 }
 
 // ---- Raw HTTP ----------------------------------------------------------------------------------
@@ -176,7 +177,10 @@ async function exchange (port: number, data: Buffer | Buffer[], idleMs = 700, ga
     if (gapMs > 0 && i < chunks.length - 1) await sleep(gapMs)
   }
   state.last = Date.now()
-  while (!state.closed && Date.now() - state.last < idleMs) await Promise.race([ended, sleep(25)])
+  // Quiet for idleMs after the answer began (or 3 × idleMs before any byte, for a loaded machine
+  // that is slow to answer at all): the answer is complete, or the server waits for more.
+  const quiet = (): number => received.length === 0 ? 3 * idleMs : idleMs
+  while (!state.closed && Date.now() - state.last < quiet()) await Promise.race([ended, sleep(25)])
   socket.destroy()
   const raw = Buffer.concat(received).toString('latin1')
   const statuses = [...raw.matchAll(/HTTP\/1\.[01] (\d{3}) [A-Za-z]/g)].map((m) => Number(m[1])).filter((s) => s !== 100)
@@ -415,7 +419,8 @@ Promise<{ ran: boolean, reply: Exchange }> {
   const reply = await exchange(target.port, data, 700, slow ? 20 : 0)
   // The handler prints before the answer is written; for Python the line crosses a pipe.
   if (reply.statuses.includes(200)) {
-    await waitFor(`${target.sdk}: the handler's run for ${m}`, () => target.ran.includes(m), 3000).catch(() => {})
+    // A 200 means the handler ran; its line may be slow to cross the pipe on a loaded machine.
+    await waitFor(`${target.sdk}: the handler's run for ${m}`, () => target.ran.includes(m), 20_000).catch(() => {})
   } else if (target.sdk === 'py') {
     await sleep(30)
   }
@@ -591,7 +596,7 @@ test('callback servers (smuggling property): a hostile request hidden behind or 
       const h = marker(`${target.sdk}h`)
       const s = smuggle(shape, pluginLegit(target), callBody(l), Buffer.concat(render(hostile, target, h)), l, h)
       const reply = await within(exchange(target.port, s.data, 700), `${target.sdk} ${what}`, 15_000)
-      if (reply.statuses.includes(200)) await waitFor(`${target.sdk}: a handler run`, () => target.ran.includes(l) || target.ran.includes(h), 3000).catch(() => {})
+      if (reply.statuses.includes(200)) await waitFor(`${target.sdk}: a handler run`, () => target.ran.includes(l) || target.ran.includes(h), 20_000).catch(() => {})
       if (target.sdk === 'py') await sleep(30)
       for (const m of s.never) assert.ok(!target.ran.includes(m), `${target.sdk}: ${what}: the hidden hostile request reached the handler`)
       ran[target.sdk] = s.either.map((m) => target.ran.includes(m))
@@ -734,7 +739,7 @@ test('callback servers (regressions)', { skip: pythonMissing, timeout: FAILING_T
         `Content-Length: ${Buffer.byteLength(body)}`].join('\r\n') + '\r\n\r\n' + body)
       const hostless = Buffer.from(`POST ${target.prefix}probe HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`)
       const reply = await exchange(target.port, Buffer.concat([call, hostless]), 700)
-      await waitFor(`${target.sdk}: the call's handler run`, () => target.ran.includes(m), 1500).catch(() => {})
+      await waitFor(`${target.sdk}: the call's handler run`, () => target.ran.includes(m), 20_000).catch(() => {})
       if (!target.ran.includes(m)) problems.push(`${target.sdk}: the first call never reached its handler`)
       if (reply.statuses[0] !== 200) problems.push(`${target.sdk}: answered ${JSON.stringify(reply.statuses)}`)
     }
