@@ -29,6 +29,7 @@ import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
 import { kDispatchMode, kDispatchReady, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
+import { closeObserverOf } from './observe/observer.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
@@ -414,11 +415,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     return this.#finish(role, entry.name, callId, started, outcome.kind, result, entry.source, outcome.bytes)
   }
 
-  /** Stops accepting calls, lets in-flight calls finish (up to `dispatch.closeGraceMs`), frees the pool. */
   /**
-   * Closes the runtime: in-flight calls get `dispatch.closeGraceMs` to finish, the rest are
-   * answered as cancelled. Every call of close() returns the first one's promise: none resolves
-   * before the runtime is closed.
+   * Closes the runtime: stops accepting calls, gives in-flight calls `dispatch.closeGraceMs` to
+   * finish and answers the rest as cancelled, ends the event streams, frees the pool. Every call of
+   * close() returns the first one's promise: none resolves before the runtime is closed.
    */
   close (): Promise<void> {
     this.#closing ??= this.#close()
@@ -432,6 +432,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const cancel of [...this.#localCalls]) cancel()
     await this.#dispatcher.close()
     await Promise.allSettled([...this.#background])
+    // Event streams end with the runtime, also those of a host's app that stays up.
+    closeObserverOf(this)
   }
 
   get closed (): boolean { return this.#closed }

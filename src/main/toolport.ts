@@ -1,15 +1,12 @@
 // createToolport: a Runtime plus its HTTP server.
 import type { FastifyInstance } from 'fastify'
-import ipaddr from 'ipaddr.js'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
 import type { ToolportOptions } from './config.js'
-import { isLoopbackAddress } from '../shared/loopback.js'
-import { ConfigError } from './errors.js'
+import { isIPv4MappedAddress, isLoopbackAddress } from '../shared/loopback.js'
+import { ClosedError, ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
-import { ClosedError } from './errors.js'
 import { answersSent } from './http/tools.js'
-import { closeObserverOf } from './observe/observer.js'
 import { noop } from '../shared/util.js'
 
 export interface ListenOptions {
@@ -98,7 +95,6 @@ export class Toolport extends Runtime {
 
   async #closeAll (): Promise<void> {
     await super.close()
-    closeObserverOf(this)
     if (this.#app === null) return
     await this.#listening?.catch(noop)
     // One turn for the call routes to send the answers the runtime's close gave their calls.
@@ -110,20 +106,6 @@ export class Toolport extends Runtime {
 
 function isLoopbackBindHost (host: string): boolean {
   return host === 'localhost' || isLoopbackAddress(host)
-}
-
-/** True for an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`, `::ffff:7f00:1`, …). */
-function isIPv4MappedAddress (host: string): boolean {
-  if (!host.includes(':') || host.includes('%')) return false
-  let text: string
-  try {
-    // As in isLoopbackAddress: the WHATWG serialiser first, so that the IPv4-compatible form
-    // `::127.0.0.1` (not mapped) is not read as `::ffff:127.0.0.1` by ipaddr.js.
-    text = new URL(`http://[${host}]/`).hostname.slice(1, -1)
-  } catch {
-    return false
-  }
-  return ipaddr.IPv6.isValid(text) && ipaddr.IPv6.parse(text).isIPv4MappedAddress()
 }
 
 function describe (value: unknown): string {

@@ -15,25 +15,9 @@ import ipaddr from 'ipaddr.js'
  * isLoopbackAddress('::ffff:127.0.0.1') // true
  */
 export function isLoopbackAddress (address: string | undefined | null): boolean {
-  if (typeof address !== 'string' || address.length === 0 || address.includes('%')) return false
-  let text = address
-  if (text.includes(':')) {
-    // ipaddr.js 2.5 reads the deprecated IPv4-compatible form `::127.0.0.1` (= ::7f00:1, not
-    // loopback) as if it were IPv4-mapped `::ffff:127.0.0.1`. Let the WHATWG serialiser write the
-    // address in hex first; it keeps `::ffff:` only where it really is there.
-    try {
-      text = new URL(`http://[${text}]/`).hostname.slice(1, -1)
-    } catch {
-      return false
-    }
-  }
-  if (!ipaddr.isValid(text)) return false
-  let parsed: ipaddr.IPv4 | ipaddr.IPv6
-  try {
-    parsed = ipaddr.parse(text)
-  } catch {
-    return false
-  }
+  if (typeof address !== 'string') return false
+  const parsed = parseAddress(address)
+  if (parsed === undefined) return false
   if (parsed.kind() === 'ipv6') {
     const v6 = parsed as ipaddr.IPv6
     if (v6.isIPv4MappedAddress()) return v6.toIPv4Address().range() === 'loopback'
@@ -42,6 +26,37 @@ export function isLoopbackAddress (address: string | undefined | null): boolean 
   // ipaddr.isValid accepts legacy IPv4 forms ("127.1", "0x7f.1"); Node never reports those for a
   // socket, and a peer address must be exact, so insist on four decimal parts.
   return ipaddr.IPv4.isValidFourPartDecimal(address) && parsed.range() === 'loopback'
+}
+
+/**
+ * True for an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`, `::ffff:7f00:1`, …); the
+ * IPv4-compatible form `::127.0.0.1` is not one.
+ */
+export function isIPv4MappedAddress (address: string): boolean {
+  const parsed = parseAddress(address)
+  return parsed !== undefined && parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()
+}
+
+/** An address as ipaddr.js reads it; undefined when it is empty, zone-scoped or not an address. */
+function parseAddress (address: string): ipaddr.IPv4 | ipaddr.IPv6 | undefined {
+  if (address.length === 0 || address.includes('%')) return undefined
+  let text = address
+  if (text.includes(':')) {
+    // ipaddr.js 2.5 reads the deprecated IPv4-compatible form `::127.0.0.1` (= ::7f00:1, not
+    // loopback) as if it were IPv4-mapped `::ffff:127.0.0.1`. Let the WHATWG serialiser write the
+    // address in hex first; it keeps `::ffff:` only where it really is there.
+    try {
+      text = new URL(`http://[${text}]/`).hostname.slice(1, -1)
+    } catch {
+      return undefined
+    }
+  }
+  if (!ipaddr.isValid(text)) return undefined
+  try {
+    return ipaddr.parse(text)
+  } catch {
+    return undefined
+  }
 }
 
 /** Why a callback URL was refused; `undefined` means accepted. */

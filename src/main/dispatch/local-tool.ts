@@ -64,5 +64,7 @@ function localResult (name: string, value: unknown): ToolResult {
   }
   // Nothing returned (or a function, a symbol): null, as the plugin SDKs send it.
   if (json === undefined) return outputResult(null)
-  return outputResult(JSON.parse(json))
+  const output: unknown = JSON.parse(json)
+  // The text is that JSON already (outputResult would encode the output again), a string as-is.
+  return typeof output === 'string' ? outputResult(output) : { is_error: false, output, text: json }
 }

@@ -1,5 +1,6 @@
 // The /api/tools routes (docs/protocol.md "Routes") and POST /api/tools/call.
 import type { ServerResponse } from 'node:http'
+import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { MutationOptions, Runtime } from '../runtime.js'
 import { PluginKeyRequiredError } from '../errors.js'
@@ -69,34 +70,22 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
   })
 }
 
+/** Per runtime, the call answers written while it closed and not yet out ('close': sent or cut). */
 const answersAtClose = new WeakMap<Runtime, Set<ServerResponse>>()
 
 function holdClose (runtime: Runtime, res: ServerResponse): void {
   let answers = answersAtClose.get(runtime)
   if (answers === undefined) answersAtClose.set(runtime, answers = new Set())
-  const held = answers
-  held.add(res)
-  res.once('close', () => { held.delete(res) })
+  answers.add(res)
+  res.once('close', () => { answers.delete(res) })
 }
 
-/**
- * Resolves once every tool-call answer written while `runtime` closed has been sent (or its
- * connection closed), or after `ms`.
- */
+/** Resolves once every answer `holdClose` holds for `runtime` is out, or after `ms`. */
 export async function answersSent (runtime: Runtime, ms: number): Promise<void> {
   const answers = answersAtClose.get(runtime)
   if (answers === undefined || answers.size === 0) return
-  let timer: NodeJS.Timeout | undefined
-  const deadline = new Promise((resolve) => { timer = setTimeout(resolve, ms) })
-  const sent = Promise.all([...answers].map(async (res) => await new Promise((resolve) => {
-    if (res.writableFinished || res.destroyed) resolve(undefined)
-    else {
-      res.once('finish', resolve)
-      res.once('close', resolve)
-    }
-  })))
-  await Promise.race([sent, deadline])
-  clearTimeout(timer)
+  const out = Promise.all([...answers].map(async (res) => await new Promise((resolve) => res.once('close', resolve))))
+  await Promise.race([out, sleep(ms, undefined, { ref: false })])
 }
 
 const kCallCancel = Symbol('toolport.callCancel')
