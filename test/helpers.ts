@@ -6,11 +6,14 @@
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
 import { statSync } from 'node:fs'
+import type { Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { connect as http2Connect } from 'node:http2'
 import fastify from 'fastify'
+import fc from 'fast-check'
 import type { TestContext } from 'node:test'
 import { request as httpRequest } from 'undici'
 import { createToolport, toolportPlugin, type Toolport, type ToolportOptions } from '../src/main/index.js'
@@ -138,6 +141,21 @@ export async function callbackServer (t: TestContext): Promise<CallbackServer> {
   const server = await startCallbackServer()
   t.after(() => server.close())
   return server
+}
+
+/**
+ * Starts `server` listening on 127.0.0.1 on a free port, and closes it when the test ends: first
+ * `beforeClose` (to end what the server holds), then close() with every connection closed at
+ * once. Its origin, `http://127.0.0.1:<port>`.
+ */
+export async function listenOnLoopback (t: TestContext, server: Server, beforeClose?: () => void): Promise<string> {
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  t.after(() => new Promise<void>((resolve) => {
+    beforeClose?.()
+    server.close(() => resolve())
+    server.closeAllConnections()
+  }))
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`
 }
 
 /** Registers over real HTTP and asserts that it was accepted (HTTP 200, `ok: true`). */
@@ -332,3 +350,18 @@ export async function startHttp2Host (t: TestContext, tp: Toolport): Promise<{
   }
   return { port, request }
 }
+
+/** An octet, 0–255 (fast-check). */
+export const byte = fc.integer({ min: 0, max: 255 })
+
+/** 127.b.c.d in spellings the WHATWG parser normalises to a dotted quad (decimal, hex, octal, fewer parts). */
+export const loopbackV4Spelling = fc.tuple(byte, byte, byte, fc.integer({ min: 0, max: 5 })).map(([b, c, d, form]) => {
+  switch (form) {
+    case 0: return `127.${b}.${c}.${d}`
+    case 1: return `0x7f.0x${b.toString(16)}.${c}.0${d.toString(8)}`
+    case 2: return `0177.${b}.${c}.${d}`
+    case 3: return String(127 * 2 ** 24 + b * 2 ** 16 + c * 2 ** 8 + d)
+    case 4: return `127.${b * 65536 + c * 256 + d}`
+    default: return `127.${b}.${c * 256 + d}`
+  }
+})

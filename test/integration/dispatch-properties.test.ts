@@ -10,7 +10,6 @@
 // found (seed, path) may need a few replays to fail again.
 import assert from 'node:assert/strict'
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import type { Worker } from 'node:worker_threads'
 import { test, type TestContext } from 'node:test'
 import fc from 'fast-check'
@@ -18,7 +17,7 @@ import type { Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
 import type { CallFinishedEvent } from '../../src/main/events.js'
 import { kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
-import { createTestToolport, waitFor, within } from '../helpers.js'
+import { createTestToolport, listenOnLoopback, waitFor, within } from '../helpers.js'
 
 const MODES = ['pool', 'inline'] as const
 type Mode = typeof MODES[number]
@@ -201,13 +200,8 @@ async function startPlugin (t: TestContext): Promise<Plugin> {
   })
   // Longer than any run: an idle keep-alive socket is never closed under a call by this server.
   server.keepAliveTimeout = 120_000
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  t.after(() => new Promise<void>((resolve) => {
-    server.close(() => resolve())
-    server.closeAllConnections()
-  }))
   return {
-    origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    origin: await listenOnLoopback(t, server),
     get active () { return active },
     peak (delivered) {
       const ticks: number[] = []
@@ -580,12 +574,7 @@ async function startPartialPlugin (t: TestContext): Promise<string> {
     response.writeHead(200, { 'content-type': 'application/json' })
     response.write(`{"output":"${'a'.repeat(1000)}`)
   })
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  t.after(() => new Promise<void>((resolve) => {
-    server.close(() => resolve())
-    server.closeAllConnections()
-  }))
-  return `http://127.0.0.1:${(server.address() as AddressInfo).port}/partial`
+  return `${await listenOnLoopback(t, server)}/partial`
 }
 
 async function startPartialToolport (t: TestContext, budget: number): Promise<Toolport> {

@@ -46,7 +46,7 @@ import { Ajv2020 } from 'ajv/dist/2020.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
 import type { RE2 as RE2Type } from 're2-wasm'
 import { ERROR_CODES } from '../../src/main/index.js'
-import { startToolport, type StartedToolport } from '../helpers.js'
+import { byte, loopbackV4Spelling, startToolport, type StartedToolport } from '../helpers.js'
 
 type Json = any
 
@@ -538,20 +538,6 @@ test('guard (property): every combination of Host, absolute-form target, Origin,
 })
 
 // ---- The registration model (fields and callback URLs) ---------------------------------------------
-
-const byte = fc.integer({ min: 0, max: 255 })
-
-/** 127.b.c.d in spellings the WHATWG parser normalises to a dotted quad. */
-const loopbackV4Spelling = fc.tuple(byte, byte, byte, fc.integer({ min: 0, max: 5 })).map(([b, c, d, form]) => {
-  switch (form) {
-    case 0: return `127.${b}.${c}.${d}`
-    case 1: return `0x7f.0x${b.toString(16)}.${c}.0${d.toString(8)}`
-    case 2: return `0177.${b}.${c}.${d}`
-    case 3: return String(127 * 2 ** 24 + b * 2 ** 16 + c * 2 ** 8 + d)
-    case 4: return `127.${b * 65536 + c * 256 + d}`
-    default: return `127.${b}.${c * 256 + d}`
-  }
-})
 
 /** IPv4 inside IPv6: mapped (::ffff:) and the deprecated compatible (::a.b.c.d) form, dotted or hex. */
 const embeddedV6 = fc.tuple(fc.oneof(fc.constant(127), fc.constant(0), byte), byte, byte, byte, fc.constantFrom('::ffff:', '::', '0:0:0:0:0:ffff:', '64:ff9b::'),

@@ -40,7 +40,6 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { EventEmitter } from 'node:events'
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { isDeepStrictEqual } from 'node:util'
@@ -53,7 +52,7 @@ import type { Transport } from '@modelcontextprotocol/sdk/shared/transport.js'
 import { ErrorCode, McpError, ToolListChangedNotificationSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { kPendingCalls } from '../../src/main/symbols.js'
-import { toolportCliArgs, within } from '../helpers.js'
+import { listenOnLoopback, toolportCliArgs, within } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 
@@ -143,13 +142,8 @@ async function startPlugin (t: TestContext): Promise<Plugin> {
     })
   })
   server.keepAliveTimeout = 120_000
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  t.after(() => new Promise<void>((resolve) => {
-    server.close(() => resolve())
-    server.closeAllConnections()
-  }))
   return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    url: await listenOnLoopback(t, server),
     seen,
     get active () { return held.size },
     async arrived (token) {
@@ -1290,17 +1284,7 @@ test('a dropped call stream resumed with Last-Event-ID gets its answer, and is t
 test('a change made while the event stream is down is announced when it reopens, even after a call\'s stream was resumed first', async (t) => {
   const { tp, url, plugin } = await smallWorld(t)
   const endpoint = `${url}/mcp/A`
-  const version = '2025-11-25'
-  const post = async (body: unknown, headers: Record<string, string> = {}) => await httpRequest(endpoint, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
-    body: JSON.stringify(body)
-  })
-  const init = await post({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
-  const session = { 'mcp-session-id': init.headers['mcp-session-id'] as string, 'mcp-protocol-version': version }
-  await init.body.dump()
-  await (await post({ jsonrpc: '2.0', method: 'notifications/initialized' }, session)).body.dump()
-  await (await post({ jsonrpc: '2.0', id: 2, method: 'tools/list' }, session)).body.dump()
+  const { post, session } = await rawListedSession(endpoint)
   // A call is in flight; its stream drops after its priming event (no event stream is open).
   const call = await post({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: toolOf('A', false), arguments: { token: 'x4', behaviour: 'hang', delay_ms: 0 } } }, session)
   const priming = await readUntil(call.body, /id: (\S+)\n/)
@@ -1329,17 +1313,7 @@ test('a change made while the event stream is down is announced when it reopens,
 test('a change notice on its way when the event stream drops is sent again on the stream the client reopens', async (t) => {
   const { tp, url, plugin } = await smallWorld(t)
   const endpoint = `${url}/mcp/A`
-  const version = '2025-11-25'
-  const post = async (body: unknown, headers: Record<string, string> = {}) => await httpRequest(endpoint, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
-    body: JSON.stringify(body)
-  })
-  const init = await post({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
-  const session = { 'mcp-session-id': init.headers['mcp-session-id'] as string, 'mcp-protocol-version': version }
-  await init.body.dump()
-  await (await post({ jsonrpc: '2.0', method: 'notifications/initialized' }, session)).body.dump()
-  await (await post({ jsonrpc: '2.0', id: 2, method: 'tools/list' }, session)).body.dump()
+  const { session } = await rawListedSession(endpoint)
   const first = await httpRequest(endpoint, { method: 'GET', headers: { ...session, accept: 'text/event-stream' } })
   assert.equal(first.statusCode, 200)
   // The change is announced on the open stream, which drops before the client reads it.
@@ -1356,6 +1330,29 @@ test('a change notice on its way when the event stream drops is sent again on th
     events.body.destroy()
   }
 })
+
+/**
+ * A session opened with raw HTTP requests (no SDK client): initialize, notifications/initialized
+ * and one tools/list, each answer read to its end, so the client's list is up to date. `post`
+ * sends a JSON-RPC message to `endpoint`; `session` is the headers that name the session.
+ */
+async function rawListedSession (endpoint: string): Promise<{
+  post: (body: unknown, headers?: Record<string, string>) => ReturnType<typeof httpRequest>
+  session: Record<string, string>
+}> {
+  const version = '2025-11-25'
+  const post = async (body: unknown, headers: Record<string, string> = {}) => await httpRequest(endpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+    body: JSON.stringify(body)
+  })
+  const init = await post({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
+  const session = { 'mcp-session-id': init.headers['mcp-session-id'] as string, 'mcp-protocol-version': version }
+  await init.body.dump()
+  await (await post({ jsonrpc: '2.0', method: 'notifications/initialized' }, session)).body.dump()
+  await (await post({ jsonrpc: '2.0', id: 2, method: 'tools/list' }, session)).body.dump()
+  return { post, session }
+}
 
 /** Reads a response body until `pattern` matches what came so far; the match. */
 async function readUntil (body: AsyncIterable<unknown>, pattern: RegExp): Promise<RegExpExecArray> {

@@ -63,7 +63,7 @@ import {
   type RegisterResult, type Toolport, type UnregisterResult
 } from '../../src/main/index.js'
 import { kPendingCalls } from '../../src/main/symbols.js'
-import { createTestToolport, within } from '../helpers.js'
+import { createTestToolport, listenOnLoopback, within } from '../helpers.js'
 
 type Json = Record<string, any>
 
@@ -183,14 +183,8 @@ async function startPlugin (t: TestContext): Promise<Plugin> {
     })
   })
   server.keepAliveTimeout = 120_000
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  t.after(() => new Promise<void>((resolve) => {
-    for (const response of held) response.socket?.destroy()
-    server.close(() => resolve())
-    server.closeAllConnections()
-  }))
   return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    url: await listenOnLoopback(t, server, () => { for (const response of held) response.socket?.destroy() }),
     calls,
     get active () { return active }
   }
@@ -1331,15 +1325,13 @@ async function privateField (object: object, name: string): Promise<string> {
   }
 }
 
-// A response cancelled (barge-in) while one of its calls runs is forgotten once the call is back.
-// #endResponse leaves it in #responses while the call runs; #onCallFinished drops the aborted
-// call's result and must then #forget it, or the response stays in #responses (an unbounded Map:
-// every other finished response moves to the bounded #finished) for as long as the session lives:
-// one ResponseState per barge-in during a tool call. (The same for a state #response() makes for
-// a late event of a response that ended cancelled.)
-test('a response cancelled while its call runs is forgotten once the call ends, as completed ones are', async (t) => {
-  const env = await startEnv(t)
-  const link = new Link(env, {
+/**
+ * The plan of a session the regression tests below drive by hand (no steps): role A, the direct
+ * transport, sync sends, GA events, auto-respond, no rate limit; the host closes it inside `send`
+ * of its `closeOnSend`-th output or response.create, or never (null).
+ */
+function plainPlan (closeOnSend: number | null): SessionPlan {
+  return {
     role: 'A',
     transport: 'direct',
     sendMode: 'sync',
@@ -1350,10 +1342,21 @@ test('a response cancelled while its call runs is forgotten once the call ends, 
     autoRespond: true,
     rateLimit: false,
     ack: 'ack',
-    closeOnSend: null,
+    closeOnSend,
     gaFields: false,
     steps: []
-  }, 'leak')
+  }
+}
+
+// A response cancelled (barge-in) while one of its calls runs is forgotten once the call is back.
+// #endResponse leaves it in #responses while the call runs; #onCallFinished drops the aborted
+// call's result and must then #forget it, or the response stays in #responses (an unbounded Map:
+// every other finished response moves to the bounded #finished) for as long as the session lives:
+// one ResponseState per barge-in during a tool call. (The same for a state #response() makes for
+// a late event of a response that ended cancelled.)
+test('a response cancelled while its call runs is forgotten once the call ends, as completed ones are', async (t) => {
+  const env = await startEnv(t)
+  const link = new Link(env, plainPlan(null), 'leak')
   t.after(() => { link.close(); link.teardown() })
   await link.open()
   const session = link.session as RealtimeSession
@@ -1384,21 +1387,6 @@ test('a response cancelled while its call runs is forgotten once the call ends, 
 // response.create go out after close().
 test('a session closed inside send (while it sends a completed response\'s outputs) sends nothing more', async (t) => {
   const env = await startEnv(t)
-  const plan = (): SessionPlan => ({
-    role: 'A',
-    transport: 'direct',
-    sendMode: 'sync',
-    attachVia: 'auto',
-    feed: 'object',
-    api: 'ga',
-    dialect: 'flat',
-    autoRespond: true,
-    rateLimit: false,
-    ack: 'ack',
-    closeOnSend: 1,
-    gaFields: false,
-    steps: []
-  })
   const args = (r: string, c: string, name: string): Json => ({
     type: 'response.function_call_arguments.done', response_id: r, item_id: `item_${c}`, call_id: c, name, arguments: '{"n":1}'
   })
@@ -1406,7 +1394,7 @@ test('a session closed inside send (while it sends a completed response\'s outpu
   const sentAfterClose = (link: Link): string[] => link.sent.filter((s) => s.seq > link.closeSeq).map((s) => `${s.event.type} ${s.event.item?.call_id ?? ''}`.trim())
 
   // Two calls answered before response.done: their outputs are held, then sent in one loop.
-  const held = new Link(env, plan(), 'closeheld')
+  const held = new Link(env, plainPlan(1), 'closeheld')
   t.after(() => { held.close(); held.teardown() })
   await held.open()
   held.play(args('resp_h', 'call_held_1', 'ok'), args('resp_h', 'call_held_2', 'ok'))
@@ -1415,7 +1403,7 @@ test('a session closed inside send (while it sends a completed response\'s outpu
   assert.ok(held.closeSeq < Infinity, 'the host closed the session on its first output')
 
   // One call answered after response.done: its output goes out at once, then response.create.
-  const late = new Link(env, plan(), 'closelate')
+  const late = new Link(env, plainPlan(1), 'closelate')
   t.after(() => { late.close(); late.teardown() })
   await late.open()
   late.play(args('resp_l', 'call_late_1', 'slow'), done('resp_l'))

@@ -160,18 +160,23 @@ async function h1Stream (port: number, path: string, headers: Record<string, str
   return text
 }
 
+/** HTTP/1.1 (undici) to `port`: Toolport's own listener, or a fastify host's. */
+function h1Transport (name: TransportName, tp: Toolport, port: number, close: () => Promise<void>): Transport {
+  return {
+    name,
+    tp,
+    port,
+    send: async (req) => await h1Send(port, req),
+    stream: async (path, headers, enough) => await h1Stream(port, path, headers, enough),
+    close
+  }
+}
+
 async function openTransport (name: TransportName, options: ToolportOptions): Promise<Transport> {
   const tp = await createToolport({ logger: false, ...options, dispatch: { mode: 'inline' } })
   if (name === 'h1') {
     const { port } = await tp.listen({ host: '127.0.0.1', port: 0 })
-    return {
-      name,
-      tp,
-      port,
-      send: async (req) => await h1Send(port, req),
-      stream: async (path, headers, enough) => await h1Stream(port, path, headers, enough),
-      close: async () => { await tp.close() }
-    }
+    return h1Transport(name, tp, port, async () => { await tp.close() })
   }
   if (name === 'inject') {
     return {
@@ -193,16 +198,7 @@ async function openTransport (name: TransportName, options: ToolportOptions): Pr
   await host.listen({ host: '127.0.0.1', port: 0 })
   const address = host.server.address()
   const port = typeof address === 'object' && address !== null ? address.port : 0
-  if (name === 'h1-host') {
-    return {
-      name,
-      tp,
-      port,
-      send: async (req) => await h1Send(port, req),
-      stream: async (path, headers, enough) => await h1Stream(port, path, headers, enough),
-      close: async () => { await host.close(); await tp.close() }
-    }
-  }
+  if (name === 'h1-host') return h1Transport(name, tp, port, async () => { await host.close(); await tp.close() })
   const client = await h2Client(port)
   return {
     name,

@@ -7,6 +7,7 @@ import { BlockList, isIPv4 } from 'node:net'
 import fc from 'fast-check'
 import ipaddr from 'ipaddr.js'
 import { checkCallbackUrl, isLoopbackAddress } from '../../src/shared/loopback.js'
+import { byte, loopbackV4Spelling } from '../helpers.js'
 
 /** [input, canonical href the registry must store, origin with the port explicit] */
 const ACCEPTED: Array<[string, string, string]> = [
@@ -176,20 +177,6 @@ function canonicalHostIsLoopback (hostname: string): boolean {
     /^127\.(25[0-5]|2[0-4]\d|1?\d?\d)\.(25[0-5]|2[0-4]\d|1?\d?\d)\.(25[0-5]|2[0-4]\d|1?\d?\d)$/.test(hostname) ||
     /^\[::ffff:7f[0-9a-f]{2}:[0-9a-f]{1,4}\]$/.test(hostname)
 }
-
-const byte = fc.integer({ min: 0, max: 255 })
-
-/** 127.b.c.d in the spellings a WHATWG parser normalises. */
-const loopbackV4Spelling = fc.tuple(byte, byte, byte, fc.integer({ min: 0, max: 5 })).map(([b, c, d, form]) => {
-  switch (form) {
-    case 0: return `127.${b}.${c}.${d}`
-    case 1: return `0x7f.0x${b.toString(16)}.${c}.0${d.toString(8)}`
-    case 2: return `0177.${b}.${c}.${d}`
-    case 3: return String(127 * 2 ** 24 + b * 2 ** 16 + c * 2 ** 8 + d)
-    case 4: return `127.${b * 65536 + c * 256 + d}`
-    default: return `127.${b}.${c * 256 + d}`
-  }
-})
 
 const mappedV6 = fc.tuple(byte, byte, byte, byte, fc.boolean()).map(([a, b, c, d, dotted]) => dotted
   ? `[::ffff:${a}.${b}.${c}.${d}]`
