@@ -22,7 +22,7 @@ import { fullFormats } from 'ajv-formats/dist/formats.js'
 import traverse from 'json-schema-traverse'
 import { createRequire } from 'node:module'
 import type { RE2 } from 're2-wasm'
-import { uniqueItemsPair } from './validation-cost.js'
+import { chargeTest, uniqueItemsPair } from './validation-cost.js'
 
 /** The dialects Toolport validates. */
 export const SCHEMA_DIALECTS = ['2020-12', '2019-09', 'draft-07'] as const
@@ -183,6 +183,7 @@ export type RegExpTracker = (re: RE2) => void
  * compiled once (the compiler thread's validator code, loaded on the main thread): an RE2 compile
  * costs up to ~1 ms of WebAssembly per pattern (`[a-z]{1,40}` expands), so a schema of 40
  * patterns would stall the main thread ~40 ms at registration for patterns no argument may reach.
+ * Each of its tests also charges the running check's budget (src/shared/validation-cost.ts).
  */
 export function re2Engine (track: RegExpTracker | null, code: string, lazy = false): Options['code'] extends infer C
   ? C extends { regExp?: infer R } ? NonNullable<R> : never : never {
@@ -194,7 +195,12 @@ export function re2Engine (track: RegExpTracker | null, code: string, lazy = fal
   const engine = lazy
     ? function lazyRe2RegExp (pattern: string, flags: string): LinearRegExp {
       let re: RE2 | null = null
-      return { test: (input) => (re ??= compile(pattern, flags)).test(input) }
+      return {
+        test: (input) => {
+          chargeTest(input)
+          return (re ??= compile(pattern, flags)).test(input)
+        }
+      }
     }
     : function re2RegExp (pattern: string, flags: string): LinearRegExp {
       return compile(pattern, flags)
@@ -500,7 +506,7 @@ function useLinearUniqueItems (ajv: Ajv): Ajv {
   return ajv
 }
 
-const metaValidators = new Map<SchemaDialect, { ajv: Ajv, validate: ValidateFunction }>()
+const metaValidators = new Map<SchemaDialect, ValidateFunction>()
 
 /**
  * Checks a schema against its dialect's meta-schema; returns the problems ('' when none). One
@@ -513,15 +519,14 @@ const metaValidators = new Map<SchemaDialect, { ajv: Ajv, validate: ValidateFunc
  * other spellings.
  */
 export function metaSchemaProblems (schema: Record<string, unknown>, dialect: SchemaDialect): string {
-  let meta = metaValidators.get(dialect)
-  if (meta === undefined) {
+  let validate = metaValidators.get(dialect)
+  if (validate === undefined) {
     const ajv = newAjv(dialect, { strict: false, allErrors: false, logger: false, validateFormats: false })
-    const validate = ajv.getSchema(ajv.defaultMeta() as string)
+    validate = ajv.getSchema(ajv.defaultMeta() as string)
     if (validate === undefined) throw new Error(`Ajv has no meta-schema for ${dialect}`)
-    meta = { ajv, validate }
-    metaValidators.set(dialect, meta)
+    metaValidators.set(dialect, validate)
   }
-  if (meta.validate(schema) === true) return ''
-  return (meta.validate.errors ?? []).slice(0, 5)
+  if (validate(schema) === true) return ''
+  return (validate.errors ?? []).slice(0, 5)
     .map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
 }

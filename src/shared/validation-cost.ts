@@ -44,7 +44,7 @@ export class ValidationTooCostly extends Error {}
  * the nesting (~0.3 s at 1 000 levels). Ajv nests one level per `allOf`/`oneOf` member and per
  * property of an object (with `allErrors` off), so 1 024 admits a thousand properties.
  */
-export const MAX_CODE_NESTING = 1024
+const MAX_CODE_NESTING = 1024
 
 /** Thrown by `instrumentValidatorCode` for code nested deeper than MAX_CODE_NESTING. */
 export class CodeTooDeep extends Error {}
@@ -53,7 +53,7 @@ export class CodeTooDeep extends Error {}
  * The budget of the check running on this thread (checks are synchronous, so one is enough).
  * Outside a check (`start` not called) it never throws.
  */
-export class ValidationBudget {
+class ValidationBudget {
   /** Units left before the clock is read again. */
   left = QUANTUM
   #deadline = Infinity
@@ -101,6 +101,11 @@ export class ValidationBudget {
 }
 
 export const validationBudget = new ValidationBudget()
+
+/** Charges an RE2 or format test of `input` (a string's length on top of the test itself). */
+export function chargeTest (input: unknown): void {
+  validationBudget.charge(REGEXP_TEST_UNITS + (typeof input === 'string' ? input.length : 0))
+}
 
 const QUOTE = 0x22
 const APOSTROPHE = 0x27

@@ -32,8 +32,7 @@ import {
   STANDALONE_REGEXP_MODULE, validationJson
 } from '../../shared/json-schema.js'
 import {
-  BUDGET_MODULE, countingEqual, REGEXP_TEST_UNITS, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget,
-  ValidationTooCostly
+  BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget
 } from '../../shared/validation-cost.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
@@ -181,8 +180,7 @@ async function build (key: string, job: CompileJob, budgetMs: number,
       // Past the deadline; or Ajv's deep equality on an object whose own `toString` is not a
       // function; or a pattern that RE2 fails to compile on its first test (see loadStandalone;
       // it compiled the same pattern on the compiler thread): the call is refused, never thrown.
-      const why = err instanceof ValidationTooCostly ? err.message : errorText(err)
-      return `the arguments could not be checked against the tool's parameters: ${why}`
+      return `the arguments could not be checked against the tool's parameters: ${errorText(err)}`
     } finally {
       validationBudget.stop()
     }
@@ -223,14 +221,15 @@ interface StandaloneValidate {
 }
 
 /**
- * Evaluates the compiler thread's standalone CommonJS module. Its `require` knows only Ajv's
- * runtime helpers, the RE2 engine (each RE2 object it makes is recorded in `regexps`; a pattern
- * compiles on its first test, as the compiler thread has already compiled it once) and the
- * shared formats: the code Ajv generates needs nothing else.
+ * Evaluates the compiler thread's standalone CommonJS module. Its `require` knows only what the
+ * code Ajv generates and the instrumentation need: the RE2 engine (each RE2 object it makes is
+ * recorded in `regexps`; a pattern compiles on its first test, as the compiler thread has already
+ * compiled it once; each test charges the budget), the shared formats, the check's budget,
+ * `uniqueItemsPair`, and Ajv's runtime helpers, `equal` and `ucs2length` in their charging forms.
  */
 function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
-  const engine = chargingRegExp(re2Engine((re) => { regexps.push(re); compiledRegExps++ },
-    `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true))
+  const engine = re2Engine((re) => { regexps.push(re); compiledRegExps++ },
+    `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true)
   const load = (id: string): unknown => {
     if (id === STANDALONE_REGEXP_MODULE) return engine
     if (id === STANDALONE_FORMATS_MODULE) return CHARGING_FORMATS
@@ -256,36 +255,18 @@ function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
 
 /**
  * The helpers generated code calls, each charging the check's budget for the work it does (the
- * code's own functions and loops charge themselves; see src/shared/validation-cost.ts).
+ * code's own functions and loops charge themselves; see src/shared/validation-cost.ts; the RE2
+ * engine charges its tests itself, see re2Engine). SCHEMA_FORMATS holds no RegExp: buildFormats
+ * makes each one a function.
  */
-type RegExpEngine = ReturnType<typeof re2Engine>
-
-function chargingRegExp (engine: RegExpEngine): RegExpEngine {
-  const charging = function chargingRegExp (pattern: string, flags: string): { test: (input: string) => boolean } {
-    const re = engine(pattern, flags)
-    return {
-      test: (input: string): boolean => {
-        validationBudget.charge(REGEXP_TEST_UNITS + input.length)
-        return re.test(input)
-      }
-    }
-  }
-  return Object.assign(charging, { code: engine.code }) as unknown as RegExpEngine
-}
-
 const CHARGING_FORMATS: Readonly<Record<string, unknown>> = (() => {
   const out: Record<string, unknown> = Object.create(null)
   for (const [name, format] of Object.entries(SCHEMA_FORMATS)) {
-    const charge = (input: unknown): void => {
-      validationBudget.charge(REGEXP_TEST_UNITS + (typeof input === 'string' ? input.length : 0))
-    }
     if (typeof format === 'function') {
-      out[name] = (input: unknown): unknown => { charge(input); return (format as (i: unknown) => unknown)(input) }
-    } else if (format instanceof RegExp) {
-      out[name] = { test: (input: string): boolean => { charge(input); return format.test(input) } }
-    } else if (typeof format === 'object' && typeof format.validate === 'function') {
+      out[name] = (input: unknown): unknown => { chargeTest(input); return (format as (i: unknown) => unknown)(input) }
+    } else if (typeof format === 'object' && 'validate' in format && typeof format.validate === 'function') {
       const check = format.validate as (i: unknown) => unknown
-      out[name] = { ...format, validate: (input: unknown): unknown => { charge(input); return check(input) } }
+      out[name] = { ...format, validate: (input: unknown): unknown => { chargeTest(input); return check(input) } }
     } else {
       out[name] = format
     }

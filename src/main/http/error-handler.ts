@@ -5,11 +5,10 @@ import type { Http2ServerRequest } from 'node:http2'
 import type { Socket } from 'node:net'
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify'
 import {
-  BadJsonError, BadRequestError, BodyTooLargeError, InternalError, NotLoopbackError, RouteNotFoundError,
-  UnsupportedMediaTypeError, isToolportError, type ErrorDetail, type ToolportError
+  BadJsonError, BadRequestError, BodyTooLargeError, InternalError, RouteNotFoundError, UnsupportedMediaTypeError,
+  isToolportError, type ErrorDetail, type ToolportError
 } from '../errors.js'
-import { isLoopbackAddress } from '../../shared/loopback.js'
-import type { GuardHook } from './guard.js'
+import { peerRefusal, SECURITY_HEADERS, type GuardHook } from './guard.js'
 
 /** The body of every error answer. */
 export interface ErrorBody {
@@ -68,11 +67,18 @@ export function buildFrameworkErrorHandler (guard: GuardHook) {
   }
 }
 
-/** Node's client errors: what fastify's own handler answers, with the status kept. */
-const CLIENT_ERROR_STATUS: Readonly<Record<string, number>> = {
-  ERR_HTTP_REQUEST_TIMEOUT: 408,
-  HPE_HEADER_OVERFLOW: 431
-}
+/**
+ * Node's client errors: the status fastify's own handler answers, kept, and the message. Any
+ * other code is a 400.
+ */
+const CLIENT_ERRORS: ReadonlyMap<string, readonly [status: number, message: string]> = new Map([
+  ['ERR_HTTP_REQUEST_TIMEOUT', [408, 'the request was not received in time']],
+  ['HPE_HEADER_OVERFLOW', [431, 'the request headers are too large']]
+])
+
+/** The guard's security headers as raw HTTP/1.1 header lines, for handleClientError. */
+const SECURITY_HEADER_LINES = SECURITY_HEADERS
+  .map(([name, value]) => `${name.replace(/(^|-)[a-z]/g, (s) => s.toUpperCase())}: ${value}\r\n`).join('')
 
 /**
  * fastify's `clientErrorHandler`: a request Node's HTTP parser could not read (a bad
@@ -90,22 +96,20 @@ export function handleClientError (err: Error & { code?: string }, socket: Socke
     socket.destroy()
     return
   }
-  let mapped: ToolportError
-  if (!isLoopbackAddress(socket.remoteAddress)) {
-    mapped = new NotLoopbackError(socket.remoteAddress ?? 'an unknown peer') as ToolportError
-  } else {
-    const status = CLIENT_ERROR_STATUS[err.code ?? ''] ?? 400
-    mapped = new BadRequestError(status === 408
-      ? 'the request was not received in time'
-      : status === 431 ? 'the request headers are too large' : `the request could not be read (${err.code ?? 'malformed'})`) as ToolportError
+  let mapped = peerRefusal(socket.remoteAddress) as ToolportError | null
+  if (mapped === null) {
+    const [status, message] = CLIENT_ERRORS.get(err.code ?? '') ??
+      [400, `the request could not be read (${err.code ?? 'malformed'})`]
+    mapped = new BadRequestError(message) as ToolportError
     mapped.statusCode = status
   }
-  const body = JSON.stringify(errorBody(mapped))
-  socket.end(`HTTP/1.1 ${mapped.statusCode} ${STATUS_CODES[mapped.statusCode] ?? 'Error'}\r\n` +
+  const body = errorBody(mapped)
+  const json = JSON.stringify(body)
+  socket.end(`HTTP/1.1 ${body.statusCode} ${body.error}\r\n` +
     'Content-Type: application/json; charset=utf-8\r\n' +
-    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
-    'X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\nCross-Origin-Resource-Policy: same-origin\r\n' +
-    `Connection: close\r\n\r\n${body}`, () => { socket.destroy() })
+    `Content-Length: ${Buffer.byteLength(json)}\r\n` +
+    SECURITY_HEADER_LINES +
+    `Connection: close\r\n\r\n${json}`, () => { socket.destroy() })
 }
 
 export function errorBody (err: ToolportError): ErrorBody {

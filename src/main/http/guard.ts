@@ -32,6 +32,21 @@ export interface GuardOptions {
 
 export type GuardHook = (request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction) => void
 
+/** The headers set on every answer, errors included (also by handleClientError, which has no reply). */
+export const SECURITY_HEADERS: ReadonlyArray<readonly [name: string, value: string]> = [
+  ['x-content-type-options', 'nosniff'],
+  ['cache-control', 'no-store'],
+  ['cross-origin-resource-policy', 'same-origin']
+]
+
+/**
+ * The refusal of a peer that is not loopback (docs/protocol.md R1), or null for a loopback one;
+ * an unknown peer fails closed.
+ */
+export function peerRefusal (peer: string | undefined): Error | null {
+  return isLoopbackAddress(peer) ? null : new NotLoopbackError(peer ?? 'an unknown peer')
+}
+
 /** Sockets whose peer was found to be loopback (weak: gone with the connection). */
 const loopbackSockets = new WeakMap<object, true>()
 
@@ -45,17 +60,14 @@ export function buildGuard (options: GuardOptions): GuardHook {
   const tokenDigest = options.token === undefined ? null : sha256(options.token)
 
   return function toolportGuard (request, reply, done): void {
-    // Set on every answer, errors included.
-    reply.header('x-content-type-options', 'nosniff')
-    reply.header('cache-control', 'no-store')
-    reply.header('cross-origin-resource-policy', 'same-origin')
+    for (const [name, value] of SECURITY_HEADERS) reply.header(name, value)
 
     const socket = request.raw.socket
     // A socket's peer never changes: judge it once per connection, not once per request.
     if (socket === undefined || socket === null || loopbackSockets.get(socket) !== true) {
-      const peer = socket?.remoteAddress
-      if (!isLoopbackAddress(peer)) {
-        done(new NotLoopbackError(peer ?? 'an unknown peer'))
+      const refused = peerRefusal(socket?.remoteAddress)
+      if (refused !== null) {
+        done(refused)
         return
       }
       if (socket !== undefined && socket !== null) loopbackSockets.set(socket, true)
