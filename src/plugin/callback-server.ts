@@ -92,13 +92,13 @@ export class CallbackServer {
   }
 
   #onRequest (req: IncomingMessage, res: ServerResponse): void {
-    const refusal = this.#refusal(req)
+    const path = (req.url ?? '').split('?', 1)[0] as string
+    const refusal = this.#refusal(req, path)
     if (refusal !== null) {
       req.resume()
       sendPlain(res, refusal[0], refusal[1])
       return
     }
-    const path = (req.url ?? '').split('?', 1)[0] as string
     const name = nameOf(path.slice(this.#prefix.length))
     const tool = this.#options.tools.get(name)
     if (tool === undefined) {
@@ -119,15 +119,14 @@ export class CallbackServer {
     }, () => { res.destroy() })
   }
 
-  /** [status, text] when the request is not a Toolport call, else null. */
-  #refusal (req: IncomingMessage): [number, string] | null {
+  /** [status, text] when the request (whose URL path is `path`) is not a Toolport call, else null. */
+  #refusal (req: IncomingMessage, path: string): [number, string] | null {
     // Node keeps the first of two Host (or Content-Type) headers; the Python SDK's parser refuses
     // the request, as RFC 9112 §3.2 asks for Host. Judged on the raw lines, before either is read.
     const duplicate = duplicateHeader(req.rawHeaders)
     if (duplicate !== null) return [400, `more than one ${duplicate} header`]
     if (!isLoopbackHost(req.headers.host)) return [403, 'the Host header must name a loopback address']
     if (req.headers.origin !== undefined) return [403, 'browser requests are not accepted']
-    const path = (req.url ?? '').split('?', 1)[0] as string
     if (!path.startsWith(this.#prefix)) return [404, 'not found']
     if (req.method !== 'POST') return [405, 'only POST']
     const type = (req.headers['content-type'] ?? '').split(';', 1)[0]?.trim().toLowerCase()
@@ -278,9 +277,9 @@ function duplicateHeader (rawHeaders: string[]): string | null {
 
 /**
  * A Host header the server answers: `localhost` (ASCII, any case), a dotted-decimal IPv4 address
- * (four parts, no leading zeros; 127/8 checked below) or a bracketed IPv6 address (loopback checked
- * below), then optionally `:` and a port. Nothing else: no userinfo, path, trailing dot, legacy
- * IPv4 spelling (`127.1`, `0x7f.0.0.1`) or space. The Python SDK's `_HOST_HEADER`
+ * (four parts, no leading zeros) or a bracketed IPv6 address, both checked for loopback below by
+ * isLoopbackAddress, then optionally `:` and a port. Nothing else: no userinfo, path, trailing dot,
+ * legacy IPv4 spelling (`127.1`, `0x7f.0.0.1`) or space. The Python SDK's `_HOST_HEADER`
  * (python/src/toolport_plugin/_loopback.py) is the same expression.
  */
 const HOST_HEADER = /^(?:localhost|((?:0|[1-9][0-9]{0,2})(?:\.(?:0|[1-9][0-9]{0,2})){3})|\[([0-9a-f:.]+)\])(?::([0-9]{1,5}))?$/i
@@ -295,10 +294,7 @@ function isLoopbackHost (host: string | undefined): boolean {
   if (match === null) return false
   const [, ipv4, ipv6, port] = match
   if (port !== undefined && !(Number(port) >= 1 && Number(port) <= 65535)) return false
-  if (ipv4 !== undefined) {
-    const parts = ipv4.split('.').map(Number)
-    return parts[0] === 127 && parts.every((part) => part <= 255)
-  }
+  if (ipv4 !== undefined) return isLoopbackAddress(ipv4)
   if (ipv6 !== undefined) return ipv6.includes(':') && isLoopbackAddress(ipv6)
   return true
 }
@@ -320,6 +316,11 @@ async function readBody (req: IncomingMessage, maxBytes: number): Promise<string
   return Buffer.concat(chunks).toString('utf8')
 }
 
+const DOT_MARK = '='
+/** The segments of the names `.` and `..` (see segmentOf). */
+const DOT_SEGMENT = `${DOT_MARK}.`
+const DOT_DOT_SEGMENT = `${DOT_MARK}..`
+
 /**
  * A tool's path segment: its name percent-encoded (`encodeURIComponent`), or `=.` / `=..` for
  * the names `.` and `..`, which URL resolution would drop as dot segments (Toolport stores the
@@ -333,12 +334,10 @@ function segmentOf (name: string): string {
 
 /** The name a raw path segment routes to, decoded once; '' (no tool) when it does not decode. */
 function nameOf (segment: string): string {
-  if (segment === `${DOT_MARK}.` || segment === `${DOT_MARK}..`) return segment.slice(DOT_MARK.length)
+  if (segment === DOT_SEGMENT || segment === DOT_DOT_SEGMENT) return segment.slice(DOT_MARK.length)
   try {
     return decodeURIComponent(segment)
   } catch {
     return ''
   }
 }
-
-const DOT_MARK = '='

@@ -41,6 +41,8 @@ const TYPES = 'hello,unregistered,cleared,evicted,role-added'
 const SILENCE_MS = 45_000
 /** A Toolport that answers 404 has no event stream: poll only, and ask again this much later. */
 const UNSUPPORTED_RETRY_MS = 5 * 60_000
+/** After a stream that was up ends or breaks: come back this soon, replaying what was missed. */
+const RECONNECT_MS = 250
 
 export class EventWatch {
   readonly #options: EventWatchOptions
@@ -93,8 +95,8 @@ export class EventWatch {
       try {
         const outcome = await this.#streamOnce(signal)
         // A stream that ended by itself (Toolport closed it): come back soon, replaying.
-        failures = outcome === 'ended' ? 0 : failures
-        waitMs = outcome === 'unsupported' ? UNSUPPORTED_RETRY_MS : 250
+        if (outcome === 'ended') failures = 0
+        waitMs = outcome === 'unsupported' ? UNSUPPORTED_RETRY_MS : RECONNECT_MS
       } catch (err) {
         if (signal.aborted) break
         if (this.#connected) {
@@ -102,7 +104,7 @@ export class EventWatch {
           // back soon, as after a clean end, with the backoff started over. Only attempts that
           // never got a stream make it grow, so it does not grow with every Toolport restart.
           failures = 0
-          waitMs = 250
+          waitMs = RECONNECT_MS
           this.#options.logger.debug?.(`event stream lost, reconnecting: ${errorText(err)}`)
         } else {
           failures++

@@ -305,17 +305,19 @@ function resolveTool (name: string, tool: unknown, problem: (path: string,
     jsonSchema = parameters
     // What Toolport would refuse with a 422 at registration, refused here first.
     const dialect = schemaDialect(parameters)
-    const unrepresentable = nonFiniteNumberPath(parameters, `${at}.parameters`)
     if (!dialect.ok) {
       problem(`${at}.parameters`, dialect.problem)
-    } else if (unrepresentable !== null) {
-      // JSON has no Infinity or NaN: sent, it would be null, and not the schema the plugin wrote.
-      problem(unrepresentable, 'is not a finite number (JSON has no Infinity or NaN)')
     } else {
-      try {
-        validate = createSchemaAjv(dialect.dialect).compile(parameters)
-      } catch (err) {
-        problem(`${at}.parameters`, `the schema does not compile: ${errorText(err)}`)
+      const unrepresentable = nonFiniteNumberPath(parameters, `${at}.parameters`)
+      if (unrepresentable !== null) {
+        // JSON has no Infinity or NaN: sent, it would be null, and not the schema the plugin wrote.
+        problem(unrepresentable, 'is not a finite number (JSON has no Infinity or NaN)')
+      } else {
+        try {
+          validate = createSchemaAjv(dialect.dialect).compile(parameters)
+        } catch (err) {
+          problem(`${at}.parameters`, `the schema does not compile: ${errorText(err)}`)
+        }
       }
     }
   } else {

@@ -16,18 +16,22 @@ _HOST_HEADER = re.compile(
 )
 
 
+def loopback_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The loopback IP address ``text`` spells (``127.0.0.0/8`` or ``::1``; an IPv4-mapped
+    ``::ffff:127.x.y.z`` as its IPv4 address), or None when it is not a loopback IP address."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address if address.is_loopback else None
+
+
 def is_loopback_hostname(hostname: str) -> bool:
     """True for ``localhost``, ``127.0.0.0/8``, ``::1`` and ``::ffff:127.x.y.z`` (brackets allowed)."""
     name = hostname.strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
+    return name == "localhost" or loopback_ip(name) is not None
 
 
 def is_loopback_host_header(host: str | None) -> bool:
@@ -41,13 +45,8 @@ def is_loopback_host_header(host: str | None) -> bool:
     if port is not None and not 1 <= int(port) <= 65535:
         return False
     if match["ipv4"] is not None:
-        parts = [int(part) for part in match["ipv4"].split(".")]
-        return parts[0] == 127 and all(part <= 255 for part in parts)
+        return is_loopback_hostname(match["ipv4"])
     if match["ipv6"] is not None:
-        try:
-            address = ipaddress.IPv6Address(match["ipv6"])
-        except ValueError:
-            return False
-        mapped = address.ipv4_mapped
-        return mapped.is_loopback if mapped is not None else address.is_loopback
+        # The ":" keeps an IPv4 address in brackets (``[127.0.0.1]``) refused.
+        return ":" in match["ipv6"] and is_loopback_hostname(match["ipv6"])
     return True

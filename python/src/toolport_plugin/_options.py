@@ -2,13 +2,12 @@
 instead of the first one surfacing at ``start()`` (Toolport would answer them with a 422)."""
 from __future__ import annotations
 
-import ipaddress
 import os
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import errors
-from ._loopback import is_loopback_hostname
+from ._loopback import is_loopback_hostname, loopback_ip
 from .errors import PluginError
 
 DEFAULT_TOOLPORT_URL = "http://127.0.0.1:3917"
@@ -86,10 +85,5 @@ def _bind_host(host: Any) -> str | None:
     (IPV6_V6ONLY) cannot bind it, and a connection to it reaches the IPv4 address anyway."""
     if not isinstance(host, str) or "%" in host:  # a zone id (::1%lo) has no place in a URL
         return None
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:  # a name (localhost…), brackets, or no address at all
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return str(address) if address.is_loopback else None
+    address = loopback_ip(host)  # None for a name (localhost…), brackets, or no address at all
+    return None if address is None else str(address)

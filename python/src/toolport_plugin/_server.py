@@ -143,12 +143,12 @@ class CallbackServer:
     async def _resume(self) -> None:
         await self._bind(self._bound_port)
 
-    def _refusal(self, request: web.Request) -> tuple[int, str] | None:
+    def _refusal(self, request: web.Request, path: str) -> tuple[int, str] | None:
         if not is_loopback_host_header(request.headers.get("host")):
             return 403, "the Host header must name a loopback address"
         if "origin" in request.headers:
             return 403, "browser requests are not accepted"
-        if not _raw_path(request).startswith(self._prefix):
+        if not path.startswith(self._prefix):
             return 404, "not found"
         if request.method != "POST":
             return 405, "only POST"
@@ -157,10 +157,11 @@ class CallbackServer:
         return None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._refusal(request)
+        path = _raw_path(request)
+        refusal = self._refusal(request, path)
         if refusal is not None:
             return web.Response(status=refusal[0], text=refusal[1])
-        name = _name_of(_raw_path(request)[len(self._prefix):])
+        name = _name_of(path[len(self._prefix):])
         tool = None if name is None else self._tools.get(name)
         if tool is None:
             return web.Response(status=404, text="no such tool")
