@@ -24,9 +24,9 @@ import {
   type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
-import { MCP_SERVER_INFO, mcpInstructions } from './sessions/mcp-info.js'
+import { MCP_SERVER_INFO, mcpInstructions, rpcError } from './sessions/mcp-info.js'
 import { RoleNotFoundError } from './errors.js'
-import { roleNameSchema } from './config.js'
+import { roleNameProblem } from './config.js'
 import { noop } from '../shared/util.js'
 
 export interface BridgeOptions {
@@ -70,8 +70,6 @@ interface Upstream {
   readonly client: Client
   /** tools/list and tools/call requests waiting on it. */
   requests: number
-  /** Dropped: no new request goes to it, and it closes once `requests` is 0. */
-  isRetired: boolean
   closeTimer: NodeJS.Timeout | undefined
 }
 
@@ -114,10 +112,8 @@ export function bridgeEndpoint (url: string, role: string): URL {
   if (base.protocol !== 'http:' &&
     base.protocol !== 'https:') throw new BridgeSettingError('url', `must be http or https (got ${url})`)
   // The rule of the role names a Toolport accepts: `..` would name the server root here, not a role.
-  const checked = roleNameSchema.safeParse(role)
-  if (!checked.success) {
-    throw new BridgeSettingError('role', `${JSON.stringify(role)} is not a role name: ${checked.error.issues[0]?.message ?? 'invalid'}`)
-  }
+  const problem = roleNameProblem(role)
+  if (problem !== undefined) throw new BridgeSettingError('role', `${JSON.stringify(role)} is not a role name: ${problem}`)
   if (!base.pathname.endsWith('/')) base.pathname += '/'
   return new URL(`mcp/${encodeURIComponent(role)}`, base)
 }
@@ -130,7 +126,7 @@ class StdioBridge implements Bridge {
   readonly #stdio: StdioServerTransport
   readonly #log: (line: string) => void
   #upstream: Upstream | null = null
-  /** Upstreams dropped while requests were still waiting on them. */
+  /** Upstreams dropped (retired): no new request goes to one, and it closes once its `requests` is 0. */
   readonly #retired = new Set<Upstream>()
   #connecting: Promise<Upstream | null> | null = null
   #reconnectTimer: NodeJS.Timeout | undefined
@@ -149,8 +145,11 @@ class StdioBridge implements Bridge {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(options.role)
     })
-    this.#server.setRequestHandler(ListToolsRequestSchema, (request) => this.#listTools(request))
-    this.#server.setRequestHandler(CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
+    // An upstream JSON-RPC error is answered as Toolport sent it (throwForwardable).
+    this.#server.setRequestHandler(ListToolsRequestSchema, async (request) =>
+      await this.#listTools(request).catch(throwForwardable))
+    this.#server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
+      await this.#callTool(request, extra).catch(throwForwardable))
     this.#server.onclose = () => { this.close().catch(noop) }
   }
 
@@ -175,7 +174,7 @@ class StdioBridge implements Bridge {
     clearInterval(this.#pingTimer)
     const upstream = this.#upstream
     this.#upstream = null
-    for (const retired of [...this.#retired]) this.#closeRetired(retired)
+    for (const retired of this.#retired) this.#closeRetired(retired)
     if (upstream !== null) await endUpstream(upstream.client)
     await this.#server.close().catch(noop)
     this.#resolveClosed()
@@ -188,10 +187,10 @@ class StdioBridge implements Bridge {
       try {
         return await this.#on(upstream, async (client) => await client.listTools(request.params))
       } catch (err) {
-        if (!isTransportFailure(err)) throw forwardable(err)
+        if (!isTransportFailure(err)) throw err
         this.#dropUpstream(upstream, err)
         // Listing is idempotent: after any transport failure, reconnect and try once more.
-        if (attempt > 1) throw forwardable(err)
+        if (attempt > 1) throw err
       }
     }
   }
@@ -206,14 +205,14 @@ class StdioBridge implements Bridge {
         return await this.#on(upstream, async (client) =>
           await client.callTool(request.params, CallToolResultSchema, options) as CallToolResult)
       } catch (err) {
-        if (extra.signal.aborted || !isTransportFailure(err)) throw forwardable(err)
+        if (extra.signal.aborted || !isTransportFailure(err)) throw err
         this.#dropUpstream(upstream, err)
         // Retry only when the call surely never ran: Toolport refused it for a session it no
         // longer has (a restart, the role removed), or no connection was made. Anything else
         // might have run the tool once already.
         const neverRan = isSessionGone(err) || isConnectFailure(err)
         if (!neverRan) return lostResult(this.endpoint)
-        if (attempt > 1) throw forwardable(err)
+        if (attempt > 1) throw err
       }
     }
   }
@@ -225,7 +224,7 @@ class StdioBridge implements Bridge {
       return await request(upstream.client)
     } finally {
       upstream.requests--
-      if (upstream.isRetired && upstream.requests === 0) this.#closeRetired(upstream)
+      if (upstream.requests === 0) this.#closeRetired(upstream)
     }
   }
 
@@ -268,7 +267,7 @@ class StdioBridge implements Bridge {
       await endUpstream(client)
       return null
     }
-    const upstream: Upstream = { client, requests: 0, isRetired: false, closeTimer: undefined }
+    const upstream: Upstream = { client, requests: 0, closeTimer: undefined }
     this.#upstream = upstream
     this.#reconnectDelayMs = RECONNECT_MIN_MS
     this.#log(`toolport mcp: connected to ${this.endpoint.href}`)
@@ -285,12 +284,9 @@ class StdioBridge implements Bridge {
    * ending the requests on it.
    */
   #dropUpstream (upstream: Upstream, err: unknown): void {
-    if (this.#upstream === upstream) {
-      this.#upstream = null
-      this.#log(`toolport mcp: lost the upstream session: ${describe(err)}`)
-    }
-    if (upstream.isRetired) return
-    upstream.isRetired = true
+    if (this.#upstream !== upstream) return
+    this.#upstream = null
+    this.#log(`toolport mcp: lost the upstream session: ${describe(err)}`)
     this.#retired.add(upstream)
     if (!isSessionGone(err) || upstream.requests === 0) {
       this.#closeRetired(upstream)
@@ -346,15 +342,15 @@ function isTransportFailure (err: unknown): boolean {
 }
 
 /**
- * An upstream JSON-RPC error as the bridge's handler throws it on: its code, data and message as
- * Toolport sent them. The client's McpError message carries an "MCP error <code>: " prefix, which
- * the downstream client's McpError would add a second time.
+ * Throws what a bridge handler failed with, an upstream JSON-RPC error as Toolport sent it (its
+ * code, data and message). The client's McpError message carries an "MCP error <code>: " prefix,
+ * which the downstream client's McpError would add a second time.
  */
-function forwardable (err: unknown): unknown {
-  if (!(err instanceof McpError)) return err
+function throwForwardable (err: unknown): never {
+  if (!(err instanceof McpError)) throw err
   const prefix = `MCP error ${err.code}: `
   const message = err.message.startsWith(prefix) ? err.message.slice(prefix.length) : err.message
-  return Object.assign(new Error(message), { code: err.code, data: err.data as unknown })
+  throw rpcError(err.code, message, err.data)
 }
 
 /** Ends an upstream session politely (DELETE, so Toolport detaches it at once), then closes it. */
@@ -365,16 +361,17 @@ async function endUpstream (client: Client): Promise<void> {
 }
 
 function unreachableResult (endpoint: URL): CallToolResult {
-  const text = JSON.stringify({ error: `Toolport is not reachable at ${endpoint.origin}; the tool was not called` })
-  return { content: [{ type: 'text', text }], isError: true }
+  return toolError(`Toolport is not reachable at ${endpoint.origin}; the tool was not called`)
 }
 
 /** A call whose connection was lost after it was sent: it may have run. */
 function lostResult (endpoint: URL): CallToolResult {
-  const text = JSON.stringify({
-    error: `the connection to Toolport at ${endpoint.origin} was lost during the call; the tool may have run`
-  })
-  return { content: [{ type: 'text', text }], isError: true }
+  return toolError(`the connection to Toolport at ${endpoint.origin} was lost during the call; the tool may have run`)
+}
+
+/** A tool error the model reads: `{"error": message}`. */
+function toolError (message: string): CallToolResult {
+  return { content: [{ type: 'text', text: JSON.stringify({ error: message }) }], isError: true }
 }
 
 function isSessionGone (err: unknown): boolean {

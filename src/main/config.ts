@@ -17,6 +17,12 @@ export const roleNameSchema = z.string().min(1).max(128)
   // Surrogate category is one that is not half of a pair.
   .refine((name) => !/\p{Surrogate}/u.test(name), { message: 'a role name must be well-formed Unicode (no lone surrogates)' })
 
+/** Why `name` is not a role name (roleNameSchema's first complaint); undefined when it is one. */
+export function roleNameProblem (name: unknown): string | undefined {
+  const checked = roleNameSchema.safeParse(name)
+  return checked.success ? undefined : checked.error.issues[0]?.message ?? 'must be a string of 1 to 128 characters'
+}
+
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
   mode: z.enum(['pool', 'inline']).default('pool'),

@@ -201,8 +201,10 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
  * every answer says `no-store` (SECURITY.md). Its other headers (`X-Accel-Buffering`, …) stay.
  */
 function keepNoStore (res: ServerResponse): void {
+  res.setHeader('cache-control', 'no-store')
   const writeHead = res.writeHead
   res.writeHead = function writeHeadNoStore (this: ServerResponse, ...args: unknown[]): ServerResponse {
+    // writeHead's headers would override the one set above: drop their cache-control.
     const last = args.length - 1
     const headers = args[last]
     if (Array.isArray(headers)) {
@@ -210,12 +212,10 @@ function keepNoStore (res: ServerResponse): void {
       for (let i = 0; i + 1 < headers.length; i += 2) {
         if (String(headers[i]).toLowerCase() !== 'cache-control') kept.push(headers[i], headers[i + 1])
       }
-      args[last] = [...kept, 'cache-control', 'no-store']
+      args[last] = kept
     } else if (headers !== null && typeof headers === 'object') {
-      const kept = Object.entries(headers).filter(([name]) => name.toLowerCase() !== 'cache-control')
-      args[last] = { ...Object.fromEntries(kept), 'cache-control': 'no-store' }
+      args[last] = Object.fromEntries(Object.entries(headers).filter(([name]) => name.toLowerCase() !== 'cache-control'))
     }
-    this.setHeader('cache-control', 'no-store')
     return Reflect.apply(writeHead, this, args) as ServerResponse
   } as ServerResponse['writeHead']
 }

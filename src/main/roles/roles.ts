@@ -1,7 +1,7 @@
 // The set of roles of one Runtime (`tp.roles`).
 import { Role, type RoleOptions } from './role.js'
 import { ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
-import { roleNameSchema } from '../config.js'
+import { roleNameProblem } from '../config.js'
 
 /**
  * The current roles. A role added later starts with an empty registry: a global registration
@@ -20,10 +20,8 @@ export class RoleManager {
 
   /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists. */
   add (name: string): Role {
-    const checked = roleNameSchema.safeParse(name)
-    if (!checked.success) {
-      throw new ConfigError(`role name: ${checked.error.issues[0]?.message ?? 'must be a string of 1 to 128 characters'}`)
-    }
+    const problem = roleNameProblem(name)
+    if (problem !== undefined) throw new ConfigError(`role name: ${problem}`)
     if (this.#roles.has(name)) throw new RoleExistsError(name)
     const role = new Role(name, this.#options)
     this.#roles.set(name, role)

@@ -90,22 +90,15 @@ export class BoundedEventStore implements EventStore {
   hasEventsAfter (eventId: EventId): boolean {
     const parsed = parseEventId(eventId)
     if (parsed === undefined) return false
-    const isStandalone = parsed.streamId === STANDALONE_STREAM
-    if (isStandalone && parsed.seq < this.#droppedUpTo) return true
-    for (let i = this.#head; i < this.#events.length; i++) {
-      const event = this.#events[i] as StoredEvent
-      if (event.seq <= parsed.seq || event.streamId !== parsed.streamId || event.isPriming) continue
-      // As replayEventsAfter: a message, a response's marker, or a list change's on the event stream.
-      if (event.message !== null || event.responseTo !== undefined || isStandalone) return true
-    }
-    return false
+    if (isStandaloneStream(parsed.streamId) && parsed.seq < this.#droppedUpTo) return true
+    return this.#replayable(parsed.seq, parsed.streamId).next().done !== true
   }
 
   /** The stream of an event id this store issued; undefined for an id it cannot resume. */
   async getStreamIdForEventId (eventId: EventId): Promise<StreamId | undefined> {
     const parsed = parseEventId(eventId)
     if (parsed === undefined || parsed.seq > this.#seq) return undefined
-    if (parsed.streamId === STANDALONE_STREAM) return parsed.streamId
+    if (isStandaloneStream(parsed.streamId)) return parsed.streamId
     // A request stream is resumable while any of its events is kept.
     for (let i = this.#head; i < this.#events.length; i++) {
       if ((this.#events[i] as StoredEvent).streamId === parsed.streamId) return parsed.streamId
@@ -119,26 +112,38 @@ export class BoundedEventStore implements EventStore {
     const parsed = parseEventId(lastEventId)
     if (parsed === undefined) throw new Error(`unknown event id ${JSON.stringify(lastEventId)}`)
     const { seq: after, streamId } = parsed
-    const isStandalone = streamId === STANDALONE_STREAM
     // Events of this stream may have been dropped entirely since: for the standalone stream
     // that can only have been a list change.
-    let owesListChanged = isStandalone && after < this.#droppedUpTo
+    let owesListChanged = isStandaloneStream(streamId) && after < this.#droppedUpTo
     const replay: Array<[EventId, JSONRPCMessage]> = []
+    for (const event of this.#replayable(after, streamId)) {
+      if (event === null) owesListChanged = true
+      else replay.push(event)
+    }
+    if (owesListChanged) await send(lastEventId, LIST_CHANGED)
+    for (const [id, message] of replay) await send(id, message)
+    return streamId
+  }
+
+  /**
+   * What a replay of `streamId` after `after` sends, in order: each kept message with its event id,
+   * a response's marker as the error for its request, and null for a list change's marker on the
+   * event stream (the replay sends one list change for those).
+   */
+  * #replayable (after: number, streamId: StreamId): Generator<[EventId, JSONRPCMessage] | null> {
+    const isStandalone = isStandaloneStream(streamId)
     for (let i = this.#head; i < this.#events.length; i++) {
       const event = this.#events[i] as StoredEvent
       if (event.seq <= after || event.streamId !== streamId || event.isPriming) continue
       const id = `${event.seq}_${streamId}`
       if (event.message !== null) {
-        replay.push([id, event.message])
+        yield [id, event.message]
       } else if (event.responseTo !== undefined) {
-        replay.push([id, lostResponse(event.responseTo)])
+        yield [id, lostResponse(event.responseTo)]
       } else if (isStandalone) {
-        owesListChanged = true
+        yield null
       }
     }
-    if (owesListChanged) await send(lastEventId, LIST_CHANGED)
-    for (const [id, message] of replay) await send(id, message)
-    return streamId
   }
 
   #trim (): void {
@@ -171,7 +176,12 @@ export function streamOfEventId (eventId: string): StreamId | undefined {
 
 /** Whether an event id is one of the standalone (GET) stream's: the session's event stream. */
 export function isStandaloneEventId (eventId: string): boolean {
-  return streamOfEventId(eventId) === STANDALONE_STREAM
+  return isStandaloneStream(streamOfEventId(eventId))
+}
+
+/** Whether a stream id is the standalone (GET) stream's: the session's event stream. */
+export function isStandaloneStream (streamId: StreamId | undefined): boolean {
+  return streamId === STANDALONE_STREAM
 }
 
 function parseEventId (eventId: string): { seq: number, streamId: string } | undefined {

@@ -9,3 +9,12 @@ export const MCP_SERVER_INFO = Object.freeze({ name: 'toolport', version: VERSIO
 export function mcpInstructions (role: string): string {
   return `The tools of the Toolport role '${role}'. The list changes while you run: tools/list again when notified.`
 }
+
+/**
+ * The JSON-RPC error a request handler throws: the SDK answers `code`, `message` and `data` as they
+ * are. Not an McpError, whose message carries an "MCP error <code>: " prefix that the client's
+ * McpError would add a second time.
+ */
+export function rpcError (code: number, message: string, data?: unknown): Error {
+  return Object.assign(new Error(message), data === undefined ? { code } : { code, data })
+}

@@ -35,13 +35,15 @@ import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/proto
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
-import type { ToolResult } from '../dispatch/result.js'
+import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
-import { MCP_SERVER_INFO, mcpInstructions } from './mcp-info.js'
+import { MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
 import { loadMcpSdk, mcpSdk } from './mcp-sdk.js'
 import { jsonDepth } from '../schemas.js'
 import { toolDefinitions } from './definitions.js'
-import { BoundedEventStore, isStandaloneEventId, streamOfEventId, type EventStoreLimits } from './event-store.js'
+import {
+  BoundedEventStore, isStandaloneEventId, isStandaloneStream, streamOfEventId, type EventStoreLimits
+} from './event-store.js'
 
 export interface McpSessionsOptions {
   /** A session with no open event stream and no request for this long ends (default 10 min). */
@@ -315,6 +317,8 @@ export class McpSession implements ModelSession {
   readonly #hooks: SessionHooks
   readonly #server: Server
   readonly #transport: StreamableHTTPServerTransport
+  /** The transport's books of requests and streams; undefined if the SDK's internals differ. */
+  readonly #books: TransportBooks | undefined
   /** The protocol version negotiated at `initialize`. */
   #protocolVersion = ''
   /**
@@ -361,9 +365,10 @@ export class McpSession implements ModelSession {
       eventStore: this.#eventStore,
       retryInterval: options.retryIntervalMs
     })
+    this.#books = transportBooks(this.#transport)
     primeByNegotiatedVersion(this.#transport, () => this.#protocolVersion)
     streamWithoutReadAhead(this.#transport, () => this.#isChunkable)
-    endFinishedStreamsOnResume(this.#transport, this.#eventStore)
+    endFinishedStreamsOnResume(this.#transport, this.#books, this.#eventStore)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(role)
@@ -501,9 +506,9 @@ export class McpSession implements ModelSession {
     const message = `the MCP session ended before the call finished (${ENDED_BECAUSE[reason]}); the call was cancelled`
     const ids = [...this.#running.keys()]
     this.#running.clear()
-    await Promise.all(ids.map(async (id) => {
+    await Promise.all(ids.map((id) => {
       const answer = { jsonrpc: '2.0', id, error: { code: RPC_INTERNAL_ERROR, message } } as JSONRPCMessage
-      await this.#transport.send(answer).catch(noop)
+      return this.#transport.send(answer).catch(noop)
     }))
   }
 
@@ -550,7 +555,7 @@ export class McpSession implements ModelSession {
         throw invalidParams(result.error ?? `unknown tool '${name}'`)
       }
       const refused = this.#budget.acquire(this)
-      if (refused !== '') return { content: [{ type: 'text', text: JSON.stringify({ error: refused }) }], isError: true }
+      if (refused !== '') return toCallToolResult(errorResult(refused))
       this.#calls++
       try {
         const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal })
@@ -575,7 +580,7 @@ export class McpSession implements ModelSession {
   #onCancelled (requestId: RequestId, signal: AbortSignal): void {
     if (this.#running.get(requestId) === signal) this.#running.delete(requestId)
     if (this.#closing !== null || this.#isClosed) return
-    const books = transportBooks(this.#transport)
+    const books = this.#books
     const streamId = books?.requests.get(requestId)
     // After the SDK's own answer path has run: an answer already on its way is left to it.
     setImmediate(() => {
@@ -586,8 +591,7 @@ export class McpSession implements ModelSession {
       }
       if (streamId === undefined || books.requests.get(requestId) !== streamId || books.responses.has(requestId)) return
       // A batch's stream ends once every other request on it has its answer too.
-      const others: RequestId[] = []
-      for (const [id, stream] of books.requests) if (stream === streamId && id !== requestId) others.push(id)
+      const others = requestsOnStream(books, streamId).filter((id) => id !== requestId)
       if (!others.every((id) => books.responses.has(id))) {
         books.requests.delete(requestId)
         return
@@ -660,8 +664,8 @@ const MAX_STRUCTURED_DEPTH = 4096
 function sendableResult (result: CallToolResult): CallToolResult {
   if (result.structuredContent === undefined ||
     jsonDepth(result.structuredContent, MAX_STRUCTURED_DEPTH) <= MAX_STRUCTURED_DEPTH) return result
-  const error = `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`
-  return { content: [{ type: 'text', text: JSON.stringify({ error }) }], isError: true }
+  return toCallToolResult(errorResult(
+    `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`))
 }
 
 const definitionBytes = new WeakMap<object, number>()
@@ -674,15 +678,6 @@ export function bytesOf (tool: object): number {
     definitionBytes.set(tool, bytes)
   }
   return bytes
-}
-
-/**
- * The JSON-RPC error a request handler throws: the SDK answers `code` and `message` as they are.
- * Not an McpError, whose message carries an "MCP error <code>: " prefix that the client's McpError
- * would add a second time.
- */
-function rpcError (code: number, message: string): Error {
-  return Object.assign(new Error(message), { code })
 }
 
 /** The JSON-RPC "invalid params" error a request handler throws. */
@@ -767,16 +762,13 @@ function streamWithoutReadAhead (transport: StreamableHTTPServerTransport, isChu
  * running is resumed as the SDK does it (its answer ends the stream). If the SDK's internals
  * differ, its own behaviour stays.
  */
-function endFinishedStreamsOnResume (transport: StreamableHTTPServerTransport, store: BoundedEventStore): void {
-  const books = transportBooks(transport)
+function endFinishedStreamsOnResume (transport: StreamableHTTPServerTransport, books: TransportBooks | undefined,
+  store: BoundedEventStore): void {
   if (books === undefined) return
-  const isFinished = (streamId: string): boolean => {
-    for (const stream of books.requests.values()) if (stream === streamId) return false
-    return true
-  }
+  const isFinished = (streamId: string): boolean => requestsOnStream(books, streamId).length === 0
   wrapInnerMethod(transport, 'replayEvents', (original) => async function replayEvents (lastEventId) {
     const streamId = streamOfEventId(lastEventId)
-    if (streamId === undefined || isStandaloneEventId(lastEventId)) return await original(lastEventId)
+    if (streamId === undefined || isStandaloneStream(streamId)) return await original(lastEventId)
     if (isFinished(streamId) && !store.hasEventsAfter(lastEventId)) {
       const message = 'Bad Request: that stream has ended and has nothing more to send'
       return new Response(JSON.stringify({ jsonrpc: '2.0', error: { code: -32000, message }, id: null }), {
@@ -804,7 +796,7 @@ interface TransportBooks {
 }
 
 function transportBooks (transport: StreamableHTTPServerTransport): TransportBooks | undefined {
-  const inner = (transport as unknown as { _webStandardTransport?: Record<string, unknown> })._webStandardTransport
+  const inner = innerTransport<Record<string, unknown>>(transport)
   const requests = inner?._requestToStreamMapping
   const responses = inner?._requestResponseMap
   const streams = inner?._streamMapping
@@ -816,6 +808,13 @@ function transportBooks (transport: StreamableHTTPServerTransport): TransportBoo
     streams: streams as TransportBooks['streams'],
     resumable: resumable instanceof Set ? resumable as Set<string> : undefined
   }
+}
+
+/** The requests on stream `streamId` that are not yet answered (or whose batch is not), in the books' order. */
+function requestsOnStream (books: TransportBooks, streamId: string): RequestId[] {
+  const ids: RequestId[] = []
+  for (const [id, stream] of books.requests) if (stream === streamId) ids.push(id)
+  return ids
 }
 
 /** The methods of the SDK transport's inner web-standard transport that this file wraps. */
@@ -832,10 +831,15 @@ interface InnerTransport {
  */
 function wrapInnerMethod<K extends keyof InnerTransport> (transport: StreamableHTTPServerTransport, name: K,
   wrap: (original: InnerTransport[K]) => InnerTransport[K]): void {
-  const inner = (transport as unknown as { _webStandardTransport?: Partial<InnerTransport> })._webStandardTransport
+  const inner = innerTransport<InnerTransport>(transport)
   const original = inner?.[name]
   if (inner === undefined || typeof original !== 'function') return
   inner[name] = wrap(original.bind(inner) as InnerTransport[K])
+}
+
+/** The SDK transport's inner web-standard transport (internals); undefined if the SDK's internals differ. */
+function innerTransport<T extends object> (transport: StreamableHTTPServerTransport): Partial<T> | undefined {
+  return (transport as unknown as { _webStandardTransport?: Partial<T> })._webStandardTransport
 }
 
 function uncork (socket: Socket): void {

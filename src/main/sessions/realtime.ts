@@ -376,7 +376,7 @@ class RealtimeAdapter implements RealtimeSession {
     // A cancelled response's late result is dropped (and the response forgotten once its last
     // call is back), as is anything after close.
     if (this.#isClosed) return
-    if (response.isCancelled || call.controller.signal.aborted) {
+    if (response.isCancelled) {
       this.#forget(response)
       return
     }
@@ -440,7 +440,6 @@ class RealtimeAdapter implements RealtimeSession {
       for (const event of response.held.splice(0)) this.#sendOutput(response, event)
     }
     this.#maybeRespond(response)
-    if (isCancelled) this.#forget(response)
   }
 
   #response (id: string): ResponseState {
