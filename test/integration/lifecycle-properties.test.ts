@@ -370,7 +370,7 @@ test('listen() on a closed Toolport is refused (TP_ERR_CLOSED) and opens no port
   assert.equal(tp.app.server.listening, false)
 })
 
-test('toolportPlugin in a host app: after the runtime closed, GET /api/events answers 503 TP_ERR_CLOSED (or ends) instead of an endless stream (README "Errors": TP_ERR_CLOSED)', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
+test('toolportPlugin in a host app: after the runtime closed, every route but health and metrics answers 503 TP_ERR_CLOSED, GET /api/events too instead of an endless stream (README "Errors": TP_ERR_CLOSED)', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
   const tp = await createToolport({ logger: false, roles: ['R'], dispatch: { mode: 'inline' } })
   const app = fastify()
   await app.register(toolportPlugin, { runtime: tp })
@@ -384,6 +384,21 @@ test('toolportPlugin in a host app: after the runtime closed, GET /api/events an
   })
   assert.equal(reg.status, 503)
   assert.equal(((await reg.json()) as { code: string }).code, 'TP_ERR_CLOSED')
+  // Reads and new MCP sessions too: nothing is served from a closed runtime as if it were live.
+  const list = await fetch(`${base}/api/tools`)
+  assert.deepEqual([list.status, ((await list.json()) as { code: string }).code], [503, 'TP_ERR_CLOSED'])
+  const init = await fetch(`${base}/mcp/R`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'late', version: '1' } } })
+  })
+  assert.equal(init.status, 503, 'an MCP initialize on a closed runtime opens no session')
+  assert.equal(init.headers.get('mcp-session-id'), null)
+  await init.arrayBuffer()
+  // The health report still answers, and says so.
+  const health = await fetch(`${base}/api/health`)
+  assert.equal(health.status, 503)
+  assert.equal(((await health.json()) as { status: string }).status, 'closed')
   const got = await new Promise<string>((resolve) => {
     const req = httpRequest(`${base}/api/events`, { agent: false }, (res) => {
       let body = ''

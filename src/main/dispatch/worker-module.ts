@@ -50,6 +50,12 @@ export function sourceWorkerModule (name: string): WorkerModule {
   // bundled by esbuild, see scripts/test-node.mjs).
   const execArgv = workerExecArgv(process.execArgv, true)
   if (!execArgv.some((arg) => TSX.test(arg))) execArgv.push('--import', import.meta.resolve('tsx'))
+  // piscina first require()s the module. With tsx's CommonJS hook that reaches Node 20's
+  // require(esm) for this ES module, which has aborted the thread's V8 (a fatal "IsGraphAsync
+  // must be used on an instantiated module") now and then. Without require(esm) the require()
+  // fails at once and piscina import()s the module, as it does the built one.
+  // (A Node without the feature has no such flag either.)
+  if ('require_module' in process.features) execArgv.push('--no-experimental-require-module')
   return { url: new URL(`../../workers/${name}.ts`, import.meta.url).href, typescript: true, execArgv }
 }
 

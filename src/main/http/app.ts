@@ -13,6 +13,7 @@ import { registerDefinitionRoutes } from './definitions.js'
 import { registerEventRoutes } from './events.js'
 import { buildAppGuard, registerConsole } from './console.js'
 import { observerOf } from '../observe/observer.js'
+import { ClosedError } from '../errors.js'
 import { buildLazySerializer } from './serializers.js'
 
 export interface ToolportPluginOptions {
@@ -36,6 +37,13 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   done) {
   const { runtime } = options
   if (options.guard !== false) app.addHook('onRequest', buildGuard(runtime.options.security))
+  // After the guard (a refused client learns nothing of the runtime's state): once the runtime is
+  // closing, every route but the health report and the last metrics answers
+  // 503 TP_ERR_CLOSED, also in a host's app that stays up (docs/architecture.md, "close()").
+  app.addHook('onRequest', function refuseWhenClosed (request, _reply, done) {
+    if (runtime.closed && !OPEN_AFTER_CLOSE.has(request.routeOptions.url ?? '')) done(new ClosedError())
+    else done()
+  })
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit: runtime.options.limits.maxBodyBytes },
     buildJsonParser(runtime.options.limits.maxJsonDepth))
@@ -48,6 +56,9 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   registerEventRoutes(app, runtime)
   done()
 }
+
+/** Routes that still answer once the runtime is closed: what they report stays true. */
+const OPEN_AFTER_CLOSE: ReadonlySet<string> = new Set(['/api/health', '/metrics'])
 
 /** Builds the standalone app: the guard on every request, the routes, JSON errors everywhere. */
 export function buildApp (runtime: Runtime): FastifyInstance {
