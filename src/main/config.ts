@@ -4,6 +4,7 @@
 // variables onto the same schema with `optionsFromEnv`, so both see one set of defaults.
 import { z } from 'zod'
 import { ConfigError } from './errors.js'
+import { isWellFormedText } from '../shared/util.js'
 
 /**
  * A role name: 1 to 128 characters, not `.` or `..` (a URL path cannot carry those as a segment,
@@ -13,9 +14,7 @@ import { ConfigError } from './errors.js'
  */
 export const roleNameSchema = z.string().min(1).max(128)
   .refine((name) => name !== '.' && name !== '..', { message: 'a role cannot be named . or ..: URLs cannot name it' })
-  // `String.prototype.isWellFormed` is ES2024, beyond this project's lib: a code point of the
-  // Surrogate category is one that is not half of a pair.
-  .refine((name) => !/\p{Surrogate}/u.test(name), { message: 'a role name must be well-formed Unicode (no lone surrogates)' })
+  .refine(isWellFormedText, { message: 'a role name must be well-formed Unicode (no lone surrogates)' })
 
 /** Why `name` is not a role name (roleNameSchema's first complaint); undefined when it is one. */
 export function roleNameProblem (name: unknown): string | undefined {

@@ -9,7 +9,7 @@ import { z } from 'zod'
 import { createSchemaAjv, nonFiniteNumberPath, schemaDialect } from '../shared/json-schema.js'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
-import { codePointLength, errorText, isPlainObject, MAX_TIMER_MS } from '../shared/util.js'
+import { codePointLength, errorText, isPlainObject, isWellFormedText, MAX_TIMER_MS } from '../shared/util.js'
 
 /** A JSON Schema object, as Toolport shows it to the model. */
 export type JsonSchemaObject = Record<string, unknown>
@@ -278,6 +278,8 @@ function resolveTool (name: string, tool: unknown, problem: (path: string,
   const at = `tools.${name}`
   const length = codePointLength(name)
   if (length < 1 || length > 64) problem(at, 'a tool name must be 1 to 64 characters')
+  // Its callback URL's path is its UTF-8, percent-encoded: a lone surrogate has none.
+  if (!isWellFormedText(name)) problem(at, 'a tool name must be Unicode text, without lone surrogates')
   if (!isPlainObject(tool)) {
     problem(at, 'must be an object with a handler')
     return null

@@ -31,5 +31,14 @@ export function codePointLength (s: string): number {
   return [...s].length
 }
 
+/**
+ * True when `s` is well-formed Unicode: no lone surrogate, which has no UTF-8 form (so no URL or
+ * UTF-8 body can carry it). `String.prototype.isWellFormed` is ES2024, beyond this project's lib;
+ * in a `u` regex a code point of the Surrogate category is one that is not half of a pair.
+ */
+export function isWellFormedText (s: string): boolean {
+  return !/\p{Surrogate}/u.test(s)
+}
+
 /** setTimeout's largest delay (~24.8 days); a larger one fires at once. */
 export const MAX_TIMER_MS = 2 ** 31 - 1

@@ -130,6 +130,11 @@ test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PL
   { code: 'TP_ERR_PLUGIN_OPTIONS' })
   assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', tools: {} }),
     { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  // A lone surrogate has no UTF-8, so no callback URL path: refused here, as the Python SDK does,
+  // not later in start() with a URIError.
+  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', tools: { 'a\ud800': { handler } } }),
+    (err: unknown) => err instanceof PluginError && err.code === 'TP_ERR_PLUGIN_OPTIONS' &&
+      err.details.some((d) => d.path === 'tools.a\ud800' && /lone surrogates/.test(d.message)))
   assert.throws(() => createPlugin({
     toolportUrl: 'http://127.0.0.1:3917',
     source: 'plugin:x',
