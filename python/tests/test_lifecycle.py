@@ -255,3 +255,22 @@ async def test_ownership_mode_binds_the_source_to_the_plugin_key(tmp_path: os.Pa
                 assert (await res.json())["tools_by_role"]["default"] == []
     finally:
         await asyncio.to_thread(tp.stop)
+
+
+async def test_stop_of_a_plugin_whose_role_is_gone_reports_a_clean_clear(own_api: Api) -> None:
+    # Its one role went away (here: Toolport restarted without it) and every tool of its source
+    # with it: stop() has nothing to clear and says so, as the TypeScript SDK does, instead of
+    # reporting Toolport's TP_ERR_ROLE_NOT_FOUND as a failed clear.
+    api = own_api
+    plugin = new_plugin(api, role="default", max_backoff=1.0)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    await plugin.start()
+    api.tp.kill()
+    api.tp.roles = ["other"]
+    await asyncio.to_thread(api.tp.start)  # the same port, without the role "default"
+    stopped = await plugin.stop()
+    assert (stopped.is_cleared, stopped.removed, stopped.error) == (True, 0, None)

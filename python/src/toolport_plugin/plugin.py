@@ -322,8 +322,12 @@ class Plugin:
                     removed = await self._client.clear(self.source, self.role)
                     result = StopResult(True, removed, None)
                 except PluginError as err:
-                    result = StopResult(False, 0, err)
-                    self._report(err, logging.WARNING)
+                    if self.role is not None and _is_role_not_found(err):
+                        # The plugin's one role is gone, and every tool of ours went with it.
+                        result = StopResult(True, 0, None)
+                    else:
+                        result = StopResult(False, 0, err)
+                        self._report(err, logging.WARNING)
         await self._server.close(grace)
         await self._client.close()
         self._state = "stopped"
@@ -541,7 +545,14 @@ class Plugin:
                 # holds the name keeps it; with role=None this also reaches roles created later.
                 everywhere = self.role is not None or len(missing_roles) == len(listed)
                 for target in ([self.role] if everywhere else missing_roles):
-                    done_names, done_roles = await self._register([self._tools[tool_name]], target)
+                    try:
+                        done_names, done_roles = await self._register([self._tools[tool_name]], target)
+                    except PluginError as err:
+                        # A role removed since the list took its tools with it: nothing to restore
+                        # there, and the other roles still need theirs.
+                        if self.role is None and target is not None and _is_role_not_found(err):
+                            continue
+                        raise
                     roles.extend(r for r in done_roles if r not in roles)
                     if done_names and tool_name not in names:
                         names.append(tool_name)
@@ -574,3 +585,6 @@ def _stopped_during_start() -> PluginError:
     return PluginError(errors.STATE, "stop() was called before start() finished")
 
 
+def _is_role_not_found(err: PluginError) -> bool:
+    """Toolport's 404 for a role that does not exist (any more)."""
+    return err.toolport_code == "TP_ERR_ROLE_NOT_FOUND"
