@@ -111,6 +111,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       syncTimeoutMs: this.options.syncTimeoutMs,
       events: this,
       schemaBudgets: this.options.limits,
+      registrationLimits: this.options.limits,
       beforeLocalTool: (source) => { this.#owners.release(source) }
     })
     for (const name of this.options.roles) this.roles.add(name)

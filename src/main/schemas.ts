@@ -41,9 +41,9 @@ export const registerSchema = z.object({
   name: toolName.describe('the tool name the model calls, 1–64 characters'),
   // The configurable, tighter cap (limits.maxDescriptionChars) is checked in registrationProblems.
   description: z.string().max(1024 * 1024, { message: 'must be at most 1048576 characters' }).default('')
-    .describe('shown to the model'),
+    .describe('shown to the model; at most limits.maxDescriptionChars characters (default 16384)'),
   parameters: parametersField.default(() => ({ type: 'object', properties: {} }))
-    .describe('JSON Schema object of the arguments'),
+    .describe('JSON Schema object of the arguments; at most limits.maxParametersBytes bytes of JSON (default 65536) and limits.maxParametersDepth levels (default 32)'),
   callback_url: callbackUrl.describe('http(s) URL on localhost, 127.0.0.0/8, [::1] or [::ffff:127.x.y.z]'),
   role: roleField.describe('an existing role, or null for every current role'),
   source: sourceField.default('external').describe('lifecycle tag for clear; plugins use plugin:<id>'),
@@ -108,10 +108,12 @@ export interface RegistrationLimits {
 }
 
 /**
- * Checks a parsed registration against the configured size limits; returns every problem.
+ * Checks a parsed registration (or local tool) against the configured size limits; returns every
+ * problem.
  * The walk over `parameters` is iterative, so a hostile schema cannot exhaust the stack.
  */
-export function registrationProblems (request: RegisterRequest, limits: RegistrationLimits): ErrorDetail[] {
+export function registrationProblems (request: Pick<RegisterRequest, 'description' | 'parameters'>,
+  limits: RegistrationLimits): ErrorDetail[] {
   const problems: ErrorDetail[] = []
   if (request.description.length > limits.maxDescriptionChars) {
     problems.push({

@@ -108,6 +108,29 @@ test('library: registerLocalTool with an invalid name or handler throws a typed 
   assert.deepEqual(names(tp, 'Lanlan'), [])
 })
 
+test('library: registerLocalTool holds a tool to the registration size limits (README "Options": limits.maxDescriptionChars, maxParametersBytes, maxParametersDepth)', async (t) => {
+  const tp = await createTestToolport(t, {
+    roles: ['Lanlan'],
+    limits: { maxDescriptionChars: 10, maxParametersBytes: 256, maxParametersDepth: 4 }
+  })
+  const role = tp.roles.get('Lanlan')
+  const handler = (): number => 1
+  const refusedAt = async (options: Parameters<typeof role.registerLocalTool>[0], path: string): Promise<void> => {
+    await assert.rejects(role.registerLocalTool(options), (err: unknown) => {
+      isCode('TP_ERR_VALIDATION', 422)(err)
+      assert.deepEqual((err as { details: Array<{ path: string }> }).details.map((d) => d.path), [path])
+      return true
+    })
+  }
+  await refusedAt({ name: 'long', description: 'x'.repeat(11), handler }, 'description')
+  await refusedAt({ name: 'big', parameters: { type: 'object', description: 'y'.repeat(256) }, handler }, 'parameters')
+  await refusedAt({ name: 'deep', parameters: { type: 'object', properties: { a: { type: 'object', properties: { b: {} } } } }, handler }, 'parameters')
+  assert.deepEqual(names(tp, 'Lanlan'), [])
+  // At the limits, it is registered.
+  await role.registerLocalTool({ name: 'fits', description: 'x'.repeat(10), handler })
+  assert.deepEqual(names(tp, 'Lanlan'), ['fits'])
+})
+
 test('library: a local tool\'s signal aborts with a TimeoutError at its deadline and an AbortError when the call is cancelled', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const reasons: unknown[] = []

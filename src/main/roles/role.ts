@@ -3,7 +3,8 @@ import type { EventEmitter } from 'node:events'
 import { emitChangeEnd, type RemovalReason, type ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
-import { localToolSchema, parseOrThrow, type JsonSchemaObject } from '../schemas.js'
+import { localToolSchema, parseOrThrow, registrationProblems, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
+import { validationError } from '../errors.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
 import { kSyncCount } from '../symbols.js'
@@ -26,6 +27,8 @@ export interface RoleOptions {
   events: EventEmitter<ToolportEvents>
   /** Compile budgets of local tools' `parameters` (the runtime's `limits`). */
   schemaBudgets?: SchemaBudgets | undefined
+  /** Size limits of local tools, as of registrations (the runtime's `limits`; none when unset). */
+  registrationLimits?: RegistrationLimits | undefined
   /**
    * Called in the turn a local tool of `source` is added, before it is: ownership mode releases a
    * binding whose tools are all gone, which the local tool would otherwise bring back in force.
@@ -51,12 +54,14 @@ export class Role {
   readonly #sync: RoleSync
   readonly #events: EventEmitter<ToolportEvents>
   readonly #schemaBudgets: SchemaBudgets
+  readonly #registrationLimits: RegistrationLimits | undefined
   readonly #beforeLocalTool: ((source: string) => void) | undefined
 
   constructor (name: string, options: RoleOptions) {
     this.name = name
     this.#events = options.events
     this.#schemaBudgets = options.schemaBudgets ?? DEFAULT_SCHEMA_BUDGETS
+    this.#registrationLimits = options.registrationLimits
     this.#beforeLocalTool = options.beforeLocalTool
     this.#sync = new RoleSync({
       definitions: () => this.registry.definitions(),
@@ -141,7 +146,7 @@ export class Role {
    * Local tools are listed with `is_remote: false`, and the HTTP API cannot replace or remove them.
    */
   async registerLocalTool (options: LocalToolOptions): Promise<SyncOutcome> {
-    const entry = await buildLocalEntry(options, this.#schemaBudgets)
+    const entry = await buildLocalEntry(options, this.#schemaBudgets, this.#registrationLimits)
     this.#beforeLocalTool?.(entry.source)
     const previous = this.registry.set(entry)
     if (previous !== undefined) this.emitRemoved(previous, 'replaced')
@@ -191,9 +196,14 @@ export class Role {
   }
 }
 
-async function buildLocalEntry (options: LocalToolOptions, budgets: SchemaBudgets): Promise<ToolEntry> {
-  // The registration rules, shared with the HTTP API; a bad field is a 422 naming it.
+async function buildLocalEntry (options: LocalToolOptions, budgets: SchemaBudgets,
+  limits: RegistrationLimits | undefined): Promise<ToolEntry> {
+  // The registration rules and size limits, shared with the HTTP API; a bad field is a 422 naming it.
   const valid = parseOrThrow(localToolSchema, options)
+  if (limits !== undefined) {
+    const problems = registrationProblems(valid, limits)
+    if (problems.length > 0) throw validationError(problems)
+  }
   // A copy: the host may go on using its object (a schema builder reused for the next tool), and
   // the schema listed and measured must stay the one compiled here.
   const parameters = JSON.parse(JSON.stringify(valid.parameters)) as typeof valid.parameters
