@@ -280,6 +280,16 @@ test('MCP: sessions of two roles are isolated: each lists, calls and is notified
   assert.equal(lanlan.noticeCount, 1)
 })
 
+test('MCP: a role with the longest name (128 characters of 3 bytes of UTF-8 each) is reachable at /mcp/{role} (README "Options": roles)', async (t) => {
+  const { tp, connect } = await setup(t)
+  // Percent-encoded, its path segment is 9 characters per character: 1152 in all.
+  const role = 'ロ'.repeat(128)
+  tp.roles.add(role)
+  const connected = await connect(role)
+  assert.deepEqual((await connected.client.listTools()).tools, [])
+  assert.equal(tp.roles.get(role).sessions().length, 1)
+})
+
 test('MCP: each MCP session is a ModelSession of its role from initialize on', async (t) => {
   const { tp, connect } = await setup(t)
   const role = tp.roles.get('Lanlan')
