@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kDispatchMode, kDispatchReady, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
+import { kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 import { closeObserverOf } from './observe/observer.js'
 
@@ -90,6 +90,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #dispatcher: Dispatcher
   readonly #health: OriginHealth
   readonly #background = new Set<Promise<unknown>>()
+  /** What routes mounted on this runtime end once it has closed (their MCP sessions). */
+  readonly #closeHooks = new Set<() => Promise<void>>()
   readonly #startedAt = Date.now()
   /** Random per Runtime (so per process start), in `/api/health` and the event stream's `hello`. */
   readonly instanceId: string = randomUUID()
@@ -435,6 +437,16 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     await Promise.allSettled([...this.#background])
     // Event streams end with the runtime, also those of a host's app that stays up.
     closeObserverOf(this)
+    // So do MCP sessions, after a turn in which the answers the close gave their calls are written.
+    if (this.#closeHooks.size > 0) {
+      await new Promise(setImmediate)
+      await Promise.allSettled([...this.#closeHooks].map(async (hook) => { await hook() }))
+    }
+  }
+
+  [kOnClose] (hook: () => Promise<void>): () => void {
+    this.#closeHooks.add(hook)
+    return () => { this.#closeHooks.delete(hook) }
   }
 
   get closed (): boolean { return this.#closed }

@@ -18,3 +18,8 @@ export const kDispatchMode = Symbol('toolport.dispatchMode')
 export const kDispatchReady = Symbol('toolport.dispatchReady')
 /** `Role[kSyncCount]`: syncs the role started so far (sessions present). */
 export const kSyncCount = Symbol('toolport.syncCount')
+/**
+ * `Runtime[kOnClose](hook)`: runs `hook` once the runtime has closed (its calls answered), also
+ * when a host's app stays up; returns a function that removes it.
+ */
+export const kOnClose = Symbol('toolport.onClose')

@@ -377,7 +377,34 @@ test('toolportPlugin in a host app: after the runtime closed, every route but he
   await app.listen({ host: '127.0.0.1', port: 0 })
   t.after(async () => { await app.close(); await tp.close() })
   const base = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`
+  // An MCP session with its event stream open before the close: the stream ends with the runtime.
+  const init = await fetch(`${base}/mcp/R`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify(MCP_INITIALIZE)
+  })
+  const sessionId = init.headers.get('mcp-session-id') ?? ''
+  await init.arrayBuffer()
+  assert.notEqual(sessionId, '')
+  let streamHeaders: () => void = () => {}
+  const streamOpen = new Promise<void>((resolve) => { streamHeaders = resolve })
+  const mcpStream = new Promise<string>((resolve) => {
+    const req = httpRequest(`${base}/mcp/R`, {
+      agent: false, headers: { accept: 'text/event-stream', 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' }
+    }, (res) => {
+      streamHeaders()
+      res.resume()
+      res.once('end', () => { resolve(`${res.statusCode ?? 0} ended`) })
+      res.once('close', () => { resolve(`${res.statusCode ?? 0} closed`) })
+    })
+    req.once('error', (e: NodeJS.ErrnoException) => { streamHeaders(); resolve(`error ${e.code ?? ''}`) })
+    // Hang guard: a stream still open 5 s after the close is the failure.
+    streamOpen.then(() => setTimeout(() => { req.destroy(); resolve('still open 5 s after close()') }, 5_000).unref(), () => {})
+    req.end()
+  })
+  await streamOpen
   await tp.close()
+  assert.match(await mcpStream, /^200 (ended|closed|cut)/, 'the MCP event stream of a closed runtime ends')
   // Other routes of the closed runtime answer 503 TP_ERR_CLOSED.
   const reg = await fetch(`${base}/api/tools/register`, {
     method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ name: 'x', callback_url: 'http://127.0.0.1:9/x' })
@@ -387,14 +414,14 @@ test('toolportPlugin in a host app: after the runtime closed, every route but he
   // Reads and new MCP sessions too: nothing is served from a closed runtime as if it were live.
   const list = await fetch(`${base}/api/tools`)
   assert.deepEqual([list.status, ((await list.json()) as { code: string }).code], [503, 'TP_ERR_CLOSED'])
-  const init = await fetch(`${base}/mcp/R`, {
+  const late = await fetch(`${base}/mcp/R`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'late', version: '1' } } })
+    body: JSON.stringify(MCP_INITIALIZE)
   })
-  assert.equal(init.status, 503, 'an MCP initialize on a closed runtime opens no session')
-  assert.equal(init.headers.get('mcp-session-id'), null)
-  await init.arrayBuffer()
+  assert.equal(late.status, 503, 'an MCP initialize on a closed runtime opens no session')
+  assert.equal(late.headers.get('mcp-session-id'), null)
+  await late.arrayBuffer()
   // The health report still answers, and says so.
   const health = await fetch(`${base}/api/health`)
   assert.equal(health.status, 503)
@@ -413,3 +440,10 @@ test('toolportPlugin in a host app: after the runtime closed, every route but he
   })
   assert.match(got, /^503 end .*TP_ERR_CLOSED/, `GET /api/events on a closed runtime: ${got}`)
 })
+
+const MCP_INITIALIZE = {
+  jsonrpc: '2.0',
+  id: 1,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'lifecycle', version: '1' } }
+}

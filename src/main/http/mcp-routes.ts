@@ -12,6 +12,7 @@ import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError, isToolportError } from '../errors.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
 import { loadMcpSdk } from '../sessions/mcp-sdk.js'
+import { kOnClose } from '../symbols.js'
 import { errorText } from '../../shared/util.js'
 import { handleError } from './error-handler.js'
 import { ERROR_BODY_JSON_SCHEMA, documentationOnly, errors } from './openapi.js'
@@ -137,8 +138,12 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
   options: McpSessionsOptions = {}): McpSessions {
   const sessions = new McpSessions(runtime, options)
 
-  // preClose, not onClose: event streams never end on their own, and the server waits for them.
+  // Every session ends with the runtime, also in a host's app that stays up after it …
+  const removeCloseHook = runtime[kOnClose](async () => { await sessions.closeAll() })
+  // … and with the app. preClose, not onClose: event streams never end on their own, and the
+  // server waits for them.
   app.addHook('preClose', async function closeMcpSessions () {
+    removeCloseHook()
     await sessions.closeAll()
   })
 
