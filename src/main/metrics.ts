@@ -1,6 +1,8 @@
 // Prometheus metrics (prom-client), one Registry per Runtime so that two instances in one process
-// never share or clash. Labels are bounded: roles and registered tool names (capped by the
-// registry limits), outcome kinds, callback origins; never call ids or argument values.
+// never share or clash; the process's own metrics (CPU, memory, GC, event loop) come from one
+// registry shared by every instance. Labels are bounded: roles, registered tool names (at most
+// `limits.maxToolsPerRole` × roles of them ever, later ones count as `(other)`), outcome kinds;
+// never call ids, argument values or a name that matched no tool.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
 import type { EventEmitter } from 'node:events'
 import type { ToolportEvents } from './events.js'
@@ -17,6 +19,22 @@ export interface MetricsSource {
   bufferedReplyBytes: () => number
   replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
+  /** How many distinct tool names `toolport_calls_total` may label (beyond: `(other)`). */
+  maxToolLabels: () => number
+}
+
+/**
+ * The process's default metrics, collected once: prom-client's collector installs a process-wide
+ * GC observer that is never removed, so one per Runtime kept every closed Runtime alive and made
+ * each garbage collection notify one more observer.
+ */
+let processMetrics: Registry | null = null
+function processRegistry (): Registry {
+  if (processMetrics === null) {
+    processMetrics = new Registry()
+    collectDefaultMetrics({ register: processMetrics })
+  }
+  return processMetrics
 }
 
 const LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
@@ -36,10 +54,11 @@ export class Metrics {
   // Per call: counted locally, read by the registry when scraped (src/main/local-metrics.ts).
   readonly #queueSeconds: LocalHistogram
   readonly #callbackSeconds: LocalHistogram
+  readonly #process: Registry
 
   constructor (source: MetricsSource) {
     const registers = [this.registry]
-    collectDefaultMetrics({ register: this.registry })
+    this.#process = processRegistry()
     const calls = new LocalCounter(this.registry, 'toolport_calls_total',
       'Tool calls answered, by role, tool and outcome', ['role', 'tool', 'outcome'] as const)
     const callSeconds = new LocalHistogram(this.registry, 'toolport_call_duration_seconds',
@@ -98,10 +117,18 @@ export class Metrics {
       }
     })
 
+    // Tool names labelled so far: a plugin that registers, is called and unregisters ever new
+    // names would otherwise grow the series without bound.
+    const toolLabels = new Set<string>()
     source.events.on('call-finished', (event) => {
       const outcome = event.outcome
-      // A name that matches no tool is the model's free text: unbounded, so not a label.
-      calls.inc(event.role, outcome === 'unknown_tool' ? '(unknown)' : event.name, outcome)
+      // A name that matches no tool (no source) is the model's free text: unbounded, so not a label.
+      let tool = event.source === '' || event.source === undefined ? '(unknown)' : event.name
+      if (tool !== '(unknown)' && !toolLabels.has(tool)) {
+        if (toolLabels.size < source.maxToolLabels()) toolLabels.add(tool)
+        else tool = '(other)'
+      }
+      calls.inc(event.role, tool, outcome)
       callSeconds.observe(outcome, event.durationMs / 1000)
     })
     source.events.on('origin-evicted', () => { evictions.inc() })
@@ -124,7 +151,9 @@ export class Metrics {
 
   /** The Prometheus text exposition. */
   async text (): Promise<string> {
-    return await this.registry.metrics()
+    const text = await Registry.merge([this.#process, this.registry]).metrics()
+    // prom-client spells a NaN (an event-loop lag with no samples yet) `Nan`; the format's is `NaN`.
+    return text.includes(' Nan\n') ? text.replaceAll(' Nan\n', ' NaN\n') : text
   }
 
   get contentType (): string {

@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kWorkerThreads } from './symbols.js'
+import { kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 import { closeObserverOf } from './observe/observer.js'
 
@@ -122,11 +122,12 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         events: this,
         pendingCalls: () => this.#dispatcher.pending,
         queuedCalls: () => this.#dispatcher.queued,
-        poolUtilization: () => this.#dispatcher.utilization,
+        poolUtilization: () => this.#dispatcher.utilization('metrics'),
         poolThreads: () => this.#dispatcher.threads.length,
         bufferedReplyBytes: () => this.#dispatcher.bufferedReplyBytes,
         replyBudgetBytes: () => this.options.dispatch.maxBufferedReplyBytes,
-        registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size])
+        registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size]),
+        maxToolLabels: () => this.options.limits.maxToolsPerRole * Math.max(1, this.roles.size)
       })
       : null
     this.#dispatcher = new Dispatcher(this.options.dispatch, this.metrics?.observeDispatch ?? null)
@@ -185,7 +186,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         threads,
         in_flight: this.#dispatcher.pending,
         queued: this.#dispatcher.queued,
-        utilization: this.#dispatcher.utilization
+        utilization: this.#dispatcher.utilization('health')
       }
     }
   }
@@ -375,8 +376,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const started = performance.now()
     const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
     if (this.#closed) {
+      const known = role.registry.get(call.name)
       return this.#finish(role, call.name, callId, started, 'busy',
-        errorResult('Toolport is shutting down; the tool was not called'))
+        errorResult('Toolport is shutting down; the tool was not called'), known?.source)
     }
     const entry = role.registry.get(call.name)
     if (entry === undefined) {
@@ -444,6 +446,12 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
   }
 
+  [kRefuseCall] (roleName: string, name: string, message: string): ToolResult {
+    const role = this.roles.get(roleName)
+    return this.#finish(role, name, `call_${randomUUID()}`, performance.now(), 'busy', errorResult(message),
+      role.registry.get(name)?.source)
+  }
+
   [kOnClose] (hook: () => Promise<void>): () => void {
     this.#closeHooks.add(hook)
     return () => { this.#closeHooks.delete(hook) }
@@ -497,8 +505,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         bytes
       }
       // Metadata only: never arguments, outputs or callback bodies (they carry private data). A
-      // name that matches no tool is the model's free text, so it is not logged either.
-      this.log.debug(outcome === 'unknown_tool' ? { ...event, name: undefined } : event, 'tool call finished')
+      // name that matches no tool (its source is '') is the model's free text, so it is not
+      // logged either.
+      this.log.debug(source === '' ? { ...event, name: undefined } : event, 'tool call finished')
       this.emit('call-finished', event)
     }
     return result

@@ -3,16 +3,21 @@
 import { z } from 'zod'
 import { checkCallbackUrl, type CallbackUrlParts } from '../shared/loopback.js'
 import { validationError, type ErrorDetail, type ToolportError } from './errors.js'
-import { codePointLength, isPlainObject } from '../shared/util.js'
+import { codePointLength, isPlainObject, isWellFormedText } from '../shared/util.js'
 
 /** A JSON Schema object, as given by a plugin (kept as-is, shown to the model). */
 export type JsonSchemaObject = Record<string, unknown>
 
-/** docs/protocol.md R7: `name` is 1–64 characters; counted in Unicode code points, not UTF-16 units. */
+/**
+ * docs/protocol.md R7: `name` is 1–64 characters; counted in Unicode code points, not UTF-16 units.
+ * Well-formed Unicode too, as role names: a lone surrogate has no UTF-8 form, so two such names
+ * would be one and the same in every UTF-8 text Toolport writes (a metric label, a log line).
+ */
 const toolName = z.string().refine((s) => {
   const n = codePointLength(s)
   return n >= 1 && n <= 64
 }, { message: 'must be 1 to 64 characters' })
+  .refine(isWellFormedText, { message: 'must be well-formed Unicode (no lone surrogates)' })
 
 const roleField = z.string().min(1, { message: 'must be a non-empty string or null' }).nullable().default(null)
 

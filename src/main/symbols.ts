@@ -23,3 +23,8 @@ export const kSyncCount = Symbol('toolport.syncCount')
  * when a host's app stays up; returns a function that removes it.
  */
 export const kOnClose = Symbol('toolport.onClose')
+/**
+ * `Runtime[kRefuseCall](role, name, message)`: answers a call of a known tool that its caller's
+ * own bounds refused (an MCP session's call limits) as `busy`, counted and reported like any call.
+ */
+export const kRefuseCall = Symbol('toolport.refuseCall')

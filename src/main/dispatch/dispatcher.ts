@@ -115,6 +115,9 @@ export type DispatchObserver = (queueMs: number, callbackMs: number, kind: Outco
 /** Everything the dispatcher needs to build a call; `id` is assigned by the dispatcher. */
 export type DispatchRequest = Omit<CallTask, 'id'>
 
+/** Who reads the pool's utilisation: each keeps its own window (see `Dispatcher.utilization`). */
+export type UtilizationReader = 'metrics' | 'health'
+
 export class Dispatcher {
   readonly #options: DispatchOptions
   readonly #observer: DispatchObserver | null
@@ -146,7 +149,12 @@ export class Dispatcher {
   #outbox: number[] = []
   #outboxCalls = 0
   #isFlushScheduled = false
-  readonly #elu = new Map<Worker, EventLoopUtilization>()
+  /** Each reader's previous reading per worker: a health probe does not shorten a scrape's window. */
+  readonly #elu: Record<UtilizationReader, Map<Worker, EventLoopUtilization>> = {
+    metrics: new Map(),
+    health: new Map()
+  }
+
   // Inline mode
   readonly #inline: boolean
   #client: CallbackClient | null = null
@@ -257,23 +265,25 @@ export class Dispatcher {
   }
 
   /**
-   * The workers' event-loop utilisation (0–1) since the previous reading, averaged over the
+   * The workers' event-loop utilisation (0–1) since `reader`'s previous reading, averaged over the
    * threads; 0 inline.
    */
-  get utilization (): number {
+  utilization (reader: UtilizationReader): number {
     const threads = this.threads
+    const baselines = this.#elu[reader]
     if (threads.length === 0) return 0
     let sum = 0
     for (const worker of threads) {
-      const previous = this.#elu.get(worker)
+      const previous = baselines.get(worker)
       const now = worker.performance.eventLoopUtilization()
-      sum += previous === undefined
+      const share = previous === undefined
         ? now.utilization
-        : worker.performance.eventLoopUtilization(now,
-          previous).utilization
-      this.#elu.set(worker, now)
+        : worker.performance.eventLoopUtilization(now, previous).utilization
+      // Read from this thread, a worker's active time can step back a little between readings.
+      sum += Math.min(1, Math.max(0, share))
+      baselines.set(worker, now)
     }
-    for (const worker of this.#elu.keys()) if (!threads.includes(worker)) this.#elu.delete(worker)
+    for (const worker of baselines.keys()) if (!threads.includes(worker)) baselines.delete(worker)
     return sum / threads.length
   }
 

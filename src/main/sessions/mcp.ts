@@ -35,6 +35,7 @@ import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/proto
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
+import { kRefuseCall } from '../symbols.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
 import { MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
@@ -555,7 +556,8 @@ export class McpSession implements ModelSession {
         throw invalidParams(result.error ?? `unknown tool '${name}'`)
       }
       const refused = this.#budget.acquire(this)
-      if (refused !== '') return toCallToolResult(errorResult(refused))
+      // Through the runtime too, so the refused call is counted and reported like any other.
+      if (refused !== '') return toCallToolResult(this.#runtime[kRefuseCall](this.role, name, refused))
       this.#calls++
       try {
         const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal })
