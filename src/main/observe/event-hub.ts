@@ -304,8 +304,9 @@ export class EventHub {
   #callJson (e: CallFinishedEvent): string {
     const tail = `,"is_error":${e.isError ? 'true' : 'false'},"duration_ms":${round(e.durationMs)},"bytes":${e.bytes ?? 0}}`
     const source = e.source ?? ''
-    if (e.outcome === 'unknown_tool') {
-      return `{"role":${JSON.stringify(e.role)},"tool":null,"source":null,"outcome":"unknown_tool"${tail}`
+    // No source: the name matched no tool (unknown, or called after close()).
+    if (source === '') {
+      return `{"role":${JSON.stringify(e.role)},"tool":null,"source":null,"outcome":${JSON.stringify(e.outcome)}${tail}`
     }
     let byTool = this.#callPrefixes.get(e.role)
     if (byTool === undefined) {

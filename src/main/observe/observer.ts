@@ -85,13 +85,15 @@ export class Observer {
     this.#runtime = runtime
     this.hub = new EventHub(runtime, runtime.instanceId, runtime.options.events)
     runtime.on('call-finished', (e) => {
-      const tool = e.outcome === 'unknown_tool' ? null : e.name
+      // No source: the name matched no tool, the model's free text.
+      const source = e.source === '' || e.source === undefined ? null : e.source
+      const tool = source === null ? null : e.name
       this.stats.record(e.role, tool, e.durationMs, e.isError)
       this.#calls[this.#callCount++ % RECENT_CALLS] = {
         atMs: Date.now(),
         role: e.role,
         tool,
-        source: e.source === '' || e.source === undefined ? null : e.source,
+        source,
         outcome: e.outcome,
         is_error: e.isError,
         duration_ms: Math.round(e.durationMs * 1000) / 1000,
