@@ -90,6 +90,8 @@ const WEIGHTS = {
   'test/integration/transport-properties.test.ts': 7,
   'test/integration/lifecycle-properties.test.ts': 12,
   'test/integration/callback-security-properties.test.ts': 12,
+  'test/integration/metrics-properties.test.ts': 9,
+  'test/integration/bridge-properties.test.ts': 18,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

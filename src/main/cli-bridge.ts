@@ -7,27 +7,37 @@
 // - Upstream `notifications/tools/list_changed` is forwarded downstream, so the client re-lists.
 // - Toolport may start after the bridge, or restart (registrations are runtime only, docs/protocol.md R3):
 //   the bridge reconnects with backoff, re-initializes a lost session, and tells the client to
-//   re-list. While Toolport is unreachable the list is empty and calls are model-visible errors.
+//   re-list. While Toolport is unreachable the list is empty and calls are model-visible errors
+//   that say why (unreachable, the token refused, the role gone, no room for a session).
+// - A request Toolport refuses with an HTTP error status other than 404 (413 too large or too
+//   deep, 400, 401, 403, 415, …) never ran: its JSON-RPC error is answered as Toolport sent it
+//   (docs/protocol.md "MCP endpoint"), and the session, which is fine, is kept.
 // - A call is sent again on a new session only when it surely never ran: Toolport refused it for a
 //   session it no longer has (404), or no connection was made. A session found gone is retired,
 //   not closed under the calls still on it: they get their own answer or their own 404.
+// - stdin and stdout are the bridge's own line transport (StdioLineTransport): every line that is
+//   not a JSON-RPC message is answered with a JSON-RPC error with id null, as /mcp/:role answers
+//   such a body; a line too long to take is refused the same way; an answer too long for the MCP
+//   SDK's stdio client to read is never written.
 // - stdout carries the protocol only; diagnostics go to `log` (stderr in the CLI).
 import type { Readable, Writable } from 'node:stream'
 import { Server } from '@modelcontextprotocol/sdk/server/index.js'
-import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { STDIO_DEFAULT_MAX_BUFFER_SIZE } from '@modelcontextprotocol/sdk/shared/stdio.js'
+import type { Transport } from '@modelcontextprotocol/sdk/shared/transport.js'
 import {
-  CallToolRequestSchema, CallToolResultSchema, ErrorCode, ListToolsRequestSchema, McpError,
-  ToolListChangedNotificationSchema,
-  type CallToolRequest, type CallToolResult, type ListToolsRequest, type ListToolsResult,
-  type ServerNotification, type ServerRequest
+  CallToolRequestSchema, CallToolResultSchema, ErrorCode, JSONRPCMessageSchema, ListToolsRequestSchema, McpError,
+  ToolListChangedNotificationSchema, isInitializeRequest, isJSONRPCErrorResponse, isJSONRPCRequest,
+  isJSONRPCResultResponse,
+  type CallToolRequest, type CallToolResult, type JSONRPCMessage, type ListToolsRequest, type ListToolsResult,
+  type RequestId, type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import { MCP_SERVER_INFO, mcpInstructions, rpcError } from './sessions/mcp-info.js'
 import { RoleNotFoundError } from './errors.js'
 import { roleNameProblem } from './config.js'
-import { noop } from '../shared/util.js'
+import { errorText, isPlainObject, noop } from '../shared/util.js'
 
 export interface BridgeOptions {
   /** The role whose tools the client gets. */
@@ -45,12 +55,17 @@ export interface BridgeOptions {
   callTimeoutMs?: number
   /** How often an idle upstream is pinged to notice a Toolport that went away (default 15 s). */
   pingIntervalMs?: number
+  /**
+   * Stops the bridge when aborted (the CLI's SIGINT and SIGTERM), as the end of stdin does, also
+   * while it is still making its first connection.
+   */
+  signal?: AbortSignal
 }
 
 export interface Bridge {
   /** The upstream endpoint, `<url>/mcp/<role>`. */
   readonly endpoint: URL
-  /** Resolves once the bridge has stopped (stdin ended, or `close()`). */
+  /** Resolves once the bridge has stopped (stdin ended, `signal` aborted, or `close()`). */
   readonly closed: Promise<void>
   /** Stops the bridge: ends the upstream session (DELETE) and the stdio server. */
   close (): Promise<void>
@@ -64,6 +79,31 @@ const RECONNECT_MAX_MS = 30_000
  * request still waiting never gets one (its session cannot be resumed).
  */
 const RETIRED_CLOSE_MS = 2_000
+/**
+ * Longest wait for a new upstream session (initialize and initialized): a Toolport that is up but
+ * does not answer counts as unreachable after it, so that the client gets its initialize answer.
+ */
+const CONNECT_TIMEOUT_MS = 10_000
+/** Longest wait for the DELETE that ends the upstream session when the bridge stops. */
+const END_SESSION_TIMEOUT_MS = 2_000
+/**
+ * The longest line the bridge reads from stdin (its newline not counted): the MCP SDK's own stdio
+ * transports' cap. Toolport takes far less in one request (`limits.maxBodyBytes`).
+ */
+const MAX_STDIN_LINE_BYTES = STDIO_DEFAULT_MAX_BUFFER_SIZE
+/**
+ * The longest line the bridge writes to stdout, its newline included. The MCP SDK's
+ * StdioClientTransport gives up on its client when what it holds unread passes
+ * STDIO_DEFAULT_MAX_BUFFER_SIZE (10 MiB): a whole line but its newline, plus the rest of the pipe
+ * read (64 KiB at most) that brought the newline.
+ */
+const MAX_STDOUT_LINE_BYTES = STDIO_DEFAULT_MAX_BUFFER_SIZE - 64 * 1024
+/** The most messages in one JSON-RPC batch: as many as /mcp/:role takes (the MCP SDK's limit). */
+const MAX_BATCH_MESSAGES = 100
+/** JSON-RPC 2.0 error codes (JSON-RPC 2.0 §5.1). */
+const RPC_PARSE_ERROR = -32700
+const RPC_INVALID_REQUEST = -32600
+const RPC_INTERNAL_ERROR = -32603
 
 /** One upstream session: the SDK client and the bridge's requests on it. */
 interface Upstream {
@@ -75,7 +115,9 @@ interface Upstream {
 
 /**
  * Starts the stdio bridge. Rejects with TP_ERR_ROLE_NOT_FOUND when the role does not exist on the
- * Toolport it reached; an unreachable Toolport is not an error (the bridge keeps trying).
+ * Toolport it reached, and with the Toolport's refusal (TP_ERR_UNAUTHORIZED, …: a
+ * BridgeRefusedError) when that Toolport refuses the bridge's token or the bridge itself; an
+ * unreachable Toolport is not an error (the bridge keeps trying).
  *
  * @example
  * const bridge = await startBridge({ role: 'Lanlan', url: 'http://127.0.0.1:3917', log: (l) => process.stderr.write(l +
@@ -101,6 +143,22 @@ export class BridgeSettingError extends TypeError {
   }
 }
 
+/**
+ * The Toolport refused the bridge's first session with 401 or 403 (a token it does not take, none
+ * given in token mode, a Host it does not accept): trying again cannot help. `code` is the
+ * TP_ERR_* code Toolport answered (docs/protocol.md "Errors of the API itself").
+ */
+export class BridgeRefusedError extends Error {
+  readonly code: string | undefined
+  readonly statusCode: number
+
+  constructor (message: string, statusCode: number, code: string | undefined) {
+    super(message)
+    this.statusCode = statusCode
+    this.code = code
+  }
+}
+
 /** `<base>/mcp/<role>`, keeping a path prefix the base URL may have. */
 export function bridgeEndpoint (url: string, role: string): URL {
   let base: URL
@@ -123,24 +181,31 @@ class StdioBridge implements Bridge {
   readonly closed: Promise<void>
   readonly #options: BridgeOptions
   readonly #server: Server
-  readonly #stdio: StdioServerTransport
+  readonly #stdio: StdioLineTransport
   readonly #log: (line: string) => void
   #upstream: Upstream | null = null
   /** Upstreams dropped (retired): no new request goes to one, and it closes once its `requests` is 0. */
   readonly #retired = new Set<Upstream>()
   #connecting: Promise<Upstream | null> | null = null
+  /** The client of a connection being made: closed to cut it short when the bridge stops. */
+  #opening: Client | undefined
+  /** Why the last connection failed, as a tool error tells the model (null: none failed since). */
+  #lastFailure: string | null = null
   #reconnectTimer: NodeJS.Timeout | undefined
   #reconnectDelayMs = RECONNECT_MIN_MS
   #pingTimer: NodeJS.Timeout | undefined
   #isClosed = false
   #resolveClosed: () => void = noop
+  readonly #onStop = (): void => { this.close().catch(noop) }
 
   constructor (options: BridgeOptions) {
     this.#options = options
     this.endpoint = bridgeEndpoint(options.url, options.role)
     this.#log = options.log ?? noop
     this.closed = new Promise((resolve) => { this.#resolveClosed = resolve })
-    this.#stdio = new StdioServerTransport(options.stdin, options.stdout)
+    // Reads from now on: the end of stdin stops the bridge even while its first connection is made.
+    this.#stdio = new StdioLineTransport(options.stdin ?? process.stdin, options.stdout ?? process.stdout,
+      this.#log, this.#onStop)
     this.#server = new Server({ ...MCP_SERVER_INFO }, {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(options.role)
@@ -154,14 +219,22 @@ class StdioBridge implements Bridge {
   }
 
   async start (): Promise<void> {
-    // A misconfigured role fails fast; an absent Toolport does not (it may start later).
-    const upstream = await this.#connect(true)
+    const signal = this.#options.signal
+    if (signal?.aborted === true) return await this.close()
+    signal?.addEventListener('abort', this.#onStop, { once: true })
+    // A misconfigured role or a refused token fails fast; an absent Toolport does not (it may start
+    // later). The client's initialize is answered after this first attempt, so that a client that
+    // lists at once finds the session there.
+    let upstream: Upstream | null
+    try {
+      upstream = await this.#connect(true)
+    } catch (err) {
+      await this.close()
+      throw err
+    }
+    if (this.#isClosed) return
     if (upstream === null) this.#scheduleReconnect()
     await this.#server.connect(this.#stdio)
-    const stdin = this.#options.stdin ?? process.stdin
-    // StdioServerTransport does not watch for the end of its input: the client is gone then.
-    stdin.once('end', () => { this.close().catch(noop) })
-    stdin.once('close', () => { this.close().catch(noop) })
     const every = this.#options.pingIntervalMs ?? 15_000
     this.#pingTimer = setInterval(() => { this.#ping().catch(noop) }, every)
     this.#pingTimer.unref()
@@ -170,13 +243,21 @@ class StdioBridge implements Bridge {
   async close (): Promise<void> {
     if (this.#isClosed) return await this.closed
     this.#isClosed = true
+    this.#options.signal?.removeEventListener('abort', this.#onStop)
     clearTimeout(this.#reconnectTimer)
     clearInterval(this.#pingTimer)
+    // A connection under way is cut short (its fetch aborted): it may wait on a Toolport that does
+    // not answer.
+    this.#opening?.close().catch(noop)
     const upstream = this.#upstream
     this.#upstream = null
     for (const retired of this.#retired) this.#closeRetired(retired)
-    if (upstream !== null) await endUpstream(upstream.client)
+    await Promise.all([
+      upstream === null ? undefined : endUpstream(upstream.client),
+      this.#connecting?.catch(noop)
+    ])
     await this.#server.close().catch(noop)
+    await this.#stdio.close()
     this.#resolveClosed()
   }
 
@@ -187,6 +268,8 @@ class StdioBridge implements Bridge {
       try {
         return await this.#on(upstream, async (client) => await client.listTools(request.params))
       } catch (err) {
+        const refusal = refusalOf(err)
+        if (refusal !== undefined) throw this.#refused('tools/list', refusal)
         if (!isTransportFailure(err)) throw err
         this.#dropUpstream(upstream, err)
         // Listing is idempotent: after any transport failure, reconnect and try once more.
@@ -200,12 +283,22 @@ class StdioBridge implements Bridge {
     const options = { signal: extra.signal, timeout: this.#options.callTimeoutMs ?? 330_000 }
     for (let attempt = 1; ; attempt++) {
       const upstream = await this.#ready()
-      if (upstream === null) return unreachableResult(this.endpoint)
+      if (upstream === null) return toolError(`${this.#lastFailure ?? this.#unreachable()}; the tool was not called`)
+      let result: CallToolResult
       try {
-        return await this.#on(upstream, async (client) =>
+        result = await this.#on(upstream, async (client) =>
           await client.callTool(request.params, CallToolResultSchema, options) as CallToolResult)
       } catch (err) {
-        if (extra.signal.aborted || !isTransportFailure(err)) throw err
+        if (extra.signal.aborted) throw err
+        // Refused before it ran (its session is fine and kept): Toolport's JSON-RPC error, or a
+        // tool error saying why.
+        const refusal = refusalOf(err)
+        if (refusal !== undefined) {
+          const refused = this.#refused('tools/call', refusal)
+          if (refusal.rpc !== undefined) throw refused
+          return toolError(`${refused.message}; the tool was not called`)
+        }
+        if (!isTransportFailure(err)) throw err
         this.#dropUpstream(upstream, err)
         // Retry only when the call surely never ran: Toolport refused it for a session it no
         // longer has (a restart, the role removed), or no connection was made. Anything else
@@ -213,8 +306,49 @@ class StdioBridge implements Bridge {
         const neverRan = isSessionGone(err) || isConnectFailure(err)
         if (!neverRan) return lostResult(this.endpoint)
         if (attempt > 1) throw err
+        continue
+      }
+      return this.#fitForStdio(result, extra.requestId)
+    }
+  }
+
+  /**
+   * A refusal of `method` as the stdio client is answered: Toolport's JSON-RPC error as it sent
+   * it, or an error naming the HTTP status and Toolport's TP_ERR_* code.
+   */
+  #refused (method: string, refusal: Refusal): Error {
+    const { status, rpc } = refusal
+    if (rpc !== undefined) {
+      this.#log(`toolport mcp: Toolport refused ${method} (HTTP ${status}, JSON-RPC error ${rpc.code}: ${rpc.message})`)
+      return rpcError(rpc.code, rpc.message, rpc.data)
+    }
+    const message = `the Toolport at ${this.endpoint.origin} refused ${method} (${describeRefusal(refusal)})`
+    this.#log(`toolport mcp: ${message}`)
+    return rpcError(RPC_INTERNAL_ERROR, message)
+  }
+
+  /**
+   * `result` as it can be written to stdout (MAX_STDOUT_LINE_BYTES): without its
+   * `structuredContent` (the same output as the text) if that is what makes it too long, else a
+   * tool error saying the result was too large to send.
+   */
+  #fitForStdio (result: CallToolResult, id: RequestId): CallToolResult {
+    // What the answer's line adds around the result: {"result":…,"jsonrpc":"2.0","id":…} and \n.
+    const budget = MAX_STDOUT_LINE_BYTES - Buffer.byteLength(JSON.stringify(id)) - 64
+    const size = Buffer.byteLength(JSON.stringify(result))
+    if (size <= budget) return result
+    if (result.structuredContent !== undefined) {
+      const textOnly: CallToolResult = { ...result }
+      delete textOnly.structuredContent
+      if (Buffer.byteLength(JSON.stringify(textOnly)) <= budget) {
+        this.#log(`toolport mcp: a tool result of ${size} bytes is answered without its structuredContent (over stdio a line is at most ${MAX_STDOUT_LINE_BYTES} bytes)`)
+        return textOnly
       }
     }
+    const message = `the tool ran, but its result (${size} bytes of JSON) is too large to send over stdio ` +
+      `(at most ${budget} bytes)`
+    this.#log(`toolport mcp: ${message}`)
+    return toolError(message)
   }
 
   /** Runs one request on `upstream`, counted so that a retired upstream closes once it is idle. */
@@ -251,17 +385,25 @@ class StdioBridge implements Bridge {
     const transport = new StreamableHTTPClientTransport(this.endpoint, {
       requestInit: { headers: { ...this.#options.headers } }
     })
+    // Closing the client aborts its requests: a Toolport that is up but does not answer cannot
+    // hold the bridge (or its stop) longer than this.
+    let timedOut = false
+    const timer = setTimeout(() => {
+      timedOut = true
+      client.close().catch(noop)
+    }, CONNECT_TIMEOUT_MS)
+    this.#opening = client
     try {
       await client.connect(transport)
     } catch (err) {
       await client.close().catch(noop)
-      if (isRoleNotFound(err)) {
-        this.#log(`toolport mcp: role '${this.#options.role}' does not exist on the Toolport at ${this.endpoint.origin}`)
-        if (isFirst) throw new RoleNotFoundError(this.#options.role)
-      } else {
-        this.#log(`toolport mcp: cannot reach ${this.endpoint.href}: ${describe(err)}`)
-      }
+      // Cut short by close(): nothing failed.
+      if (this.#isClosed) return null
+      this.#failed(timedOut ? null : err, isFirst)
       return null
+    } finally {
+      clearTimeout(timer)
+      this.#opening = undefined
     }
     if (this.#isClosed) {
       await endUpstream(client)
@@ -269,11 +411,66 @@ class StdioBridge implements Bridge {
     }
     const upstream: Upstream = { client, requests: 0, closeTimer: undefined }
     this.#upstream = upstream
+    this.#lastFailure = null
     this.#reconnectDelayMs = RECONNECT_MIN_MS
     this.#log(`toolport mcp: connected to ${this.endpoint.href}`)
     // The tool set may differ from what the client last listed (a new or restarted Toolport).
     if (!isFirst) this.#announceChange()
     return upstream
+  }
+
+  /**
+   * Records why a connection failed (`err`; null when it timed out), which the tool errors tell the
+   * model until one succeeds. At the first connection a role Toolport does not have, and a refusal
+   * of the bridge itself (401, 403), are thrown: the bridge cannot work.
+   */
+  #failed (err: unknown, isFirst: boolean): void {
+    const origin = this.endpoint.origin
+    if (err === null) {
+      this.#lastFailure = `the Toolport at ${origin} did not answer within ${CONNECT_TIMEOUT_MS / 1000} s`
+      this.#log(`toolport mcp: ${this.#lastFailure}`)
+      return
+    }
+    if (isRoleNotFound(err)) {
+      this.#lastFailure = `the role '${this.#options.role}' does not exist on the Toolport at ${origin} (TP_ERR_ROLE_NOT_FOUND)`
+      this.#log(`toolport mcp: role '${this.#options.role}' does not exist on the Toolport at ${origin}`)
+      if (isFirst) throw new RoleNotFoundError(this.#options.role)
+      return
+    }
+    const refusal = refusalOf(err)
+    if (refusal === undefined) {
+      this.#lastFailure = this.#unreachable()
+      this.#log(`toolport mcp: cannot reach ${this.endpoint.href}: ${describe(err)}`)
+      return
+    }
+    const { status } = refusal
+    const hasToken = Object.keys(this.#options.headers ?? {}).some((name) => name.toLowerCase() === 'authorization')
+    let what: string
+    let advice = ''
+    if (status === 401 && hasToken) {
+      what = 'refused the bridge\'s token'
+    } else if (status === 401) {
+      what = 'runs in token mode'
+      advice = '; give the bridge its token with --token-file'
+    } else if (status === 403) {
+      what = 'refused the bridge'
+    } else if (status === 503) {
+      what = 'has no room for a new MCP session'
+    } else {
+      what = 'refused a new MCP session'
+    }
+    if (isFirst && (status === 401 || status === 403)) {
+      // Reported with its TP_ERR_* code (the CLI names it), as a role Toolport does not have.
+      const message = refusal.message ?? refusal.rpc?.message
+      throw new BridgeRefusedError(`the Toolport at ${origin} ${what} (HTTP ${status}` +
+        `${message === undefined ? '' : `: ${message}`})${advice}`, status, refusal.code ?? (status === 401 ? 'TP_ERR_UNAUTHORIZED' : undefined))
+    }
+    this.#lastFailure = `the Toolport at ${origin} ${what} (${describeRefusal(refusal)})${advice}`
+    this.#log(`toolport mcp: ${this.#lastFailure}`)
+  }
+
+  #unreachable (): string {
+    return `Toolport is not reachable at ${this.endpoint.origin}`
   }
 
   /**
@@ -335,6 +532,275 @@ class StdioBridge implements Bridge {
   }
 }
 
+/**
+ * MCP's stdio transport for the bridge's client, in place of the SDK's StdioServerTransport, which
+ * answers nothing to a line that is not a JSON-RPC message and stops reading for good at a line
+ * over its buffer's cap. Each line (newline-delimited UTF-8, a trailing CR dropped) is a JSON-RPC
+ * message or a batch of them; what is not gets a JSON-RPC error with id null (JSON-RPC 2.0 §5), as
+ * /mcp/:role answers such a body (docs/protocol.md "MCP endpoint"):
+ * - not JSON: -32700; JSON that is not a JSON-RPC message, an empty batch, a batch of more than
+ *   MAX_BATCH_MESSAGES or with an initialize among others: -32600;
+ * - a line over MAX_STDIN_LINE_BYTES: -32600, and its bytes are skipped up to its end;
+ * - a second initialize: -32600 "Server already initialized", with its id;
+ * - a batch's messages are handled one by one, each request answered on its own line.
+ * Blank lines are skipped. Lines are read from construction on (so that the end of stdin is seen
+ * at once) and handed on from start(), when the server is attached. An answer too long for
+ * MAX_STDOUT_LINE_BYTES is replaced by a JSON-RPC error. stdin ending or failing, and stdout
+ * failing (EPIPE: the client is gone), call `onGone`.
+ */
+class StdioLineTransport implements Transport {
+  onclose?: () => void
+  onerror?: (error: Error) => void
+  onmessage?: Transport['onmessage']
+  readonly #stdin: Readable
+  readonly #stdout: Writable
+  readonly #log: (line: string) => void
+  readonly #onGone: () => void
+  /** What was read before start(), run by it in order; null once started. */
+  #backlog: Array<() => void> | null = []
+  /** The current line's bytes so far. */
+  #pieces: Buffer[] = []
+  #pieceBytes = 0
+  /** Inside a line over MAX_STDIN_LINE_BYTES: its bytes are dropped up to its newline. */
+  #skipping = false
+  #initialized = false
+  #isClosed = false
+  #outputGone = false
+  /** Set while stdout's buffer is full: writes wait for it to drain. */
+  #draining: Promise<void> | null = null
+
+  constructor (stdin: Readable, stdout: Writable, log: (line: string) => void, onGone: () => void) {
+    this.#stdin = stdin
+    this.#stdout = stdout
+    this.#log = log
+    this.#onGone = onGone
+    stdin.on('data', this.#onData)
+    stdin.on('end', this.#onEnd)
+    stdin.on('close', this.#onEnd)
+    stdin.on('error', this.#onInputError)
+    // Kept after close(): a write still under way may fail later, and must not crash the process.
+    stdout.on('error', this.#onOutputError)
+  }
+
+  async start (): Promise<void> {
+    const backlog = this.#backlog ?? []
+    this.#backlog = null
+    for (const task of backlog) task()
+  }
+
+  async close (): Promise<void> {
+    if (this.#isClosed) return
+    this.#isClosed = true
+    this.#backlog = null
+    this.#pieces = []
+    this.#stdin.off('data', this.#onData)
+    this.#stdin.off('end', this.#onEnd)
+    this.#stdin.off('close', this.#onEnd)
+    this.#stdin.off('error', this.#onInputError)
+    // Not reading lets the process exit; another reader of the stream keeps it flowing.
+    if (this.#stdin.listenerCount('data') === 0) this.#stdin.pause()
+    this.onclose?.()
+  }
+
+  async send (message: JSONRPCMessage): Promise<void> {
+    let line = `${JSON.stringify(message)}\n`
+    const bytes = Buffer.byteLength(line)
+    if (bytes > MAX_STDOUT_LINE_BYTES) {
+      const id = responseId(message)
+      const problem = `an answer of ${bytes} bytes is more than a line on stdout may carry (${MAX_STDOUT_LINE_BYTES} bytes)`
+      this.#log(`toolport mcp: ${problem}${id === undefined ? '; not sent' : '; answered with an error instead'}`)
+      if (id === undefined) return
+      line = `${JSON.stringify({ jsonrpc: '2.0', id, error: { code: RPC_INTERNAL_ERROR, message: `Internal error: ${problem}` } })}\n`
+    }
+    await this.#write(line)
+  }
+
+  readonly #onData = (chunk: Buffer | string): void => {
+    let rest = typeof chunk === 'string' ? Buffer.from(chunk, 'utf8') : chunk
+    while (rest.length > 0) {
+      const end = rest.indexOf(0x0a)
+      const piece = end === -1 ? rest : rest.subarray(0, end)
+      rest = end === -1 ? rest.subarray(rest.length) : rest.subarray(end + 1)
+      if (!this.#skipping) {
+        if (this.#pieceBytes + piece.length > MAX_STDIN_LINE_BYTES) {
+          this.#pieces = []
+          this.#pieceBytes = 0
+          this.#skipping = true
+          this.#queue(() => { this.#lineTooLong() })
+        } else if (piece.length > 0) {
+          this.#pieces.push(piece)
+          this.#pieceBytes += piece.length
+        }
+      }
+      if (end === -1) continue
+      if (this.#skipping) {
+        this.#skipping = false
+        continue
+      }
+      const line = Buffer.concat(this.#pieces, this.#pieceBytes)
+      this.#pieces = []
+      this.#pieceBytes = 0
+      this.#queue(() => { this.#line(line) })
+    }
+  }
+
+  readonly #onEnd = (): void => {
+    // A last line without its newline is no message (MCP stdio: messages end with a newline).
+    this.#onGone()
+  }
+
+  readonly #onInputError = (err: Error): void => {
+    this.#log(`toolport mcp: cannot read stdin: ${describe(err)}`)
+    this.#onGone()
+  }
+
+  readonly #onOutputError = (err: Error): void => {
+    if (this.#outputGone) return
+    this.#outputGone = true
+    this.#log(`toolport mcp: cannot write to stdout (${describe(err)}): the client is gone`)
+    this.#onGone()
+  }
+
+  /** Runs `task` now, or from start() on if the server is not attached yet. */
+  #queue (task: () => void): void {
+    if (this.#isClosed) return
+    if (this.#backlog === null) task()
+    else this.#backlog.push(task)
+  }
+
+  #lineTooLong (): void {
+    this.#refuse(RPC_INVALID_REQUEST, `Invalid Request: a line longer than ${MAX_STDIN_LINE_BYTES} bytes`)
+  }
+
+  #line (bytes: Buffer): void {
+    const text = bytes.toString('utf8').replace(/\r$/, '')
+    if (text.trim() === '') return
+    let value: unknown
+    try {
+      value = JSON.parse(text)
+    } catch (err) {
+      this.#refuse(RPC_PARSE_ERROR, `Parse error: the line is not JSON: ${errorText(err)}`)
+      return
+    }
+    if (!Array.isArray(value)) {
+      const parsed = JSONRPCMessageSchema.safeParse(value)
+      if (parsed.success) this.#deliver(parsed.data)
+      else this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: not a JSON-RPC 2.0 message')
+      return
+    }
+    // A batch (JSON-RPC 2.0 §6), taken as /mcp/:role takes one.
+    if (value.length === 0) return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: an empty batch')
+    if (value.length > MAX_BATCH_MESSAGES) {
+      return this.#refuse(RPC_INVALID_REQUEST, `Invalid Request: Batch must not exceed ${MAX_BATCH_MESSAGES} messages`)
+    }
+    const messages: JSONRPCMessage[] = []
+    for (const item of value) {
+      const parsed = JSONRPCMessageSchema.safeParse(item)
+      if (!parsed.success) return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: a batch member is not a JSON-RPC 2.0 message')
+      messages.push(parsed.data)
+    }
+    if (messages.length > 1 && messages.some((message) => isInitializeRequest(message))) {
+      return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: Only one initialization request is allowed')
+    }
+    for (const message of messages) this.#deliver(message)
+  }
+
+  #deliver (message: JSONRPCMessage): void {
+    if (isJSONRPCRequest(message) && isInitializeRequest(message)) {
+      // One session per bridge, initialized once, as /mcp/:role refuses a second initialize.
+      if (this.#initialized) {
+        this.#write(`${JSON.stringify({
+          jsonrpc: '2.0', id: message.id, error: { code: RPC_INVALID_REQUEST, message: 'Invalid Request: Server already initialized' }
+        })}\n`).catch(noop)
+        return
+      }
+      this.#initialized = true
+    }
+    this.onmessage?.(message)
+  }
+
+  /** Answers a line that could not be read as a request: a JSON-RPC error with id null. */
+  #refuse (code: number, message: string): void {
+    this.#log(`toolport mcp: refused a line on stdin: ${message.slice(0, 200)}`)
+    this.#write(`${JSON.stringify({ jsonrpc: '2.0', id: null, error: { code, message } })}\n`).catch(noop)
+  }
+
+  async #write (line: string): Promise<void> {
+    const stdout = this.#stdout
+    if (this.#outputGone || stdout.destroyed || !stdout.writable) return
+    if (stdout.write(line)) return
+    this.#draining ??= new Promise<void>((resolve) => {
+      const done = (): void => {
+        stdout.off('drain', done)
+        stdout.off('close', done)
+        stdout.off('error', done)
+        this.#draining = null
+        resolve()
+      }
+      stdout.on('drain', done)
+      stdout.on('close', done)
+      stdout.on('error', done)
+    })
+    await this.#draining
+  }
+}
+
+/** The id of a response (what a too-long answer is answered in place of); undefined for others. */
+function responseId (message: JSONRPCMessage): RequestId | undefined {
+  if (isJSONRPCResultResponse(message) || isJSONRPCErrorResponse(message)) return message.id
+  return undefined
+}
+
+/** An HTTP error status Toolport answered a request with (not 404: see isSessionGone). */
+interface Refusal {
+  status: number
+  /** The JSON-RPC error in its body, when it is one (/mcp/:role's own errors). */
+  rpc?: { code: number, message: string, data?: unknown }
+  /** The TP_ERR_* code and message of its body, when it is a Toolport error. */
+  code?: string
+  message?: string
+}
+
+/** Where the SDK's StreamableHTTPError for a refused POST puts the body it was answered. */
+const REFUSED_POST = 'Error POSTing to endpoint: '
+
+/**
+ * A request Toolport refused with an HTTP error status other than 404: it never ran. Undefined for
+ * anything else (a 404 is a session or role gone; a network failure may come after the request ran).
+ * The body is read from the error's message, where the MCP SDK puts it; without it (another SDK
+ * wording) the refusal is still one, only without Toolport's own error.
+ */
+function refusalOf (err: unknown): Refusal | undefined {
+  if (!(err instanceof StreamableHTTPError)) return undefined
+  const status = err.code
+  if (status === undefined || status < 300 || status === 404) return undefined
+  const at = err.message.indexOf(REFUSED_POST)
+  let body: unknown
+  if (at !== -1) {
+    try {
+      body = JSON.parse(err.message.slice(at + REFUSED_POST.length))
+    } catch {}
+  }
+  if (!isPlainObject(body)) return { status }
+  const error = body.error
+  if (isPlainObject(error) && typeof error.code === 'number' && Number.isInteger(error.code) &&
+    typeof error.message === 'string') {
+    return { status, rpc: { code: error.code, message: error.message, ...('data' in error ? { data: error.data } : {}) } }
+  }
+  return {
+    status,
+    ...(typeof body.code === 'string' ? { code: body.code } : {}),
+    ...(typeof body.message === 'string' ? { message: body.message } : {})
+  }
+}
+
+/** `HTTP 401 TP_ERR_UNAUTHORIZED: <message>`, as much of it as the refusal has. */
+function describeRefusal ({ status, rpc, code, message }: Refusal): string {
+  if (rpc !== undefined) return `HTTP ${status}: ${rpc.message}`
+  const head = code === undefined ? `HTTP ${status}` : `HTTP ${status} ${code}`
+  return message === undefined ? head : `${head}: ${message}`
+}
+
 function isTransportFailure (err: unknown): boolean {
   if (err instanceof McpError) return err.code === ErrorCode.ConnectionClosed
   // fetch rejects with a TypeError for every network-level failure.
@@ -353,15 +819,20 @@ function throwForwardable (err: unknown): never {
   throw rpcError(err.code, message, err.data)
 }
 
-/** Ends an upstream session politely (DELETE, so Toolport detaches it at once), then closes it. */
+/**
+ * Ends an upstream session politely (DELETE, so Toolport detaches it at once), then closes it. A
+ * Toolport that does not answer the DELETE in END_SESSION_TIMEOUT_MS is not waited for: closing
+ * the client aborts the request.
+ */
 async function endUpstream (client: Client): Promise<void> {
   const transport = client.transport
-  if (transport instanceof StreamableHTTPClientTransport) await transport.terminateSession().catch(noop)
+  if (transport instanceof StreamableHTTPClientTransport) {
+    let timer: NodeJS.Timeout | undefined
+    const gaveUp = new Promise<void>((resolve) => { timer = setTimeout(resolve, END_SESSION_TIMEOUT_MS) })
+    await Promise.race([transport.terminateSession().catch(noop), gaveUp])
+    clearTimeout(timer)
+  }
   await client.close().catch(noop)
-}
-
-function unreachableResult (endpoint: URL): CallToolResult {
-  return toolError(`Toolport is not reachable at ${endpoint.origin}; the tool was not called`)
 }
 
 /** A call whose connection was lost after it was sent: it may have run. */
@@ -392,6 +863,6 @@ function isConnectFailure (err: unknown): boolean {
 
 function describe (err: unknown): string {
   if (!(err instanceof Error)) return String(err)
-  const code = (err.cause as { code?: unknown } | undefined)?.code
+  const code = (err as { code?: unknown }).code ?? (err.cause as { code?: unknown } | undefined)?.code
   return typeof code === 'string' ? `${err.message} (${code})` : err.message
 }

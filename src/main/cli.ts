@@ -14,7 +14,7 @@ import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { ENVIRONMENT } from './environment.js'
 import { isToolportError } from './errors.js'
-import { errorText, isPlainObject, noop } from '../shared/util.js'
+import { errorText, isPlainObject } from '../shared/util.js'
 import { kDispatchMode } from './symbols.js'
 
 const USAGE = `Usage: toolport <command> [options]
@@ -135,20 +135,24 @@ async function mcp (args: string[], io: CliIo): Promise<number> {
   const { BridgeSettingError, startBridge } = await import('./cli-bridge.js')
   let bridge
   try {
+    // The bridge watches the stop signal itself: it may come while the bridge still connects.
     bridge = await startBridge({
-      role: flags.role, url, headers, stdin: io.stdin, stdout: io.stdout, log: (line) => io.stderr.write(`${line}\n`)
+      role: flags.role,
+      url,
+      headers,
+      stdin: io.stdin,
+      stdout: io.stdout,
+      signal: io.stop,
+      log: (line) => io.stderr.write(`${line}\n`)
     })
   } catch (err) {
     if (err instanceof BridgeSettingError) {
       throw new UsageError(`${err.setting === 'role' ? '--role' : fromEnv ? 'TOOLPORT_URL' : '--url'} ${err.message}`)
     }
+    // A role the Toolport does not have, a token it refuses: reported with their TP_ERR_* code.
     throw err
   }
-  const stop = (): void => { bridge.close().catch(noop) }
-  if (io.stop.aborted) stop()
-  else io.stop.addEventListener('abort', stop, { once: true })
   await bridge.closed
-  io.stop.removeEventListener('abort', stop)
   return 0
 }
 

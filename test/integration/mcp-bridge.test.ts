@@ -3,6 +3,7 @@
 // listening Toolport and real plugin callbacks.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
 import { PassThrough } from 'node:stream'
 import { fileURLToPath } from 'node:url'
@@ -12,7 +13,7 @@ import { ToolListChangedNotificationSchema, type CallToolResult } from '@modelco
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { closedPort } from '../fixtures/callback-server.js'
 import { main } from '../../src/main/cli.js'
-import { callbackServer as callbacks, registerOverHttp as register, toolportCliArgs } from '../helpers.js'
+import { callbackServer as callbacks, registerOverHttp as register, toolportCliArgs, waitFor, within } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 
@@ -149,6 +150,73 @@ test('bridge: `toolport mcp` without --role is a usage error (exit 2)', async (t
   assert.equal(code, 2)
   assert.match(stderr, /--role/)
 })
+
+test('bridge: a second initialize is refused with -32600, as /mcp/<role> refuses one, and the bridge keeps serving', async (t) => {
+  const { url } = await startTp(t)
+  const raw = rawBridge(t, ['mcp', '--role', 'Lanlan', '--url', url])
+  raw.send({ ...INITIALIZE, id: 'first' })
+  await raw.answer('first')
+  raw.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
+  raw.send({ ...INITIALIZE, id: 'second' })
+  raw.send({ jsonrpc: '2.0', id: 'after', method: 'ping' })
+  assert.deepEqual(await raw.answer('second'), {
+    jsonrpc: '2.0', id: 'second', error: { code: -32600, message: 'Invalid Request: Server already initialized' }
+  })
+  assert.deepEqual((await raw.answer('after')).result, {})
+})
+
+test('bridge: when its stdout is closed (EPIPE: the client is gone) the bridge exits 0 without a stack trace', async (t) => {
+  const { url } = await startTp(t)
+  const raw = rawBridge(t, ['mcp', '--role', 'Lanlan', '--url', url])
+  raw.send(INITIALIZE)
+  await raw.answer('init')
+  raw.child.stdout.destroy()
+  // Answers now go to a pipe nobody reads; the bridge notices at its next write.
+  for (let i = 0; i < 3; i++) raw.send({ jsonrpc: '2.0', id: i, method: 'ping' })
+  const [code, signal] = await within(once(raw.child, 'exit'), 'the bridge exits', 8_000)
+  assert.deepEqual({ code, signal }, { code: 0, signal: null })
+  assert.doesNotMatch(raw.stderr(), /^\s+at |Unhandled|uncaught|^node:/im, 'no crash on stderr')
+  assert.match(raw.stderr(), /the client is gone/)
+})
+
+const INITIALIZE = {
+  jsonrpc: '2.0',
+  id: 'init',
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'bridge-test-raw', version: '1.0.0' } }
+}
+
+/** `toolport <args>` spawned with raw stdio: the test writes JSON-RPC lines and reads the answers. */
+function rawBridge (t: TestContext, args: string[]): {
+  child: ChildProcessWithoutNullStreams,
+  send: (message: unknown) => void,
+  answer: (id: string | number) => Promise<Record<string, unknown>>,
+  stderr: () => string
+} {
+  const child = spawn(process.execPath, [...toolportCliArgs(), ...args], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
+  t.after(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+  child.stdin.on('error', () => {})
+  const answers: Array<Record<string, unknown>> = []
+  let pending = ''
+  child.stdout.setEncoding('utf8').on('data', (chunk: string) => {
+    pending += chunk
+    for (let end = pending.indexOf('\n'); end !== -1; end = pending.indexOf('\n')) {
+      answers.push(JSON.parse(pending.slice(0, end)) as Record<string, unknown>)
+      pending = pending.slice(end + 1)
+    }
+  })
+  let stderr = ''
+  child.stderr.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
+  return {
+    child,
+    send: (message) => { child.stdin.write(`${JSON.stringify(message)}\n`) },
+    answer: async (id) => {
+      await waitFor(`the answer to ${JSON.stringify(id)} (stderr: ${stderr})`, () => answers.some((a) => a.id === id), 8_000)
+      return answers.find((a) => a.id === id)!
+    },
+    stderr: () => stderr
+  }
+}
 
 /**
  * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
