@@ -92,6 +92,7 @@ const WEIGHTS = {
   'test/integration/callback-security-properties.test.ts': 12,
   'test/integration/metrics-properties.test.ts': 9,
   'test/integration/bridge-properties.test.ts': 18,
+  'test/integration/secrets-properties.test.ts': 11,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

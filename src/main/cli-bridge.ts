@@ -167,8 +167,12 @@ export function bridgeEndpoint (url: string, role: string): URL {
   } catch {
     throw new BridgeSettingError('url', `is not a URL (got ${JSON.stringify(url)})`)
   }
+  // Quoting nothing of the URL: it may hold a password.
+  if (base.username !== '' || base.password !== '') {
+    throw new BridgeSettingError('url', 'must not hold credentials (user:password@); in token mode give --token-file')
+  }
   if (base.protocol !== 'http:' &&
-    base.protocol !== 'https:') throw new BridgeSettingError('url', `must be http or https (got ${url})`)
+    base.protocol !== 'https:') throw new BridgeSettingError('url', `must be http or https (got ${base.protocol})`)
   // The rule of the role names a Toolport accepts: `..` would name the server root here, not a role.
   const problem = roleNameProblem(role)
   if (problem !== undefined) throw new BridgeSettingError('role', `${JSON.stringify(role)} is not a role name: ${problem}`)

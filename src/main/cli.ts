@@ -253,6 +253,14 @@ function readTokenFile (file: string): string {
   return token
 }
 
+/** ` at line L, column C` of a JSON syntax error whose message gives its position, else ''. */
+function jsonErrorPlace (text: string, err: SyntaxError): string {
+  const position = /at position (\d+)/.exec(err.message)
+  if (position === null) return ''
+  const before = text.slice(0, Number(position[1])).split('\n')
+  return ` at line ${before.length}, column ${(before.at(-1)?.length ?? 0) + 1}`
+}
+
 function readConfigFile (file: string): Record<string, unknown> {
   let text: string
   try {
@@ -267,7 +275,10 @@ function readConfigFile (file: string): Record<string, unknown> {
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
     return value as Record<string, unknown>
   } catch (err) {
-    throw new InputError(`the config file ${file} is not a JSON object of options: ${errorText(err)}`)
+    // Not V8's message for a syntax error: it quotes the file around the error, and the file may
+    // hold the token.
+    const why = err instanceof SyntaxError ? `not valid JSON${jsonErrorPlace(text, err)}` : errorText(err)
+    throw new InputError(`the config file ${file} is not a JSON object of options: ${why}`)
   }
 }
 

@@ -209,7 +209,8 @@ export class CallbackServer {
     try {
       return outputEnvelope(await tool.handler(args, ctx))
     } catch (err) {
-      this.#options.logger.debug?.(`tool '${tool.name}' (call ${ctx.callId}) threw: ${messageOf(err)}`)
+      // Its type only: a handler's message may quote the call's arguments, which are never logged.
+      this.#options.logger.debug?.(`tool '${tool.name}' (call ${ctx.callId}) threw ${err instanceof Error ? err.name : typeof err}`)
       return errorEnvelope(messageOf(err))
     }
   }

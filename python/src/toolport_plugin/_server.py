@@ -28,6 +28,8 @@ import json
 import logging
 import math
 import secrets
+import sys
+import traceback
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -213,7 +215,8 @@ class CallbackServer:
         except asyncio.CancelledError:
             return error_reply("the tool was cancelled")
         except Exception as err:  # the tool's failure is the model's business, as a tool error
-            self._log.debug("tool %r (call %s) raised %s", tool.name, ctx.call_id, type(err).__name__, exc_info=True)
+            # Its type and frames, not its message: that may quote the call's arguments.
+            self._log.debug("tool %r (call %s) raised %s\n%s", tool.name, ctx.call_id, type(err).__name__, _frames(err))
             return exception_reply(err)
         return output_reply(result)
 
@@ -253,11 +256,14 @@ class _RequestHandler(RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # An exception escaping the SDK's own handler (a bug in the SDK, not the tool's): its type at
-        # ERROR, its traceback (whose text may hold call data) at DEBUG, as for a tool's exception.
+        # ERROR, its frames at DEBUG (not its message, which may hold call data), as for a tool's
+        # exception.
         exc_info = kw.get("exc_info")
-        kind = type(exc_info).__name__ if isinstance(exc_info, BaseException) else "no details"
+        err = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        kind = type(err).__name__ if err is not None else "no details"
         self.logger.error("internal error in the plugin SDK (%s)", kind)
-        self.logger.debug("the internal error's traceback", exc_info=exc_info or True)
+        if err is not None:
+            self.logger.debug("the internal error's traceback (%s):\n%s", kind, _frames(err))
 
 
 class _Server(web.Server):
@@ -304,3 +310,8 @@ def _deadline_ms(header: str | None, timeout_seconds: float) -> int:
     if header is not None and header.isascii() and header.isdigit() and int(header) > 0:
         return int(header)
     return round(timeout_seconds * 1000)
+
+
+def _frames(err: BaseException) -> str:
+    """The traceback's frames (files, lines, code), without the exception's message."""
+    return "".join(traceback.format_tb(err.__traceback__))

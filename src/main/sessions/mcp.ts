@@ -378,8 +378,10 @@ export class McpSession implements ModelSession {
     this.#server.setRequestHandler(types.CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
     this.#server.onclose = () => this.#onClosed()
     this.#server.onerror = (err) => {
-      // Protocol noise (a client's 406, a bad message) is the client's problem: debug only.
-      this.#runtime.log.debug({ role, session: sessionId, message: err.message }, 'MCP transport error')
+      // Protocol noise (a client's 406, a bad message) is the client's problem: debug only, and
+      // without the SDK's message, which quotes what the client sent (a whole JSON-RPC message, a
+      // header's value): the log holds metadata only (SECURITY.md).
+      this.#runtime.log.debug({ role, session: sessionId, error: err.name }, 'MCP transport error')
     }
   }
 
