@@ -753,7 +753,9 @@ test('registration (property): every field, every callback URL spelling, duplica
       const b = body as Record<string, unknown>
       const get = (key: string): unknown => Object.hasOwn(b, key) ? b[key] : undefined
       const nameValue = get('name')
-      if (typeof nameValue !== 'string' || codePoints(nameValue) < 1 || codePoints(nameValue) > 64) problems.add('name')
+      // 1–64 code points of well-formed Unicode (a lone surrogate has no UTF-8 form).
+      if (typeof nameValue !== 'string' || codePoints(nameValue) < 1 || codePoints(nameValue) > 64 ||
+        /\p{Surrogate}/u.test(nameValue)) problems.add('name')
       const description = get('description')
       if (description !== undefined && typeof description !== 'string') problems.add('description')
       const params = get('parameters')
