@@ -1518,7 +1518,7 @@ test('pool: toolport_pool_utilization stays within 0–1 over repeated scrapes, 
   assert.deepEqual(outside, [], `toolport_pool_utilization outside 0–1 (of ${seen.length} scrapes)`)
 })
 
-test('known issue: every value is spelled as the text format documents it ("NaN", not prom-client\'s "Nan") (README "The API" /metrics)', async (t) => {
+test('every value is spelled as the text format documents it ("NaN", not prom-client\'s "Nan") (README "The API" /metrics)', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['R'] })
   strict((await scrape(url)).body, 'a fresh Toolport')
   // Two scrapes back to back: prom-client resets the event-loop-lag histogram on each, so the
