@@ -33,7 +33,8 @@ Options for serve:
   --log-level L    fatal|error|warn|info|debug|trace|silent (default info; env TOOLPORT_LOG_LEVEL)
   --allow-non-loopback-bind   allow --host to be a non-loopback address (clients must still be loopback)
   --token-file FILE  token mode: every request needs "Authorization: Bearer <token>"; FILE holds the
-                   token (>= 32 bytes) and must not be readable by group or others (chmod 600)
+                   token (>= 32 bytes of visible ASCII) and must not be readable by group or
+                   others (chmod 600)
   -h, --help       show this help
 
 Options for mcp:
@@ -250,6 +251,11 @@ function readTokenFile (file: string): string {
   }
   const token = text.trim()
   if (Buffer.byteLength(token) < 32) throw new InputError(`the token in ${file} is shorter than 32 bytes`)
+  // The rule of `security.token` (README "Options"), also for the bridge's token: any other
+  // character cannot travel unchanged in an Authorization header.
+  if (!/^[\x21-\x7e]+$/.test(token)) {
+    throw new InputError(`the token in ${file} must be visible ASCII only, as any security.token (no spaces, line breaks or other characters)`)
+  }
   return token
 }
 

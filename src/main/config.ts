@@ -69,11 +69,16 @@ const securitySchema = z.strictObject({
   allowNonLoopbackBind: z.boolean().default(false),
   /**
    * Token mode: every request must carry `Authorization: Bearer <token>` (else 401). At least 32
-   * bytes. The CLI reads it from a 0600 file (`--token-file`), never from argv.
+   * bytes, visible ASCII only (0x21–0x7E): a client's Authorization header is read trimmed and as
+   * Latin-1, and HTTP clients refuse line breaks (or, like undici, anything beyond Latin-1) in it,
+   * so a token with a space at either end, a control or a non-ASCII character could never match
+   * as every client sends it; visible ASCII is what every client sends, and Toolport reads,
+   * unchanged. The CLI reads it from a 0600 file (`--token-file`), never from argv.
    */
   token: z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'must be at least 32 bytes' })
-    .refine((t) => t.trim() === t, {
-      message: 'must not begin or end with whitespace: a client\'s Authorization header is read trimmed, so it could never match'
+    .refine((t) => /^[\x21-\x7e]*$/.test(t), {
+      message: 'must be visible ASCII characters only (0x21–0x7E; no space, line break or other character): ' +
+        'a client\'s Authorization header could not carry it unchanged, so it could never match'
     })
     .optional(),
   /** Ownership mode: a registration may not replace a tool that another `source` owns. */

@@ -17,6 +17,7 @@ import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 import { z } from 'zod'
 import { isLoopbackAddress } from '../shared/loopback.js'
+import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
 import { errorText } from '../shared/util.js'
 
@@ -65,12 +66,27 @@ export class CallbackServer {
     return new URL(this.#prefix + segmentOf(name), this.#url).href
   }
 
+  /**
+   * Listens on the configured host and port; resolves to the base URL. A port that is taken (or an
+   * address the machine does not have) rejects with TP_ERR_PLUGIN_LISTEN, the system error as its
+   * `cause` (README "Plugin SDK": the SDK throws only `PluginError`s).
+   */
   async listen (): Promise<string> {
-    this.#server.listen({ host: this.#options.host, port: this.#options.port })
-    await once(this.#server, 'listening')
-    const { port } = this.#server.address() as AddressInfo
-    const host = this.#options.host.includes(':') ? `[${this.#options.host}]` : this.#options.host
-    this.#url = `http://${host}:${port}`
+    const { host, port } = this.#options
+    this.#server.listen({ host, port })
+    try {
+      await once(this.#server, 'listening')
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code
+      throw new PluginError(PLUGIN_ERROR_CODES.listen,
+        `the callback server cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${code ?? errorText(err)}` +
+        (code === 'EADDRINUSE' ? ' (the port is in use)' : ''), { cause: err })
+    }
+    const bound = (this.#server.address() as AddressInfo).port
+    // The URL parser's spelling of the address: `[::1]` for `0:0:0:0:0:0:0:1`, as callbackUrl()
+    // and Toolport write it.
+    const hostname = new URL(`http://${host.includes(':') ? `[${host}]` : host}`).hostname
+    this.#url = `http://${hostname}:${bound}`
     return this.#url
   }
 
@@ -217,13 +233,52 @@ export class CallbackServer {
 }
 
 function outputEnvelope (output: unknown): Envelope {
+  let envelope: Envelope
   try {
     // undefined (a handler that returns nothing) is sent as null: the key must be there (R10).
-    return JSON.stringify({ output: output === undefined ? null : output, is_error: false })
+    envelope = JSON.stringify({ output: output === undefined ? null : output, is_error: false })
   } catch (err) {
     // BigInt, a cycle, or too deep: the model gets a readable error, not a broken reply.
     return errorEnvelope(`the tool's output could not be encoded as JSON: ${messageOf(err)}`)
   }
+  // JSON.stringify writes NaN and ±Infinity as `null`: an output that is not JSON would reach the
+  // model as another value (README "Plugin SDK" → Calls). Only a text with `null` in it can hide
+  // one, so most outputs cost one substring search.
+  if (output !== null && output !== undefined && envelope.includes('null')) {
+    const bad = nonFiniteNumber(output)
+    if (bad !== undefined) {
+      return errorEnvelope(`the tool's output could not be encoded as JSON: ${String(bad)} is not a JSON number`)
+    }
+  }
+  return envelope
+}
+
+/**
+ * The first NaN or ±Infinity that JSON.stringify would write as `null` in `value`, or undefined.
+ * It walks what JSON.stringify encodes (the result of a `toJSON`, called with its key as
+ * JSON.stringify calls it; a `Number` object's value; arrays' items and objects' own enumerable
+ * string keys), with a stack of its own: an output as deep as JSON.stringify took is walked too.
+ * Called only after JSON.stringify succeeded, so there is no cycle.
+ */
+function nonFiniteNumber (value: unknown): number | undefined {
+  // The key JSON.stringify passes a root `toJSON`: the envelope's.
+  const stack: Array<[string, unknown]> = [['output', value]]
+  while (stack.length > 0) {
+    let [key, item] = stack.pop() as [string, unknown]
+    if ((typeof item === 'object' && item !== null) || typeof item === 'bigint') {
+      const toJSON = (item as { toJSON?: unknown }).toJSON
+      if (typeof toJSON === 'function') item = toJSON.call(item, key)
+    }
+    if (item instanceof Number) item = Number(item)
+    if (typeof item === 'number') {
+      if (!Number.isFinite(item)) return item
+    } else if (Array.isArray(item)) {
+      for (let i = 0; i < item.length; i++) stack.push([String(i), item[i]])
+    } else if (typeof item === 'object' && item !== null && !(item instanceof String) && !(item instanceof Boolean)) {
+      for (const k of Object.keys(item)) stack.push([k, (item as Record<string, unknown>)[k]])
+    }
+  }
+  return undefined
 }
 
 function errorEnvelope (error: string): Envelope {

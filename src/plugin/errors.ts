@@ -13,7 +13,12 @@ export const PLUGIN_ERROR_CODES = {
   /** Toolport answered with an HTTP error, or no role accepted a registration (docs/protocol.md R8). */
   refused: 'TP_ERR_PLUGIN_REFUSED',
   /** `start()` could not register within `startTimeoutMs`; `cause` is the last failure. */
-  startTimeout: 'TP_ERR_PLUGIN_START_TIMEOUT'
+  startTimeout: 'TP_ERR_PLUGIN_START_TIMEOUT',
+  /**
+   * `start()` could not listen on `host`:`port` (the port is in use, the address is not the
+   * machine's); `cause` is the system error. Not retried.
+   */
+  listen: 'TP_ERR_PLUGIN_LISTEN'
 } as const
 
 export type PluginErrorCode = typeof PLUGIN_ERROR_CODES[keyof typeof PLUGIN_ERROR_CODES]

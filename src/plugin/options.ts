@@ -6,7 +6,9 @@
 import { randomBytes } from 'node:crypto'
 import type { ValidateFunction } from 'ajv'
 import { z } from 'zod'
-import { createSchemaAjv, nonFiniteNumberPath, schemaDialect } from '../shared/json-schema.js'
+import {
+  createSchemaAjv, metaSchemaProblems, nonFiniteNumberPath, schemaDialect, type SchemaDialect
+} from '../shared/json-schema.js'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
 import { codePointLength, errorText, isPlainObject, isWellFormedText, MAX_TIMER_MS } from '../shared/util.js'
@@ -88,7 +90,10 @@ export interface PluginOptions<T extends Record<string, unknown> = Record<string
   tools: { [K in keyof T]: PluginTool<T[K]> }
   /** One role to register with; `null` (default) means every role Toolport has, see the README. */
   role?: string | null | undefined
-  /** Token mode of Toolport: sent as `Authorization: Bearer <token>`. */
+  /**
+   * Token mode of Toolport: sent as `Authorization: Bearer <token>`. Visible ASCII only
+   * (0x21–0x7E), as Toolport's `security.token` is.
+   */
   token?: string | undefined
   /**
    * Toolport's ownership mode binds the source to this key (sent as `X-Toolport-Plugin-Key`).
@@ -165,6 +170,13 @@ export interface ResolvedPluginOptions {
 // Mirrors of Toolport's limits (docs/protocol.md R7 and src/main/schemas.ts), checked early for clear errors.
 const MAX_TIMEOUT_SECONDS = 300
 const MAX_SOURCE_CHARS = 256
+/**
+ * A token, as Toolport's `security.token` must be (README "Configuration"): visible ASCII only.
+ * undici refuses a header value with a line break or a character beyond Latin-1, Toolport reads
+ * header bytes as Latin-1 (a client's UTF-8 never matches) and trims the value's ends: visible
+ * ASCII is what every client sends, and Toolport reads, unchanged.
+ */
+const VISIBLE_ASCII = /^[\x21-\x7e]+$/
 
 const EMPTY_PARAMETERS: JsonSchemaObject = Object.freeze({ type: 'object', properties: {} })
 
@@ -210,9 +222,9 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   if (role !== null && (typeof role !== 'string' || role === '')) problem('role', 'must be a non-empty string or null')
 
   const token = options.token ?? null
-  if (token !== null && (typeof token !== 'string' || token.trim() === '')) {
-    problem('token',
-      'must be a non-empty string')
+  if (token !== null && (typeof token !== 'string' || !VISIBLE_ASCII.test(token))) {
+    problem('token', 'must be visible ASCII characters only (0x21–0x7E), as Toolport\'s security.token is: ' +
+      'no space, line break or other character')
   }
 
   const pluginKey = options.pluginKey ?? randomBytes(32).toString('base64url')
@@ -305,22 +317,13 @@ function resolveTool (name: string, tool: unknown, problem: (path: string,
       problem(`${at}.parameters`, 'must describe an object (type: "object"): tool arguments are a JSON object')
     }
     jsonSchema = parameters
-    // What Toolport would refuse with a 422 at registration, refused here first.
+    // What Toolport would refuse with a 422 at registration, refused here first, in Toolport's
+    // order (src/main/dispatch/validators.ts, then its schema compiler thread).
     const dialect = schemaDialect(parameters)
     if (!dialect.ok) {
       problem(`${at}.parameters`, dialect.problem)
     } else {
-      const unrepresentable = nonFiniteNumberPath(parameters, `${at}.parameters`)
-      if (unrepresentable !== null) {
-        // JSON has no Infinity or NaN: sent, it would be null, and not the schema the plugin wrote.
-        problem(unrepresentable, 'is not a finite number (JSON has no Infinity or NaN)')
-      } else {
-        try {
-          validate = createSchemaAjv(dialect.dialect).compile(parameters)
-        } catch (err) {
-          problem(`${at}.parameters`, `the schema does not compile: ${errorText(err)}`)
-        }
-      }
+      validate = checkedSchema(parameters, dialect.dialect, `${at}.parameters`, problem)
     }
   } else {
     problem(`${at}.parameters`, 'must be a JSON Schema object or a zod schema')
@@ -333,6 +336,43 @@ function resolveTool (name: string, tool: unknown, problem: (path: string,
     validate,
     handler: handler as ResolvedTool['handler'],
     timeoutSeconds: typeof timeoutSeconds === 'number' ? timeoutSeconds : 30
+  }
+}
+
+/**
+ * The validator of a plain JSON Schema that Toolport would take, or null after naming why it
+ * would not: a number JSON cannot carry, a schema that is not JSON (a cycle, a BigInt), one that
+ * breaks its dialect's meta-schema (`required: ["a", "a"]`, `minProperties: 1.5`), one that does
+ * not compile (an RE2-incompatible pattern, a `$ref` that does not resolve). The meta-schema and
+ * the compile see the schema's JSON, the very schema the registration sends.
+ */
+function checkedSchema (parameters: JsonSchemaObject, dialect: SchemaDialect, at: string,
+  problem: (path: string, message: string) => void): ValidateFunction | null {
+  let text: string
+  try {
+    text = JSON.stringify(parameters)
+  } catch (err) {
+    problem(at, `the schema is not JSON: ${errorText(err)}`)
+    return null
+  }
+  // JSON.stringify succeeded: no cycle, so the walk ends.
+  const unrepresentable = nonFiniteNumberPath(parameters, at)
+  if (unrepresentable !== null) {
+    // JSON has no Infinity or NaN: sent, it would be null, and not the schema the plugin wrote.
+    problem(unrepresentable, 'is not a finite number (JSON has no Infinity or NaN)')
+    return null
+  }
+  const schema = JSON.parse(text) as JsonSchemaObject
+  const meta = metaSchemaProblems(schema, dialect)
+  if (meta !== '') {
+    problem(at, `not a valid ${dialect} JSON Schema: ${meta}`)
+    return null
+  }
+  try {
+    return createSchemaAjv(dialect).compile(schema)
+  } catch (err) {
+    problem(at, `the schema does not compile: ${errorText(err)}`)
+    return null
   }
 }
 

@@ -332,7 +332,11 @@ function invalidValue (path: string, leaf: Json): fc.Arbitrary<unknown> {
   if (path === 'roles') {
     return fc.constantFrom<unknown>('default', [''], ['x'.repeat(129)], [1], [null], 'a,b', null, {}, Symbol.for('x'))
   }
-  if (path === 'security.token') return fc.constantFrom<unknown>('x'.repeat(31), 'é'.repeat(15), '', 32, ...common)
+  if (path === 'security.token') {
+    // Too short; or long enough but not visible ASCII (README "Configuration": 0x21–0x7E only).
+    return fc.constantFrom<unknown>('x'.repeat(31), 'é'.repeat(15), '', 32, 'é'.repeat(32), `${'k'.repeat(32)}\n`,
+      `${'k'.repeat(16)} ${'k'.repeat(16)}`, `${'k'.repeat(32)}😀`, `${'k'.repeat(32)}\u007f`, ...common)
+  }
   if (path === 'logger') return fc.constantFrom<unknown>('verbose', 'INFO', '', 1, 30, ...common)
   if (path === 'host') return fc.constantFrom<unknown>('', 1, ['127.0.0.1'], ...common)
   if (leaf.type === 'array') return fc.constantFrom<unknown>('a', [''], [1], [null], null, {}, Symbol.for('x'))
@@ -396,21 +400,26 @@ test('config: every option refuses every invalid value of its kind (the sweep be
 
 // ---- Token mode: the configured token is the one that opens the API --------------------------
 
-test('config: property: every security.token the options accept is the one a client can present (Authorization: Bearer <token>)', { timeout: FAILING_TIMEOUT_MS }, async () => {
-  // Visible ASCII and the space: every character an HTTP header value can carry as it is.
-  const visible = fc.integer({ min: 0x20, max: 0x7e }).map((c) => String.fromCharCode(c))
-  const token = fc.string({ unit: visible, minLength: 32, maxLength: 40 })
+test('config: property: security.token is accepted exactly when it is visible ASCII (0x21–0x7E), and every accepted one is the one a client can present (Authorization: Bearer <token>)', { timeout: FAILING_TIMEOUT_MS }, async () => {
+  // Mostly visible ASCII; now and then a space, a control, Latin-1 or beyond (README "Configuration").
+  const unit = fc.oneof(
+    { weight: 30, arbitrary: fc.integer({ min: 0x21, max: 0x7e }).map((c) => String.fromCharCode(c)) },
+    { weight: 1, arbitrary: fc.constantFrom(' ', '\t', '\n', '\u007f', '\u0000', 'é', '\u00a0', '€', '😀') })
+  const token = fc.string({ unit, minLength: 32, maxLength: 40 })
   const tp = await createToolport({ logger: false, dispatch: { mode: 'inline' } })
   await tp.close()
   await check(fc.asyncProperty(token, async (secret) => {
+    const isVisibleAscii = /^[\x21-\x7e]+$/.test(secret)
     let tp: Toolport
     try {
       tp = await createToolport({ logger: false, dispatch: { mode: 'inline' }, security: { token: secret } })
     } catch (err: any) {
       assert.equal(err.code, 'TP_ERR_CONFIG')
       assert.match(err.message, /security\.token/)
+      assert.equal(isVisibleAscii, false, `the visible ASCII token ${JSON.stringify(secret)} was refused: ${String(err.message)}`)
       return
     }
+    assert.equal(isVisibleAscii, true, `the token ${JSON.stringify(secret)} was accepted, though not visible ASCII`)
     try {
       const { url } = await tp.listen({ host: '127.0.0.1', port: 0 })
       const res = await httpRequest(`${url}/api/tools`, { headers: { authorization: `Bearer ${secret}` } })
@@ -807,6 +816,30 @@ test('regression: a security.token with leading whitespace is refused, or accept
   } finally {
     await tp.close()
   }
+})
+
+test('regression: a security.token that is not visible ASCII (a Latin-1 or astral character, a space inside, a control) is refused as TP_ERR_CONFIG naming security.token, also from `toolport serve --token-file` (README "Configuration": security.token)', async (t) => {
+  for (const secret of ['ö'.padEnd(40, 'x'), 'tok😀'.padEnd(40, 'x'), `${'k'.repeat(16)} ${'k'.repeat(16)}`, `${'k'.repeat(32)}\u0001`]) {
+    await assert.rejects(createToolport({ logger: false, dispatch: { mode: 'inline' }, security: { token: secret } }),
+      (err: any) => err.code === 'TP_ERR_CONFIG' && /security\.token/.test(err.message) && /visible ASCII/.test(err.message),
+      JSON.stringify(secret))
+  }
+  const dir = await tempDir(t)
+  const refused = join(dir, 'refused.token')
+  await writeFile(refused, `${'ö'.padEnd(40, 'x')}\n`, { mode: 0o600 })
+  const run = runMain(t, ['serve', '--port', '0', '--token-file', refused])
+  const listening = await listeningOrExit(run)
+  if (listening !== null) run.stop()
+  assert.equal(listening, null, 'served with a token no client could present')
+  assert.notEqual(await run.exited, 0)
+  assert.match(run.stderr().split('\n')[0] ?? '', /^toolport: .*security\.token/)
+  // A visible ASCII token in a file (its line break trimmed away) serves.
+  const accepted = join(dir, 'accepted.token')
+  await writeFile(accepted, `${'k'.repeat(40)}\n`, { mode: 0o600 })
+  const serving = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', '--token-file', accepted])
+  assert.notEqual(await listeningOrExit(serving), null, serving.stderr())
+  serving.stop()
+  assert.equal(await serving.exited, 0)
 })
 
 test('regression: listen() on an IPv4-mapped address (::ffff:127.0.0.1), whose URL its own Host check would refuse, is refused with TP_ERR_CONFIG pointing to the IPv4 address (README "Embedding: the library", SECURITY.md "Inbound")', async (t) => {

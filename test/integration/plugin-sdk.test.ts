@@ -6,11 +6,12 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
+import { createServer, type AddressInfo } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
-import { toolportCliArgs } from '../helpers.js'
+import { startToolport, toolportCliArgs } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
@@ -378,4 +379,119 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
     await assert.rejects(http('POST', callbackUrl, { name: 'get_weather', arguments: { location: 'Paris' } }),
       { code: 'ECONNREFUSED' })
   })
+})
+
+test('createPlugin refuses a JSON Schema that breaks its dialect\'s meta-schema, as Toolport does at registration (README "Plugin SDK" → Arguments)', async (t) => {
+  const { tp } = await startToolport(t, { roles: ['A'] })
+  const handler = (): null => null
+  for (const parameters of [
+    { type: 'object', required: ['a', 'a'] },
+    { type: 'object', minProperties: 1.5 },
+    { type: 'object', properties: { a: 5 } },
+    { $schema: 'http://json-schema.org/draft-07/schema#', type: 'object', required: ['a', 'a'] }
+  ]) {
+    // Toolport's own verdict on the same schema: a 422, not a start() that fails later.
+    await assert.rejects(tp.register({ name: 'x', callback_url: 'http://127.0.0.1:9/tools/x', parameters }),
+      { statusCode: 422 }, `Toolport refuses ${JSON.stringify(parameters)}`)
+    assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', tools: { a: { handler, parameters } } }),
+      (err: unknown) => err instanceof PluginError && err.code === 'TP_ERR_PLUGIN_OPTIONS' &&
+        err.details.length === 1 && err.details[0]?.path === 'tools.a.parameters' && /JSON Schema/.test(err.details[0].message),
+      JSON.stringify(parameters))
+  }
+  // A schema that is not JSON at all is named, not walked forever.
+  const cyclic: Record<string, unknown> = { type: 'object' }
+  cyclic.properties = { a: cyclic }
+  assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', tools: { a: { handler, parameters: cyclic } } }),
+    { code: 'TP_ERR_PLUGIN_OPTIONS' })
+  // What the meta-schema allows still passes.
+  createPlugin({
+    toolportUrl: 'http://127.0.0.1:3917',
+    source: 'plugin:x',
+    tools: { a: { handler, parameters: { type: 'object', required: ['a'], minProperties: 1, properties: { a: true } } } }
+  })
+})
+
+test('a token is visible ASCII only (0x21–0x7E), as Toolport\'s security.token: others are refused at createPlugin, never left to fail start() (README "Plugin SDK" options)', async (t) => {
+  const handler = (): null => null
+  for (const token of ['', ' ', 'abc\ndef', 'a b', `${'k'.repeat(40)} `, 'tök'.padEnd(40, 'x'), 't😀'.padEnd(40, 'x'), 'a\u007f'.padEnd(40, 'x')]) {
+    assert.throws(() => createPlugin({ toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:x', token, tools: { a: { handler } } }),
+      (err: unknown) => err instanceof PluginError && err.code === 'TP_ERR_PLUGIN_OPTIONS' &&
+        err.details.some((d) => d.path === 'token' && /visible ASCII/.test(d.message)),
+      JSON.stringify(token))
+  }
+  // Every visible ASCII character, in token mode: the plugin registers with it.
+  let token = ''
+  for (let c = 0x21; c <= 0x7e; c++) token += String.fromCharCode(c)
+  const { tp, url } = await startToolport(t, { roles: ['A'], security: { token } })
+  const plugin = createPlugin({ toolportUrl: url, source: 'plugin:ascii-token', token, logger: false, watchEvents: false, startTimeoutMs: 0, tools: { a: { handler } } })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  assert.deepEqual((await plugin.start()).names, ['a'])
+  assert.equal(tp.list().tools_by_role.A?.[0]?.source, 'plugin:ascii-token')
+})
+
+test('an output holding NaN or ±Infinity anywhere is an error result, never a silent null; outputs with null or "null" are not (README "Plugin SDK" → Calls)', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A'] })
+  const outputs: Record<string, () => unknown> = {
+    nan: () => NaN,
+    minus_infinity: () => -Infinity,
+    nested: () => ({ a: [1, { b: Infinity }] }),
+    number_object: () => [Object(NaN)],  // a Number object, as `new Number(NaN)` makes
+    to_json: () => ({ at: { toJSON: () => NaN } }),
+    deep: () => {
+      let deep: unknown = [NaN]
+      for (let i = 0; i < 600; i++) deep = [deep]
+      return deep
+    },
+    fine_nulls: () => ({ a: null, b: 'null', c: [null, 1.5, -0], d: new Date(0) }),
+    fine_deep: () => {
+      let deep: unknown = [null]
+      for (let i = 0; i < 600; i++) deep = [deep]
+      return deep
+    }
+  }
+  const tools: Record<string, { handler: () => unknown }> = {}
+  for (const [name, output] of Object.entries(outputs)) tools[name] = { handler: output }
+  const plugin = createPlugin({ toolportUrl: url, source: 'plugin:non-finite', logger: false, watchEvents: false, tools })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  await plugin.start()
+  for (const name of ['nan', 'minus_infinity', 'nested', 'number_object', 'to_json', 'deep']) {
+    const result = await tp.callTool('A', { name, arguments: {} })
+    assert.equal(result.is_error, true, `${name}: ${JSON.stringify(result)}`)
+    assert.match(String(result.error), /could not be encoded as JSON/, name)
+  }
+  const fine = await tp.callTool('A', { name: 'fine_nulls', arguments: {} })
+  assert.deepEqual(fine.output, { a: null, b: 'null', c: [null, 1.5, 0], d: '1970-01-01T00:00:00.000Z' })
+  assert.equal((await tp.callTool('A', { name: 'fine_deep', arguments: {} })).is_error, false)
+})
+
+test('start() on a port that is taken rejects with a PluginError (TP_ERR_PLUGIN_LISTEN, cause EADDRINUSE) and leaves the plugin stopped (README "Plugin SDK" errors)', async (t) => {
+  const taken = createServer()
+  taken.listen(0, '127.0.0.1')
+  await once(taken, 'listening')
+  t.after(() => { taken.close() })
+  const port = (taken.address() as AddressInfo).port
+  const plugin = createPlugin({
+    toolportUrl: 'http://127.0.0.1:3917', source: 'plugin:busy', port, logger: false, tools: { a: { handler: () => null } }
+  })
+  await assert.rejects(plugin.start(), (err: unknown) => {
+    assert.ok(err instanceof PluginError, String(err))
+    assert.equal(err.code, 'TP_ERR_PLUGIN_LISTEN')
+    assert.equal((err.cause as NodeJS.ErrnoException).code, 'EADDRINUSE')
+    assert.match(err.message, new RegExp(`127\\.0\\.0\\.1:${port}`))
+    return true
+  })
+  assert.equal(plugin.isRunning, false)
+  await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_STATE' })
+})
+
+test('the callback server\'s url spells an IPv6 host as the URL parser does ([::1] for 0:0:0:0:0:0:0:1), as its callback URLs (README "Plugin SDK": url)', async (t) => {
+  const { url } = await startToolport(t, { roles: ['A'] })
+  const plugin = createPlugin({
+    toolportUrl: url, source: 'plugin:v6', host: '0:0:0:0:0:0:0:1', logger: false, watchEvents: false, tools: { a: { handler: () => null } }
+  })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  const started = await plugin.start()
+  assert.match(started.url, /^http:\/\/\[::1\]:\d+$/)
+  assert.equal(plugin.url, started.url)
+  assert.ok(plugin.callbackUrl('a').startsWith(`${started.url}/`), plugin.callbackUrl('a'))
 })
