@@ -93,6 +93,7 @@ const WEIGHTS = {
   'test/integration/metrics-properties.test.ts': 9,
   'test/integration/bridge-properties.test.ts': 18,
   'test/integration/secrets-properties.test.ts': 11,
+  'test/integration/sdk-differential-properties.test.ts': 16,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

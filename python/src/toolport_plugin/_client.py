@@ -16,7 +16,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .errors import REFUSED, UNREACHABLE, PluginError
+from ._json import encode
+from .errors import OPTIONS, REFUSED, UNREACHABLE, PluginError
 
 # A list of every role's tools can be large, but not this large; past it the answer is refused.
 _MAX_ANSWER_BYTES = 64 * 1024 * 1024
@@ -97,9 +98,15 @@ class ToolportClient:
         url = self.base_url + path
         timeout = aiohttp.ClientTimeout(total=self._timeout)
         try:
+            # Strict JSON (no NaN, which Toolport would refuse as a body that is not JSON), of any
+            # depth; a schema changed after it was declared may no longer be JSON.
+            data = None if body is None else encode(body)
+        except (TypeError, ValueError) as err:
+            raise PluginError(OPTIONS, f"the request body of {method} /{path} is not JSON: {err}") from err
+        try:
             async with session.request(
                 method, url, headers=self._headers(json_body=body is not None),
-                data=None if body is None else json.dumps(body), timeout=timeout, allow_redirects=False,
+                data=data, timeout=timeout, allow_redirects=False,
             ) as res:
                 status = res.status
                 raw = await res.content.read(_MAX_ANSWER_BYTES + 1)

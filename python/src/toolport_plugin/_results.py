@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 import base64
-import json
 import mimetypes
 import os
 from collections.abc import Iterable
 from typing import Any
 
+from ._json import encode
 from ._schema import to_json_value
 
 
@@ -97,20 +97,15 @@ class ToolOutput:
                 raise TypeError(f"images must be Image objects (got {type(image).__name__})")
 
 
-def _dumps(reply: dict[str, Any]) -> bytes:
-    # allow_nan=False: NaN is not JSON, and Toolport would refuse the whole reply.
-    return json.dumps(reply, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-
-
 def error_reply(message: str, output: Any = None) -> bytes:
     reply: dict[str, Any] = {"error": message, "is_error": True}
     if output is not None:
         try:
             reply["output"] = to_json_value(output)
-            return _dumps(reply)
-        except (TypeError, ValueError) as err:
-            return _dumps({"error": f"{message} (its output could not be encoded as JSON: {err})", "is_error": True})
-    return _dumps(reply)
+            return encode(reply)
+        except (TypeError, ValueError, RecursionError) as err:
+            reply = {"error": f"{message} (its output could not be encoded as JSON: {err})", "is_error": True}
+    return encode(reply)
 
 
 def output_reply(result: Any) -> bytes:
@@ -127,13 +122,16 @@ def output_reply(result: Any) -> bytes:
         reply["output"] = to_json_value(result)
         if images:
             reply["images"] = [image.to_wire() for image in images]
-        return _dumps(reply)
-    except (TypeError, ValueError, RecursionError) as err:
+        return encode(reply)
+    except (TypeError, ValueError, RecursionError) as err:  # RecursionError: a model's own dump
         return error_reply(f"the tool's output could not be encoded as JSON: {err}")
 
 
 def exception_reply(err: BaseException) -> bytes:
     if isinstance(err, ToolError):
         return error_reply(err.message, err.output)
-    text = str(err)
+    try:
+        text = str(err)
+    except Exception:  # an exception whose __str__ fails is still a tool error, never an HTTP 500
+        text = ""
     return error_reply(f"{type(err).__name__}: {text}" if text else type(err).__name__)

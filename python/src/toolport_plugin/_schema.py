@@ -4,7 +4,12 @@ The schema a tool is registered with is built from its function's signature once
 decorator runs; every call's arguments are then validated against that same schema (with the
 ``jsonschema`` package) before the handler runs, and converted to what the annotations ask for
 (dataclasses, pydantic models, enums, tuples). One schema serves both the model and the check, so
-they cannot drift apart, and an explicitly given schema is checked the same way.
+they cannot drift apart.
+
+An explicitly given schema is held to Toolport's rules when declared (``_toolport_schema``), and
+its arguments reach the handler as Toolport delivers them: Toolport validated them against that
+very schema before the call (docs/protocol.md R9), with the schema's dialect and RE2, the engine
+whose verdict counts.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Union
 
 import jsonschema
+
+from ._toolport_schema import not_json, problems, validator_class
 
 try:  # pydantic is optional: models are supported when it is installed
     import pydantic
@@ -153,13 +160,8 @@ def _object(props: JsonSchema, required: list[str], *, closed: bool, title: str 
 
 
 def _is_json(value: Any) -> bool:
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
-    return False
+    """Whether a Python default can be shown to the model as it is (a NaN, a set… is not)."""
+    return not_json(value) is None
 
 
 class Signature:
@@ -190,13 +192,24 @@ class Signature:
             params.append(p)
             self.types[p.name] = tp
 
+        self._validator: Any = None
         if parameters is not None:
             if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
                 raise SchemaError(f"{where}: parameters must be a JSON Schema object with type 'object'")
+            cls, problem = validator_class(parameters)
+            if cls is None:
+                raise SchemaError(f"{where}: {problem}")
+            _check_toolport_rules(where, parameters, cls)
             self.schema: JsonSchema = parameters
-            # With an explicit schema the arguments are passed as they came, by name.
+            # With an explicit schema the arguments are passed as they came, by name. Toolport
+            # checked them against this very schema before the call (docs/protocol.md R9), with
+            # its dialect and RE2; a second check here could only refuse what Toolport accepted
+            # (Python's `re` reads \S or \b otherwise, and 9007199254740993 > 2**53 for an int).
             self.types = {}
             self.accepts_var_kwargs = True
+            if self.context_param is not None and self.context_param in (parameters.get("properties") or {}):
+                raise SchemaError(f"{where}: the parameters name the argument {self.context_param!r}, which is the "
+                                  "handler's CallContext parameter; rename one of them")
         else:
             builder = _Builder(where)
             props: JsonSchema = {}
@@ -210,24 +223,40 @@ class Signature:
             self.schema = _object(props, required, closed=not self.accepts_var_kwargs)
             if builder.defs:
                 self.schema["$defs"] = builder.defs
-        try:
-            jsonschema.Draft202012Validator.check_schema(self.schema)
-        except jsonschema.SchemaError as err:
-            raise SchemaError(f"{where}: the parameters are not a valid JSON Schema: {err.message}") from err
-        self._validator = jsonschema.Draft202012Validator(self.schema)
+            _check_toolport_rules(where, self.schema, jsonschema.Draft202012Validator)
+            # The schema from the type hints is the SDK's own (2020-12, no patterns but a pydantic
+            # model's): checked again here, as the conversions below rely on it.
+            self._validator = jsonschema.Draft202012Validator(self.schema)
 
     def arguments(self, raw: Any) -> dict[str, Any]:
-        """Validates a call's arguments and converts them to the handler's keyword arguments."""
+        """Validates a call's arguments (against the schema from type hints) and converts them to
+        the handler's keyword arguments."""
         if not isinstance(raw, dict):
             raise ArgumentsError("arguments must be a JSON object")
-        problems = sorted(self._validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
-        if problems:
-            raise ArgumentsError("; ".join(_describe(e) for e in problems[:10]))
+        if self._validator is not None:
+            problems = sorted(self._validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+            if problems:
+                raise ArgumentsError("; ".join(_describe(e) for e in problems[:10]))
+        if self.context_param is not None and self.context_param in raw:
+            # Only with **kwargs (an open schema): the handler cannot receive both.
+            raise ArgumentsError(f"{self.context_param}: this argument cannot be passed (the tool's "
+                                 "handler receives its call context under that name)")
         out: dict[str, Any] = {}
         for key, value in raw.items():
             tp = self.types.get(key)
             out[key] = value if tp is None else _convert(value, tp, key)
         return out
+
+
+def _check_toolport_rules(where: str, schema: JsonSchema, cls: Any) -> None:
+    """Raises SchemaError for what Toolport would surely refuse in ``schema`` at registration
+    (docs/protocol.md R7; see _toolport_schema)."""
+    problem = not_json(schema)
+    if problem is not None:
+        raise SchemaError(f"{where}: {problem}")
+    found = problems(schema, cls)
+    if found:
+        raise SchemaError(f"{where}: " + "; ".join(found[:5]))
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
@@ -283,16 +312,58 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
+_LEAVE = object()  # to_json_value's work item that ends a container
+
+
 def to_json_value(value: Any) -> Any:
-    """A handler's return value → plain JSON data (dataclasses and pydantic models included)."""
-    if _is_pydantic_model(type(value)):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return to_json_value(value.value)
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_json_value(v) for v in value]
-    return value
+    """A handler's return value → plain JSON data (dataclasses and pydantic models included).
+
+    Walks with a stack of its own, so an output of any depth converts (docs/protocol.md R10: the
+    TypeScript SDK and Toolport carry them); a container met again inside itself is a cycle, which
+    JSON cannot carry (``ValueError``). Values it does not know are left for the encoder to refuse.
+    """
+    root: list[Any] = [None]
+    # The containers between the root and the item at hand, by id; `made` keeps the dicts made
+    # here (a dataclass's fields, a model's dump) alive, so their ids are not reused meanwhile.
+    on_path: set[int] = set()
+    made: list[Any] = []
+    work: list[tuple[Any, Any]] = [(value, (root, 0))]
+    while work:
+        item, slot = work.pop()
+        if item is _LEAVE:
+            on_path.discard(slot)
+            continue
+        while isinstance(item, enum.Enum):
+            item = item.value
+        if _is_pydantic_model(type(item)):
+            item = item.model_dump(mode="json")
+            made.append(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            if id(item) in on_path:
+                raise ValueError("Circular reference detected")
+            on_path.add(id(item))
+            work.append((_LEAVE, id(item)))
+            item = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+            made.append(item)
+        container, key = slot
+        if isinstance(item, (dict, list, tuple, set, frozenset)):
+            if id(item) in on_path:
+                raise ValueError("Circular reference detected")
+            on_path.add(id(item))
+            work.append((_LEAVE, id(item)))
+            if isinstance(item, dict):
+                members: dict[str, Any] = {}
+                container[key] = members
+                for k, v in item.items():
+                    name = k if isinstance(k, str) else str(k)
+                    members[name] = None
+                    work.append((v, (members, name)))
+            else:
+                items = list(item)
+                converted: list[Any] = [None] * len(items)
+                container[key] = converted
+                for index, v in enumerate(items):
+                    work.append((v, (converted, index)))
+        else:
+            container[key] = item
+    return root[0]

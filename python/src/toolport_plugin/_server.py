@@ -24,7 +24,7 @@ parses one request at a time, so a call is answered before a malformed request b
 from __future__ import annotations
 
 import asyncio
-import json
+import errno
 import logging
 import math
 import secrets
@@ -41,10 +41,12 @@ from aiohttp.http_parser import HttpRequestParser
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
+from ._json import decode
 from ._loopback import is_loopback_host_header
 from ._results import error_reply, exception_reply, output_reply
 from ._schema import ArgumentsError
 from ._tool import CallContext, Tool
+from .errors import LISTEN, PluginError
 
 # Below Toolport's 4 s client keep-alive would race it; 5 s lets Toolport close idle sockets first.
 _KEEPALIVE_SECONDS = 5.0
@@ -109,7 +111,17 @@ class CallbackServer:
                 app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
             )
             await self._runner.setup()
-            await self._bind(self._port)
+            try:
+                await self._bind(self._port)
+            except OSError as err:
+                # README "Python plugin SDK": the SDK raises PluginErrors only. A port in use stays
+                # in use: start() does not retry this.
+                code = errno.errorcode.get(err.errno or 0, "")
+                where = f"[{self._host}]" if ":" in self._host else self._host
+                raise PluginError(
+                    LISTEN, f"the callback server cannot listen on {where}:{self._port}: {code or err.strerror or err}"
+                    + (" (the port is in use)" if err.errno == errno.EADDRINUSE else ""),
+                ) from err
             return self.origin
 
     async def _bind(self, port: int) -> None:
@@ -168,7 +180,7 @@ class CallbackServer:
         if tool is None:
             return web.Response(status=404, text="no such tool")
         try:
-            body = json.loads(await request.read())
+            body = decode(await request.read())
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413, text=f"the body is larger than {self._max_body_bytes} bytes",
                                 headers={"connection": "close"})
@@ -187,13 +199,15 @@ class CallbackServer:
         args = body.get("arguments")
         if args is None and isinstance(body.get("raw_arguments"), str):
             try:
-                args = json.loads(body["raw_arguments"] or "{}")
+                args = decode(body["raw_arguments"] or "{}")
             except ValueError:
                 return error_reply("invalid arguments: not valid JSON")
         try:
             kwargs = tool.signature.arguments({} if args is None else args)
         except ArgumentsError as err:
             return error_reply(f"invalid arguments: {err}")
+        except RecursionError:  # a check of the type hints' schema that recursed too deep
+            return error_reply("invalid arguments: they nest too deeply to be checked against the tool's type hints")
 
         task = tool.invoke(kwargs, ctx)
         try:

@@ -9,8 +9,9 @@ STATE = "TP_ERR_PLUGIN_STATE"  #: start() twice or after stop(), a tool added af
 UNREACHABLE = "TP_ERR_PLUGIN_UNREACHABLE"  #: Toolport did not answer (connection failure, timeout)
 REFUSED = "TP_ERR_PLUGIN_REFUSED"  #: Toolport answered with an error, or no role took a registration
 START_TIMEOUT = "TP_ERR_PLUGIN_START_TIMEOUT"  #: start() gave up after start_timeout seconds
+LISTEN = "TP_ERR_PLUGIN_LISTEN"  #: start() could not listen on host:port (port in use…); not retried
 
-PLUGIN_ERROR_CODES = (OPTIONS, STATE, UNREACHABLE, REFUSED, START_TIMEOUT)
+PLUGIN_ERROR_CODES = (OPTIONS, STATE, UNREACHABLE, REFUSED, START_TIMEOUT, LISTEN)
 
 
 class PluginError(Exception):

@@ -125,10 +125,11 @@ class Plugin:
         logger: logging.Logger | None = None,
     ) -> None:
         source, url, token, host = check_options(
-            id, toolport_url=toolport_url, role=role, token=token, token_file=token_file, host=host, port=port,
+            id, toolport_url=toolport_url, role=role, token=token, token_file=token_file, plugin_key=plugin_key,
+            host=host, port=port,
             seconds={"poll_interval": poll_interval, "resync_interval": resync_interval,
                      "max_backoff": max_backoff, "request_timeout": request_timeout},
-            start_timeout=start_timeout, max_body_bytes=max_body_bytes,
+            start_timeout=start_timeout, use_events=use_events, max_body_bytes=max_body_bytes,
         )
 
         self.source = source
@@ -139,17 +140,9 @@ class Plugin:
         self._start_timeout = float(start_timeout)
         self._log = logger or logging.getLogger("toolport_plugin")
         self._tools: dict[str, Tool] = {}
-        if plugin_key is None:
-            # Random per plugin: in ownership mode the source is ours while our tools are registered.
-            plugin_key = secrets.token_urlsafe(32)
-        elif not isinstance(plugin_key, str) or not 32 <= len(plugin_key) <= 512 or any(
-            not "!" <= c <= "~" for c in plugin_key
-        ):
-            raise PluginError(
-                "TP_ERR_PLUGIN_OPTIONS", "plugin_key must be 32-512 visible ASCII characters (e.g. secrets.token_urlsafe(32))"
-            )
-        self.plugin_key = plugin_key
-        self._client = ToolportClient(url, token, float(request_timeout), plugin_key)
+        # Random per plugin: in ownership mode the source is ours while our tools are registered.
+        self.plugin_key = secrets.token_urlsafe(32) if plugin_key is None else plugin_key
+        self._client = ToolportClient(url, token, float(request_timeout), self.plugin_key)
         self._server = CallbackServer(host, port, max_body_bytes, self._tools, self._log)
         self._listeners: dict[str, list[Callable[[Any], Any]]] = {"registered": [], "error": []}
         self._state = "idle"  # idle → starting → running → stopping → stopped
@@ -158,7 +151,7 @@ class Plugin:
         self._conflicts: set[tuple[str, str, str, str]] = set()
         # The option, kept apart from _Watch.use_events, which also turns off while Toolport
         # serves no event stream and on again when a check succeeds after an outage.
-        self._use_events = bool(use_events)
+        self._use_events = use_events
         self._watch = _Watch(use_events=self._use_events)
         self._stopping: asyncio.Future[StopResult] | None = None
         self._stop_requested = asyncio.Event()
@@ -192,13 +185,16 @@ class Plugin:
                   parameters: JsonSchema | None, timeout_seconds: float) -> None:
         if self._state != "idle":
             raise PluginError(errors.STATE, "tools must be declared before start()")
-        tool_name = name or getattr(fn, "__name__", "")
+        # An empty name is refused below, never replaced by the function's name.
+        tool_name = getattr(fn, "__name__", "") if name is None else name
         if not isinstance(tool_name, str) or not 1 <= len(tool_name) <= _MAX_NAME_CHARS:
             raise PluginError(errors.OPTIONS, f"a tool name must be 1–{_MAX_NAME_CHARS} characters (got {tool_name!r})")
         if not _is_unicode_text(tool_name):  # its callback URL is its UTF-8, percent-encoded
             raise PluginError(errors.OPTIONS, f"a tool name must be Unicode text, without lone surrogates (got {tool_name!r})")
         if tool_name in self._tools:
             raise PluginError(errors.OPTIONS, f"the tool {tool_name!r} is declared twice")
+        if description is not None and not isinstance(description, str):
+            raise PluginError(errors.OPTIONS, f"the description of {tool_name!r} must be a string (got {type(description).__name__})")
         if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)) or not 0 < timeout_seconds <= 300:
             raise PluginError(errors.OPTIONS, f"timeout_seconds of {tool_name!r} must be > 0 and ≤ 300")
         try:
