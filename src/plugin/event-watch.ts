@@ -12,9 +12,9 @@
 // stream never takes a connection a registration or a clear needs.
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Client } from 'undici'
-import { createParser, type EventSourceMessage } from 'eventsource-parser'
+import { createParser, type EventSourceMessage, type ParseError } from 'eventsource-parser'
 import type { PluginLogger } from './options.js'
-import { errorText } from '../shared/util.js'
+import { errorText, isPlainObject } from '../shared/util.js'
 
 export interface EventWatchOptions {
   /** The API base, ending in `/`. */
@@ -43,6 +43,19 @@ const SILENCE_MS = 45_000
 const UNSUPPORTED_RETRY_MS = 5 * 60_000
 /** After a stream that was up ends or breaks: come back this soon, replaying what was missed. */
 const RECONNECT_MS = 250
+/**
+ * The most one event (its unfinished line plus its data lines so far) may buffer, in characters.
+ * Toolport's events are small; a stream past this is torn down and reconnected with backoff.
+ */
+const MAX_EVENT_CHARS = 1024 * 1024
+
+/** One event went past MAX_EVENT_CHARS: the stream is torn down and reconnected with backoff. */
+class EventTooLarge extends Error {
+  constructor (cause: ParseError) {
+    super(`one event is larger than ${MAX_EVENT_CHARS} characters`, { cause })
+    this.name = 'EventTooLarge'
+  }
+}
 
 export class EventWatch {
   readonly #options: EventWatchOptions
@@ -92,26 +105,33 @@ export class EventWatch {
     let failures = 0
     while (!signal.aborted) {
       let waitMs: number
+      let outcome: 'ended' | 'unsupported' | Error
       try {
-        const outcome = await this.#streamOnce(signal)
-        // A stream that ended by itself (Toolport closed it): come back soon, replaying.
-        if (outcome === 'ended') failures = 0
-        waitMs = outcome === 'unsupported' ? UNSUPPORTED_RETRY_MS : RECONNECT_MS
+        outcome = await this.#streamOnce(signal)
       } catch (err) {
         if (signal.aborted) break
-        if (this.#connected) {
-          // The stream was up (its `hello` came) and broke, as it does when Toolport closes: come
-          // back soon, as after a clean end, with the backoff started over. Only attempts that
-          // never got a stream make it grow, so it does not grow with every Toolport restart.
-          failures = 0
-          waitMs = RECONNECT_MS
-          this.#options.logger.debug?.(`event stream lost, reconnecting: ${errorText(err)}`)
-        } else {
-          failures++
-          if (failures === 1) this.#options.logger.debug?.(`event stream lost, polling meanwhile: ${errorText(err)}`)
-          const ceiling = Math.min(this.#options.maxBackoffMs, 500 * 2 ** Math.min(failures, 20))
-          waitMs = ceiling / 2 + Math.random() * ceiling / 2
-        }
+        outcome = err instanceof Error ? err : new Error(errorText(err))
+      }
+      if (outcome === 'unsupported') {
+        // No event stream here: poll only, and ask again much later.
+        failures = 0
+        waitMs = UNSUPPORTED_RETRY_MS
+      } else if (this.#connected && !(outcome instanceof EventTooLarge)) {
+        // README "Plugin SDK" → Keeping registrations alive: a stream that was up (its `hello`
+        // came) and ended or broke, as it does when Toolport closes, is retried after 250 ms with
+        // the backoff started over, so the backoff does not grow with every Toolport restart.
+        failures = 0
+        waitMs = RECONNECT_MS
+        if (outcome !== 'ended') this.#options.logger.debug?.(`event stream lost, reconnecting: ${errorText(outcome)}`)
+      } else {
+        // A stream that never came up (a failure, or an end before any `hello`), or one that sent
+        // an event past the cap: reconnections back off exponentially with jitter, up to
+        // maxBackoffMs.
+        failures++
+        const why = outcome === 'ended' ? 'the stream ended before its hello' : errorText(outcome)
+        if (failures === 1) this.#options.logger.debug?.(`event stream lost, polling meanwhile: ${why}`)
+        const ceiling = Math.min(this.#options.maxBackoffMs, 500 * 2 ** Math.min(failures, 20))
+        waitMs = ceiling / 2 + Math.random() * ceiling / 2
       }
       this.#connected = false
       try {
@@ -140,21 +160,42 @@ export class EventWatch {
       await res.body.dump()
       throw new Error(`GET /api/events answered HTTP ${res.statusCode}`)
     }
-    const parser = createParser({ onEvent: (message) => { this.#onEvent(message) } })
+    const contentType = res.headers['content-type']
+    const type = (Array.isArray(contentType) ? contentType[0] : contentType) ?? ''
+    if (!/^text\/event-stream\s*(;|$)/i.test(type)) {
+      // A 200 that is not an event stream (an HTML page, a proxy) is no stream either.
+      await res.body.dump()
+      this.#options.logger.debug?.(`GET /api/events is not an event stream (${type === '' ? 'no content type' : type}); polling only`)
+      return 'unsupported'
+    }
+    const parse = { overflow: null as ParseError | null }
+    const parser = createParser({
+      onEvent: (message) => { this.#onEvent(message) },
+      onError: (err) => { if (err.type === 'max-buffer-size-exceeded') parse.overflow = err },
+      // One event is never buffered without bound (README "Plugin SDK" → Keeping registrations alive).
+      maxBufferSize: MAX_EVENT_CHARS
+    })
     // A UTF-8 character may straddle two chunks: decode as a stream.
     const decoder = new TextDecoder()
-    for await (const chunk of res.body) parser.feed(decoder.decode(chunk as Buffer, { stream: true }))
+    for await (const chunk of res.body) {
+      parser.feed(decoder.decode(chunk as Buffer, { stream: true }))
+      // Leaving the loop destroys the body: the stream is torn down and reconnected with backoff.
+      if (parse.overflow !== null) throw new EventTooLarge(parse.overflow)
+    }
     return 'ended'
   }
 
   #onEvent (message: EventSourceMessage): void {
     if (message.id !== undefined && message.id !== '') this.#lastEventId = message.id
-    let data: Record<string, unknown>
+    let parsed: unknown
     try {
-      data = JSON.parse(message.data) as Record<string, unknown>
+      parsed = JSON.parse(message.data)
     } catch {
       return
     }
+    // Toolport's events carry a JSON object; anything else (null, a number, a list) is ignored.
+    if (!isPlainObject(parsed)) return
+    const data = parsed
     switch (message.event) {
       case 'hello': {
         const previous = this.#instanceId

@@ -5,7 +5,8 @@
 // this loopback traffic or its bearer token. Every failure becomes a `PluginError` so callers can
 // tell "try again later" (unreachable, 5xx, no role took it) from "this request is wrong" (4xx).
 import { Pool } from 'undici'
-import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
+import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
+import { isPlainObject } from '../shared/util.js'
 
 /** The wire form of a registration (docs/protocol.md "Register"). */
 export interface RegisterBody {
@@ -46,6 +47,17 @@ export interface ToolportClientOptions {
 // rather than buffered without bound.
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
+/** Toolport's answer went past `MAX_ANSWER_BYTES`: it answered, but not with anything usable. */
+class AnswerTooLarge extends Error {
+  readonly statusCode: number
+
+  constructor (maxBytes: number, statusCode: number) {
+    super(`the answer is larger than ${maxBytes} bytes`)
+    this.name = 'AnswerTooLarge'
+    this.statusCode = statusCode
+  }
+}
+
 export class ToolportClient {
   readonly #pool: Pool
   readonly #base: URL
@@ -82,9 +94,13 @@ export class ToolportClient {
       const reason = typeof answer.error === 'string' ? answer.error : 'no role accepted it'
       throw new PluginError(PLUGIN_ERROR_CODES.refused, `Toolport did not register '${body.name}': ${reason}`)
     }
+    // The answer is read defensively: a field of the wrong type is ignored, never converted (an
+    // object's own `toString` key would make String() throw a TypeError instead of a PluginError).
     return {
-      registered: String(answer.registered ?? body.name),
-      affected_roles: Array.isArray(answer.affected_roles) ? answer.affected_roles.map(String) : [],
+      registered: typeof answer.registered === 'string' ? answer.registered : body.name,
+      affected_roles: Array.isArray(answer.affected_roles)
+        ? answer.affected_roles.filter((r): r is string => typeof r === 'string')
+        : [],
       failed_roles: Array.isArray(answer.failed_roles) ? answer.failed_roles : []
     }
   }
@@ -101,11 +117,24 @@ export class ToolportClient {
     const answer = await this.#request('GET', path, undefined, signal) as { tools_by_role?: unknown }
     const byRole = new Map<string, ListedTool[]>()
     const raw = answer.tools_by_role
-    if (typeof raw !== 'object' || raw === null) {
+    if (!isPlainObject(raw)) {
       throw new PluginError(PLUGIN_ERROR_CODES.refused, 'Toolport listed no tools_by_role: is this a Toolport API?')
     }
+    // Only rows of R18's shape count: an object with a string `name` (the other fields are kept only
+    // when they are strings / booleans). Anything else is not one of our tools.
     for (const [name, rows] of Object.entries(raw)) {
-      byRole.set(name, Array.isArray(rows) ? rows as ListedTool[] : [])
+      const tools: ListedTool[] = []
+      if (Array.isArray(rows)) {
+        for (const row of rows as unknown[]) {
+          if (!isPlainObject(row) || typeof row.name !== 'string') continue
+          const tool: ListedTool = { name: row.name }
+          if (typeof row.source === 'string') tool.source = row.source
+          if (typeof row.callback_url === 'string') tool.callback_url = row.callback_url
+          if (typeof row.is_remote === 'boolean') tool.is_remote = row.is_remote
+          tools.push(tool)
+        }
+      }
+      byRole.set(name, tools)
     }
     return byRole
   }
@@ -131,8 +160,15 @@ export class ToolportClient {
         bodyTimeout: this.#timeoutMs
       })
       statusCode = res.statusCode
-      text = await readCapped(res.body, MAX_ANSWER_BYTES)
+      text = await readCapped(res.body, MAX_ANSWER_BYTES, res.statusCode)
     } catch (err) {
+      // An answer over the cap is still an answer (README "Plugin SDK", the PluginError table:
+      // UNREACHABLE means Toolport did not answer, and is retried).
+      if (err instanceof AnswerTooLarge) {
+        throw new PluginError(PLUGIN_ERROR_CODES.refused,
+          `Toolport's answer to ${method} /${relative} is larger than ${MAX_ANSWER_BYTES} bytes`,
+          { statusCode: err.statusCode, cause: err })
+      }
       const what = timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : describe(err)
       throw new PluginError(PLUGIN_ERROR_CODES.unreachable,
         `cannot reach Toolport at ${this.#base.href} (${method} /${relative}): ${what}`, { cause: err })
@@ -151,10 +187,11 @@ export class ToolportClient {
       // Toolport's error body: { ok: false, statusCode, code, error, message, details? }.
       const code = typeof answer?.code === 'string' ? answer.code : undefined
       const message = typeof answer?.message === 'string' ? answer.message : `HTTP ${statusCode}`
-      const details = Array.isArray(answer?.details)
-        ? (answer.details as Array<{ path?: unknown, message?: unknown }>).map((d) => ({
-            path: String(d.path ?? ''),
-            message: String(d.message ?? '')
+      // Only details of the documented shape; a field that is not a string is left empty.
+      const details: PluginErrorDetail[] | undefined = Array.isArray(answer?.details)
+        ? (answer.details as unknown[]).filter(isPlainObject).map((d) => ({
+            path: typeof d.path === 'string' ? d.path : '',
+            message: typeof d.message === 'string' ? d.message : ''
           }))
         : undefined
       const detailText = details === undefined ||
@@ -170,13 +207,13 @@ export class ToolportClient {
 }
 
 async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error) => unknown },
-  maxBytes: number): Promise<string> {
+  maxBytes: number, statusCode: number): Promise<string> {
   const chunks: Buffer[] = []
   let size = 0
   for await (const chunk of body) {
     size += chunk.length
     if (size > maxBytes) {
-      const err = new Error(`the answer is larger than ${maxBytes} bytes`)
+      const err = new AnswerTooLarge(maxBytes, statusCode)
       body.destroy(err)
       throw err
     }
