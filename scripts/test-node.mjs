@@ -94,6 +94,7 @@ const WEIGHTS = {
   'test/integration/bridge-properties.test.ts': 18,
   'test/integration/secrets-properties.test.ts': 11,
   'test/integration/sdk-differential-properties.test.ts': 16,
+  'test/integration/sdk-client-hostile-properties.test.ts': 12,
   'test/integration/plugin-sdk.test.ts': 4,
   'test/integration/worker-module.test.ts': 4,
   'test/integration/plugin-replies.test.ts': 4,

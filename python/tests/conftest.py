@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,3 +180,13 @@ async def api(toolport: Toolport) -> AsyncIterator[Api]:
 async def own_api(own_toolport: Toolport) -> AsyncIterator[Api]:
     async with aiohttp.ClientSession() as session:
         yield Api(session, own_toolport)
+
+
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Serves ``app`` on 127.0.0.1 at a free port (a stand-in for Toolport); returns its runner,
+    whose ``cleanup()`` stops it, and its URL."""
+    runner = web.AppRunner(app, shutdown_timeout=0, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]

@@ -20,6 +20,8 @@ from aiohttp import web
 
 from toolport_plugin import Plugin
 
+from .conftest import serve_on_loopback
+
 
 class StandIn:
     def __init__(self) -> None:
@@ -69,11 +71,7 @@ async def stand_in() -> AsyncIterator[StandIn]:
     app.router.add_get("/api/tools", server.list_tools)
     app.router.add_post("/api/tools/register", server.register)
     app.router.add_post("/api/tools/clear", server.clear)
-    runner = web.AppRunner(app, shutdown_timeout=0, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, server.url = await serve_on_loopback(app)
     yield server
     if server.queue is not None:
         await server.queue.put(None)

@@ -23,6 +23,13 @@ from .errors import OPTIONS, REFUSED, UNREACHABLE, PluginError
 _MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # One SSE line longer than this is not a Toolport event.
 _MAX_EVENT_LINE_BYTES = 1024 * 1024
+# Nor is one event whose data lines add up to more: Toolport drops a subscriber that leaves more
+# than 1 MiB unread (README "Events (SSE)": events.maxSubscriberBufferBytes), so it never sends one.
+_MAX_EVENT_BYTES = 1024 * 1024
+# No byte on the event stream for this long (Toolport sends a heartbeat comment every 15 s by
+# default, README events.heartbeatMs) means the connection is dead without having said so: the
+# follower reconnects, as the TypeScript SDK does.
+_EVENT_SILENCE_SECONDS = 45.0
 
 
 class NoEventStream(Exception):
@@ -77,7 +84,7 @@ class ToolportClient:
         """``POST /api/tools/clear``; returns how many registrations it removed."""
         answer = await self._request("POST", "api/tools/clear", {"source": source, "role": role})
         removed = answer.get("removed")
-        return removed if isinstance(removed, int) else 0
+        return removed if isinstance(removed, int) and not isinstance(removed, bool) else 0
 
     async def list(self, role: str | None) -> dict[str, list[dict[str, Any]]]:
         """``GET /api/tools``: every current role's tools (or one role's), by role."""
@@ -109,9 +116,7 @@ class ToolportClient:
                 data=data, timeout=timeout, allow_redirects=False,
             ) as res:
                 status = res.status
-                raw = await res.content.read(_MAX_ANSWER_BYTES + 1)
-                if len(raw) > _MAX_ANSWER_BYTES:
-                    raise PluginError(REFUSED, f"Toolport's answer to {method} /{path} is larger than {_MAX_ANSWER_BYTES} bytes")
+                raw = await _read_body(res, f"{method} /{path}")
         except PluginError:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
@@ -139,23 +144,28 @@ class ToolportClient:
     async def events(self, types: list[str] | None) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
         """Opens ``GET /api/events`` (Server-Sent Events) and yields an iterator of (event, data).
 
-        Raises ``NoEventStream`` when Toolport answers 4xx (404: a Toolport without the stream). The
-        iterator ends when the stream does (Toolport closed or went away).
+        Raises ``NoEventStream`` when this Toolport has no usable stream (404, a 200 that is not an
+        event stream) or refuses the ``types`` filter (400, 422); any other answer that is not 2xx
+        (401, 403, 429, 5xx…) is a ``PluginError`` the follower retries with backoff, as the
+        TypeScript SDK does. The iterator ends when the stream does (Toolport closed or went away).
         """
         session = self._open()
         url = f"{self.base_url}api/events" + ("" if types is None else f"?types={quote(','.join(types), safe=',')}")
         headers = {**self._headers(), "accept": "text/event-stream"}
-        # No read timeout: the stream is quiet between events. Connecting has the usual budget.
-        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_connect=self._timeout, sock_read=None)
+        # No overall limit: the stream is open for as long as Toolport runs. Connecting has the usual
+        # budget; a read waits at most _EVENT_SILENCE_SECONDS (heartbeats keep a live stream busy).
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_connect=self._timeout,
+                                        sock_read=_EVENT_SILENCE_SECONDS)
         try:
             res = await session.get(url, headers=headers, timeout=timeout, allow_redirects=False)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise PluginError(UNREACHABLE, f"cannot reach Toolport at {self.base_url} (GET /api/events): {_describe(err)}") from err
         try:
             content_type = res.headers.get("content-type", "")
-            # 404: a Toolport without the stream. Any other 4xx (a filter it does not know…) or a
-            # body that is not an event stream: not usable either; polling still works.
-            if 400 <= res.status < 500 or (res.status < 300 and not content_type.startswith("text/event-stream")):
+            # 404: a Toolport without the stream; 400/422: a filter it does not know; a body that is
+            # not an event stream: not usable either. Polling still works. Other refusals (a token
+            # not accepted yet, a rate limit, a Toolport closing) may pass: retried with backoff.
+            if res.status in (400, 404, 422) or (res.status < 300 and not content_type.startswith("text/event-stream")):
                 raise NoEventStream(f"HTTP {res.status} ({content_type or 'no content type'})", res.status)
             if res.status >= 300:
                 raise PluginError(REFUSED, f"Toolport refused GET /api/events: HTTP {res.status}", status=res.status)
@@ -164,17 +174,50 @@ class ToolportClient:
             res.close()
 
 
+async def _read_body(res: aiohttp.ClientResponse, what: str) -> bytes:
+    """The whole body, however many pieces it arrives in; past ``_MAX_ANSWER_BYTES`` it is refused
+    without reading on. A connection cut mid-body raises ``aiohttp.ClientPayloadError``."""
+    too_large = PluginError(REFUSED, f"Toolport's answer to {what} is larger than {_MAX_ANSWER_BYTES} bytes")
+    if res.content_length is not None and res.content_length > _MAX_ANSWER_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in res.content.iter_any():
+        size += len(chunk)
+        if size > _MAX_ANSWER_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _read_lines(res: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The stream's lines (without their end), each at most ``_MAX_EVENT_LINE_BYTES``: a longer one
+    is refused before it is buffered whole."""
+    pending = b""
+    async for chunk in res.content.iter_any():
+        pending += chunk
+        start = 0
+        while True:
+            end = pending.find(b"\n", start)
+            if end < 0:
+                break
+            if end - start > _MAX_EVENT_LINE_BYTES:
+                break
+            yield pending[start:end]
+            start = end + 1
+        pending = pending[start:]
+        if len(pending) > _MAX_EVENT_LINE_BYTES and pending.find(b"\n", 0, _MAX_EVENT_LINE_BYTES + 1) < 0:
+            raise PluginError(REFUSED, f"Toolport sent an event line larger than {_MAX_EVENT_LINE_BYTES} bytes")
+    if pending:
+        yield pending  # the stream ended mid-line: the spec drops an unfinished event anyway
+
+
 async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Parses an SSE stream (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
-    event, data = "message", []
+    event, data, size = "message", [], 0
     try:
-        while True:
-            line_bytes = await res.content.readline()
-            if not line_bytes:
-                return
-            if len(line_bytes) > _MAX_EVENT_LINE_BYTES:
-                raise PluginError(REFUSED, "Toolport sent an event line larger than 1 MiB")
-            line = line_bytes.decode("utf-8", "replace").rstrip("\r\n")
+        async for line_bytes in _read_lines(res):
+            line = line_bytes.decode("utf-8", "replace").rstrip("\r")
             if line == "":
                 if data:
                     try:
@@ -182,7 +225,7 @@ async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, 
                     except ValueError:
                         payload = None
                     yield event, payload if isinstance(payload, dict) else {}
-                event, data = "message", []
+                event, data, size = "message", [], 0
             elif line.startswith(":"):
                 continue
             else:
@@ -191,9 +234,13 @@ async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, 
                 if field == "event":
                     event = value
                 elif field == "data":
+                    size += len(line_bytes) + 1
+                    if size > _MAX_EVENT_BYTES:
+                        raise PluginError(REFUSED, f"Toolport sent an event larger than {_MAX_EVENT_BYTES} bytes")
                     data.append(value)
-    except (aiohttp.ClientError, OSError, ValueError) as err:  # ValueError: a line past aiohttp's limit
-        raise PluginError(UNREACHABLE, f"the event stream broke: {_describe(err)}") from err
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+        what = f"no byte for {_EVENT_SILENCE_SECONDS:g} s" if isinstance(err, asyncio.TimeoutError) else _describe(err)
+        raise PluginError(UNREACHABLE, f"the event stream broke: {what}") from err
 
 
 def _describe(err: BaseException) -> str:

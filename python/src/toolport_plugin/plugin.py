@@ -43,7 +43,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # `hello` opens every stream whatever the filter, so it is not asked for.
 _EVENT_TYPES = ["evicted", "unregistered", "cleared", "role-added"]
 _MAX_NAME_CHARS = 64
-# First reconnection to the event stream after 0.25–0.5 s, then doubling up to max_backoff.
+# After a stream that was up (its hello came) ends: reconnect after 0.25–0.5 s. While attempts get
+# no stream: 0.5–1 s, then doubling up to max_backoff (as the TypeScript SDK does).
 _RECONNECT_BASE_SECONDS = 0.5
 
 
@@ -386,11 +387,14 @@ class Plugin:
             answer = await self._client.register(self._registration(tool, role))
             self._has_registered = True
             names.append(tool.name)
-            roles.extend(r for r in answer.get("affected_roles", []) if isinstance(r, str) and r not in roles)
-            if answer.get("failed_roles"):
+            # The answer's fields are read defensively: a field of another type is treated as absent.
+            affected = answer.get("affected_roles")
+            roles.extend(r for r in (affected if isinstance(affected, list) else []) if isinstance(r, str) and r not in roles)
+            failed = answer.get("failed_roles")
+            if isinstance(failed, list) and failed:
                 # R8: the registry has it; the role's next successful sync carries it to the model.
                 self._log.warning("%r registered, but %d role(s) failed to sync it to their sessions",
-                                  tool.name, len(answer["failed_roles"]))
+                                  tool.name, len(failed))
         return names, roles
 
     async def _register_at_start(self) -> tuple[list[str], list[str]]:
@@ -436,9 +440,10 @@ class Plugin:
 
     async def _follow_events(self) -> None:
         """Follows ``GET /api/events`` while Toolport serves it; returns when it does not."""
-        attempt = 0
+        failures = 0  # attempts in a row that got no stream
         types: list[str] | None = _EVENT_TYPES
         while self._state == "running":
+            was_up = False
             try:
                 async with self._client.events(types) as stream:
                     self._watch.streaming = True
@@ -447,8 +452,17 @@ class Plugin:
                     self._watch.wake.set()
                     try:
                         async for event, data in stream:
-                            attempt = 0
-                            self._on_event(event, data)
+                            if event == "hello" and isinstance(data.get("instance_id"), str):
+                                # Only a `hello` naming the instance shows the stream is really up
+                                # (README "Python plugin SDK" → Keeping registrations alive): any
+                                # other event, or none, before the stream ends leaves the
+                                # reconnection backoff growing.
+                                was_up = True
+                            try:
+                                self._on_event(event, data)
+                            except Exception as err:  # noqa: BLE001 - one odd event must not end the watch
+                                self._report(PluginError(errors.REFUSED, f"Toolport sent an event {event!r} this plugin cannot read: "
+                                                                         f"{type(err).__name__}: {err}"), logging.WARNING)
                     finally:
                         self._watch.streaming = False
             except NoEventStream as err:
@@ -461,10 +475,12 @@ class Plugin:
                 return
             except PluginError as err:
                 self._log.debug("event stream: %s", err.message)
-            attempt += 1
+            except Exception as err:  # noqa: BLE001 - the follower goes on; polling covers what it misses
+                self._report(PluginError(errors.REFUSED, f"the event stream failed: {type(err).__name__}: {err}"), logging.WARNING)
             # The stream ended: Toolport stopped or restarted. Reconnect at once (a restarted
             # Toolport is back within a second or so), backing off while it stays down.
-            await asyncio.sleep(self._backoff(attempt, _RECONNECT_BASE_SECONDS))
+            failures = 0 if was_up else failures + 1
+            await asyncio.sleep(self._backoff(failures + 1, _RECONNECT_BASE_SECONDS))
 
     def _on_event(self, event: str, data: dict[str, Any]) -> None:
         if event == "hello":
@@ -476,7 +492,7 @@ class Plugin:
                 self._watch.instance_id = instance
         elif event == "evicted":
             tools = data.get("tools") if isinstance(data.get("tools"), list) else []
-            ours = any(isinstance(t, dict) and t.get("name") in self._tools for t in tools)
+            ours = any(isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] in self._tools for t in tools)
             if data.get("origin") == self._server.origin or ours:
                 self._log.info("Toolport evicted this plugin's origin %s; registering again", data.get("origin"))
                 self._watch.wake.set()
@@ -504,7 +520,9 @@ class Plugin:
                     if self._state != "running":
                         return
                     await self._check()
-            except PluginError as err:
+            except Exception as err:  # noqa: BLE001 - a check that fails, however, is retried with backoff
+                if not isinstance(err, PluginError):
+                    err = PluginError(errors.REFUSED, f"Toolport's answer to a check could not be read: {type(err).__name__}: {err}")
                 watch.failures += 1
                 self._report(err, logging.WARNING if watch.failures == 1 else logging.DEBUG)
                 continue
@@ -523,7 +541,7 @@ class Plugin:
         listed = await self._client.list(self.role)
         missing: dict[str, list[str]] = {}
         for role_name, rows in listed.items():
-            by_name = {row.get("name"): row for row in rows}
+            by_name = {row["name"]: row for row in rows if isinstance(row.get("name"), str)}
             for tool in self._tools.values():
                 row = by_name.get(tool.name)
                 if row is None:

@@ -1,0 +1,215 @@
+"""The client's reading of answers and events it did not expect, against a stand-in Toolport.
+
+README "Python plugin SDK": an answer is read whole, however it is cut into pieces, up to a cap;
+odd fields are a documented ``PluginError`` (never a ``TypeError``); the event stream's reconnection
+backs off until a ``hello`` shows the stream is up, one event is not buffered without bound, and
+neither an odd event nor an odd list answer stops the watching.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from toolport_plugin import Plugin, PluginError, _client, errors
+
+from .conftest import serve_on_loopback
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Fake:
+    """The four routes the plugin uses; each one replaceable by a test."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.counts: dict[str, int] = {}
+        self.routes: dict[str, Handler] = {}
+        self.hung_up = asyncio.Event()
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        name = request.path.lstrip("/")
+        self.counts[name] = self.counts.get(name, 0) + 1
+        handler = self.routes.get(name)
+        if handler is not None:
+            return await handler(request)
+        if name == "api/tools/register":
+            body = await request.json()
+            return web.json_response({"ok": True, "registered": body["name"], "affected_roles": ["default"], "failed_roles": []})
+        if name == "api/tools/clear":
+            return web.json_response({"ok": True, "removed": 1})
+        if name == "api/tools":
+            return web.json_response({"ok": True, "tools_by_role": {"default": []}})
+        return web.json_response({"ok": False, "code": "TP_ERR_NOT_FOUND"}, status=404)
+
+    def count(self, name: str) -> int:
+        return self.counts.get(name, 0)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[Fake]:
+    server = Fake()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", server.dispatch)
+    runner, server.url = await serve_on_loopback(app)
+    yield server
+    await runner.cleanup()
+
+
+def new_plugin(fake: Fake, **options: Any) -> Plugin:
+    plugin = Plugin("hostile", toolport_url=fake.url, **{"poll_interval": 60.0, "resync_interval": 60.0,
+                                                          "start_timeout": 0, **options})
+
+    @plugin.tool
+    async def probe(x: str = "") -> str:
+        return x
+
+    return plugin
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout, f"{what} not reached within {timeout} s"
+        await asyncio.sleep(0.02)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    res = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await res.prepare(request)
+    return res
+
+
+async def test_an_answer_in_several_pieces_is_read_whole(fake: Fake) -> None:
+    async def in_pieces(request: web.Request) -> web.StreamResponse:
+        body = json.dumps({"ok": True, "registered": "probe", "affected_roles": ["default"], "failed_roles": []}).encode()
+        res = web.StreamResponse(headers={"content-type": "application/json"})
+        await res.prepare(request)
+        await res.write(body[:10])
+        await asyncio.sleep(0.03)
+        await res.write(body[10:])
+        await res.write_eof()
+        return res
+
+    fake.routes["api/tools/register"] = in_pieces
+    async with new_plugin(fake) as plugin:
+        assert plugin.is_running
+
+
+async def test_odd_fields_in_a_registration_answer_are_treated_as_absent(fake: Fake) -> None:
+    async def odd(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "failed_roles": 5, "affected_roles": 7})
+
+    fake.routes["api/tools/register"] = odd
+    async with new_plugin(fake) as plugin:
+        assert plugin.is_running
+
+
+async def test_an_answer_past_the_cap_is_refused(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_client, "_MAX_ANSWER_BYTES", 1000)
+
+    async def large(request: web.Request) -> web.StreamResponse:
+        res = web.StreamResponse(headers={"content-type": "application/json"})  # chunked: no length
+        await res.prepare(request)
+        for _ in range(10):
+            await res.write(b" " * 500)
+        await res.write(b'{"ok": true}')
+        await res.write_eof()
+        return res
+
+    fake.routes["api/tools/register"] = large
+    with pytest.raises(PluginError) as raised:
+        await new_plugin(fake).start()
+    assert raised.value.code == errors.REFUSED
+
+
+async def test_a_stream_without_hello_is_reconnected_with_backoff(fake: Fake) -> None:
+    async def bogus(request: web.Request) -> web.StreamResponse:
+        res = await stream(request)
+        await res.write(b"retry: 0\n\nevent: bogus\ndata: {}\n\n")
+        await res.write_eof()
+        return res
+
+    fake.routes["api/events"] = bogus
+    async with new_plugin(fake, use_events=True):
+        await asyncio.sleep(3)
+        # Backoff from 0.25-0.5 s, doubling: at most 5 attempts in 3 s (a fixed 0.25 s would make 12).
+        assert fake.count("api/events") <= 5
+
+
+async def test_a_refused_stream_is_retried_not_given_up(fake: Fake) -> None:
+    async def too_many(request: web.Request) -> web.Response:
+        return web.Response(status=429, headers={"retry-after": "0"})
+
+    fake.routes["api/events"] = too_many
+    async with new_plugin(fake, use_events=True, max_backoff=0.5) as plugin:
+        await until(lambda: fake.count("api/events") >= 3, "the stream asked for again")
+        assert plugin._watch.use_events  # still meaning to follow it, not polling for good
+
+
+async def test_one_endless_event_is_not_buffered(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_client, "_MAX_EVENT_BYTES", 64 * 1024)
+    written = 0
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        nonlocal written
+        res = await stream(request)
+        await res.write(b'event: hello\ndata: {"instance_id": "A"}\n\n')
+        if fake.count("api/events") > 1:
+            await asyncio.sleep(60)  # a reconnection: open and quiet
+            return res
+        await res.write(b"event: unregistered\n")
+        try:
+            while written < 8 * 1024 * 1024:
+                await res.write(b"data: " + b"a" * 1000 + b"\n")
+                written += 1007
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:  # the client hung up: a failed write, or this handler cancelled
+            if written < 8 * 1024 * 1024:
+                fake.hung_up.set()
+        return res
+
+    fake.routes["api/events"] = endless
+    async with new_plugin(fake, use_events=True):
+        await asyncio.wait_for(fake.hung_up.wait(), 20)
+    assert written < 8 * 1024 * 1024
+
+
+async def test_an_unhashable_name_in_an_event_does_not_stop_the_follower(fake: Fake) -> None:
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def follow(request: web.Request) -> web.StreamResponse:
+        res = await stream(request)
+        await res.write(b'event: hello\ndata: {"instance_id": "A"}\n\n')
+        while True:
+            await res.write(await queue.get())
+
+    fake.routes["api/events"] = follow
+    async with new_plugin(fake, use_events=True) as plugin:
+        await until(lambda: plugin.watch_mode == "events" and fake.count("api/tools") >= 1, "the first check")
+        await queue.put(b'event: evicted\ndata: {"tools":[{"name":[1]}],"origin":[]}\n\n')
+        await asyncio.sleep(0.2)
+        before = fake.count("api/tools")
+        await queue.put(b'event: unregistered\ndata: {"source":"plugin:hostile"}\n\n')
+        await until(lambda: fake.count("api/tools") > before, "a check after the unregistered event", 4)
+        assert plugin._watch.follower is not None and not plugin._watch.follower.done()
+
+
+async def test_a_list_answer_with_an_unhashable_name_is_a_failed_check(fake: Fake) -> None:
+    async def odd(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "tools_by_role": {"default": [{"name": [1]}, {"name": {}}]}})
+
+    fake.routes["api/tools"] = odd
+    plugin = new_plugin(fake, poll_interval=0.1, max_backoff=0.2)
+    codes: list[str] = []
+    plugin.on("error", lambda err: codes.append(err.code))
+    async with plugin:
+        await until(lambda: fake.count("api/tools") >= 4 and fake.count("api/tools/register") >= 3,
+                    "the checks go on (the nameless rows do not hold probe)")
+    assert all(code == errors.REFUSED for code in codes)
