@@ -5,8 +5,8 @@
 // or a real socket on 127.0.0.1.
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
-import { statSync } from 'node:fs'
-import type { Server } from 'node:http'
+import { existsSync, statSync } from 'node:fs'
+import { request as nodeRequest, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -365,3 +365,53 @@ export const loopbackV4Spelling = fc.tuple(byte, byte, byte, fc.integer({ min: 0
     default: return `127.${b}.${c * 256 + d}`
   }
 })
+
+/** One event of `GET /api/events` as `subscribeEvents` collects it: its type and parsed data. */
+export interface SseItem { event: string, data: any }
+
+/**
+ * A subscriber of `GET /api/events` (with `query`, e.g. `?types=call`) over a real socket; collects
+ * every event in `items` until `close()`.
+ */
+export function subscribeEvents (url: string, query = ''): { items: SseItem[], close: () => void } {
+  const items: SseItem[] = []
+  const req = nodeRequest(`${url}/api/events${query}`, { agent: false })
+  let buffer = ''
+  req.on('response', (res) => {
+    res.setEncoding('utf8')
+    res.on('data', (chunk: string) => {
+      buffer += chunk
+      let end: number
+      while ((end = buffer.indexOf('\n\n')) >= 0) {
+        const block = buffer.slice(0, end)
+        buffer = buffer.slice(end + 2)
+        let event = 'message'
+        let data = ''
+        for (const line of block.split('\n')) {
+          if (line.startsWith('event: ')) event = line.slice(7)
+          else if (line.startsWith('data: ')) data += line.slice(6)
+        }
+        if (data !== '') items.push({ event, data: JSON.parse(data) })
+      }
+    })
+    res.on('error', () => {})
+  })
+  req.on('error', () => {})
+  req.end()
+  return { items, close: () => { req.destroy() } }
+}
+
+/** `fc.assert`, its error carrying the failing assertion's own message (not only its counterexample). */
+export async function checkProperty<T> (property: fc.IAsyncProperty<T>, params: fc.Parameters<T>): Promise<void> {
+  try {
+    await fc.assert(property, { includeErrorInReport: true, ...params })
+  } catch (err) {
+    const cause = (err as { cause?: unknown }).cause
+    throw new Error(`${(err as Error).message}\n${cause instanceof Error ? cause.message : String(cause ?? '')}`)
+  }
+}
+
+/** python/.venv's interpreter, which scripts/test-python.sh creates. */
+export const VENV_PYTHON = fileURLToPath(new URL('../python/.venv/bin/python', import.meta.url))
+/** A test's `skip` when python/.venv is missing; false when it is there. */
+export const pythonMissing = existsSync(VENV_PYTHON) ? false : 'python/.venv is missing (scripts/test-python.sh creates it)'

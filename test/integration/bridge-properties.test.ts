@@ -55,7 +55,7 @@ import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontex
 import { JSONRPCMessageSchema, McpError, ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { closedPort, startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
-import { listenOnLoopback, toolportCliArgs, waitFor, within } from '../helpers.js'
+import { checkProperty as check, listenOnLoopback, toolportCliArgs, waitFor, within } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 const ROLE = 'Bridged'
@@ -73,16 +73,6 @@ type Json = any
 /** Runs per property: TP_PROPERTY_RUNS=N hunts N times longer. */
 function runs (n: number): number {
   return Math.max(1, Math.round(n * Number(process.env.TP_PROPERTY_RUNS ?? 1)))
-}
-
-/** `fc.assert` with the failing assertion's own message in the error. */
-async function check<T> (property: fc.IAsyncProperty<T>, params: fc.Parameters<T>): Promise<void> {
-  try {
-    await fc.assert(property, { includeErrorInReport: true, ...params })
-  } catch (err) {
-    const cause = (err as { cause?: unknown }).cause
-    throw new Error(`${(err as Error).message}\n${cause instanceof Error ? cause.message : String(cause ?? '')}`)
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -31,7 +31,6 @@
 // TP_PROPERTY_RUNS multiplies the runs.
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { existsSync } from 'node:fs'
 import { connect } from 'node:net'
 import { test, type TestContext } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -39,24 +38,12 @@ import { fileURLToPath } from 'node:url'
 import fc from 'fast-check'
 import { z } from 'zod'
 import { createPlugin, type Plugin } from '../../src/plugin/index.js'
-import { startToolport, waitFor, within, type StartedToolport } from '../helpers.js'
+import { checkProperty as check, VENV_PYTHON as PY, pythonMissing, startToolport, waitFor, within, type StartedToolport } from '../helpers.js'
 
 const FAILING_TIMEOUT_MS = 600_000
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? 1))
 const MAX_BODY = 4096
-const PY = fileURLToPath(new URL('../../python/.venv/bin/python', import.meta.url))
 const PY_FIXTURE = fileURLToPath(new URL('../fixtures/pluginsec_plugin.py', import.meta.url))
-const pythonMissing = existsSync(PY) ? false : 'python/.venv is missing (scripts/test-python.sh creates it)'
-
-/** fc.assert with the failing assertion's own message in the error. */
-async function check<T> (property: fc.IAsyncPropertyWithHooks<T>, params: fc.Parameters<T>): Promise<void> {
-  try {
-    await fc.assert(property, { includeErrorInReport: true, ...params })
-  } catch (err) {
-    const cause = (err as { cause?: unknown }).cause
-    throw new Error(`${(err as Error).message}\n${cause instanceof Error ? cause.message : String(cause)}`)
-  }
-}
 
 // ---- The two plugins ---------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ import { main } from '../../src/main/cli.js'
 import { optionsSchema, parseOptions } from '../../src/main/config.js'
 import { ENVIRONMENT } from '../../src/main/environment.js'
 import { createToolport, type Toolport } from '../../src/main/index.js'
-import { startToolport, toolportCliArgs, within } from '../helpers.js'
+import { checkProperty as check, startToolport, toolportCliArgs, within } from '../helpers.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const README = readFileSync(join(ROOT, 'README.md'), 'utf8')
@@ -55,17 +55,6 @@ type Json = any
 /** Runs per property: TP_PROPERTY_RUNS=N hunts N times longer. */
 function runs (n: number): number {
   return Math.max(1, Math.round(n * Number(process.env.TP_PROPERTY_RUNS ?? 1)))
-}
-
-/** `fc.assert` with the failing assertion's own message in the error. */
-async function check<T> (property: fc.IAsyncProperty<T> | fc.IAsyncPropertyWithHooks<T>,
-  params: fc.Parameters<T>): Promise<void> {
-  try {
-    await fc.assert(property, { includeErrorInReport: true, ...params })
-  } catch (err) {
-    const cause = (err as { cause?: unknown }).cause
-    throw new Error(`${(err as Error).message}\n${cause instanceof Error ? cause.message : String(cause ?? '')}`)
-  }
 }
 
 // ---- The documented option table and the schema -----------------------------------------------

@@ -46,7 +46,7 @@ import { Ajv2020 } from 'ajv/dist/2020.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
 import type { RE2 as RE2Type } from 're2-wasm'
 import { ERROR_CODES } from '../../src/main/index.js'
-import { byte, loopbackV4Spelling, startToolport, type StartedToolport } from '../helpers.js'
+import { checkProperty as check, byte, loopbackV4Spelling, startToolport, type StartedToolport } from '../helpers.js'
 
 type Json = any
 
@@ -59,14 +59,6 @@ function runs (n: number): number {
  * `fc.assert`, with the failing assertion's own message in the error (fast-check keeps it as the
  * `cause`, which the test reporter does not print).
  */
-async function check<T> (property: fc.IAsyncPropertyWithHooks<T>, params: fc.Parameters<T>): Promise<void> {
-  try {
-    await fc.assert(property, params)
-  } catch (err) {
-    const cause = (err as { cause?: unknown }).cause
-    throw new Error(`${(err as Error).message}\n${cause instanceof Error ? cause.message : String(cause)}`)
-  }
-}
 
 // ---- Raw HTTP ----------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@
 // delayed behind or made busy by a hostile one (hang guards, not timings), `/metrics` and
 // `/api/events` agree with what happened, and nothing is left (sockets at the plugins, gauges).
 import assert from 'node:assert/strict'
-import { createServer, request as httpRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 import { mock, test, type TestContext } from 'node:test'
 import fc from 'fast-check'
@@ -22,7 +22,7 @@ import type { Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
 import type { CallFinishedEvent, OriginEvictedEvent, ToolRegisteredEvent, ToolRemovedEvent } from '../../src/main/events.js'
 import { kPendingCalls } from '../../src/main/symbols.js'
-import { session, startToolport, waitFor, within, type FakeSession } from '../helpers.js'
+import { session, startToolport, subscribeEvents, waitFor, within, type FakeSession } from '../helpers.js'
 
 const MODES = ['pool', 'inline'] as const
 type Mode = typeof MODES[number]
@@ -407,39 +407,6 @@ class Model {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-interface SseItem { event: string, data: any }
-
-/** A subscriber of GET /api/events over a real socket; collects every event. */
-function subscribe (t: TestContext, url: string): { items: SseItem[], close: () => void } {
-  const items: SseItem[] = []
-  const req = httpRequest(`${url}/api/events?types=evicted,call`, { agent: false })
-  let buffer = ''
-  req.on('response', (res) => {
-    res.setEncoding('utf8')
-    res.on('data', (chunk: string) => {
-      buffer += chunk
-      let end: number
-      while ((end = buffer.indexOf('\n\n')) >= 0) {
-        const block = buffer.slice(0, end)
-        buffer = buffer.slice(end + 2)
-        let event = 'message'
-        let data = ''
-        for (const line of block.split('\n')) {
-          if (line.startsWith('event: ')) event = line.slice(7)
-          else if (line.startsWith('data: ')) data += line.slice(6)
-        }
-        if (data !== '') items.push({ event, data: JSON.parse(data) })
-      }
-    })
-    res.on('error', () => {})
-  })
-  req.on('error', () => {})
-  req.end()
-  const close = (): void => { req.destroy() }
-  t.after(close)
-  return { items, close }
-}
-
 async function metricsText (tp: Toolport): Promise<string> {
   const res = await tp.app.inject({ method: 'GET', url: '/metrics' })
   assert.equal(res.statusCode, 200)
@@ -495,7 +462,8 @@ async function run (t: TestContext, mode: Mode, threshold: number, steps: readon
     // A model session per role: after an eviction it must hold exactly the role's tools again.
     const sessions = new Map<Role, FakeSession>(ROLES.map((r) => [r, session(`s${r}`, 'instant')]))
     for (const role of ROLES) tp.roles.get(role).attachSession(sessions.get(role)!)
-    const stream = subscribe(t, url)
+    const stream = subscribeEvents(url, '?types=evicted,call')
+    t.after(stream.close)
     await waitFor('the event stream\'s hello', () => stream.items.some((i) => i.event === 'hello'), GUARD_MS)
     const originOf = new Map(plugins.map((p) => [p.origin, p.index]))
 

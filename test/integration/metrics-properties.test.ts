@@ -22,7 +22,7 @@
 //
 // TP_PROPERTY_RUNS=5 multiplies the runs of every property.
 import assert from 'node:assert/strict'
-import { createServer, request as httpRequest, type ClientRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import { createServer, request as httpRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { setFlagsFromString } from 'node:v8'
@@ -36,7 +36,7 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { createToolport, toolportPlugin, type Toolport, type ToolportOptions } from '../../src/main/index.js'
 import type { CallFinishedEvent, OriginEvictedEvent, SyncFinishedEvent } from '../../src/main/events.js'
 import { kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
-import { assertError, httpJson, session, startToolport, waitFor, within, type FakeSession } from '../helpers.js'
+import { assertError, httpJson, session, startToolport, subscribeEvents, waitFor, within, type FakeSession, type SseItem } from '../helpers.js'
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
 const FAILING_TIMEOUT_MS = 600_000
@@ -509,37 +509,6 @@ async function startPlugin (t: TestContext): Promise<Plugin> {
 
 // ---------------------------------------------------------------------------------------------
 // Event-stream subscribers and MCP clients
-
-interface SseItem { event: string, data: any }
-
-/** A subscriber of GET /api/events over a real socket, collecting every event. */
-function subscribe (url: string, query = ''): { items: SseItem[], close: () => void } {
-  const items: SseItem[] = []
-  const req: ClientRequest = httpRequest(`${url}/api/events${query}`, { agent: false })
-  let buffer = ''
-  req.on('response', (res) => {
-    res.setEncoding('utf8')
-    res.on('data', (chunk: string) => {
-      buffer += chunk
-      let end: number
-      while ((end = buffer.indexOf('\n\n')) >= 0) {
-        const block = buffer.slice(0, end)
-        buffer = buffer.slice(end + 2)
-        let event = 'message'
-        let data = ''
-        for (const line of block.split('\n')) {
-          if (line.startsWith('event: ')) event = line.slice(7)
-          else if (line.startsWith('data: ')) data += line.slice(6)
-        }
-        if (data !== '') items.push({ event, data: JSON.parse(data) })
-      }
-    })
-    res.on('error', () => {})
-  })
-  req.on('error', () => {})
-  req.end()
-  return { items, close: () => { req.destroy() } }
-}
 
 interface McpHandle { client: Client, transport: StreamableHTTPClientTransport }
 
@@ -1037,7 +1006,7 @@ async function apply (run: Run, op: Op, step: number): Promise<void> {
       return
     }
     case 'subscriber':
-      if (op.open && run.extra.length < 3) run.extra.push(subscribe(run.url))
+      if (op.open && run.extra.length < 3) run.extra.push(subscribeEvents(run.url))
       else if (!op.open) run.extra.shift()?.close()
       return
     case 'crash': {
@@ -1094,7 +1063,7 @@ async function runOps (t: TestContext, mode: Mode, ops: readonly Op[], plugin: P
     finished: [],
     syncEvents: [],
     evictedEvents: [],
-    stream: subscribe(url, '?types=call,sync,evicted'),
+    stream: subscribeEvents(url, '?types=call,sync,evicted'),
     extra: []
   }
   tp.on('call-finished', (e) => run.finished.push(e))

@@ -20,7 +20,6 @@
 // answer the same hostile registration answer with the same outcome, code and status.
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { existsSync } from 'node:fs'
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 import { test, type TestContext } from 'node:test'
@@ -28,14 +27,12 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import fc from 'fast-check'
 import { createPlugin, PLUGIN_ERROR_CODES, PluginError, type Plugin } from '../../src/plugin/index.js'
-import { waitFor, within } from '../helpers.js'
+import { VENV_PYTHON as PY, pythonMissing, waitFor, within } from '../helpers.js'
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
 const MAX_SHRINKS = 20
 const FAILING_TIMEOUT_MS = 300_000
-const PY = fileURLToPath(new URL('../../python/.venv/bin/python', import.meta.url))
 const PY_DRIVER = fileURLToPath(new URL('../fixtures/sdkclient_driver.py', import.meta.url))
-const pythonMissing = existsSync(PY) ? false : 'python/.venv is missing (scripts/test-python.sh creates it)'
 const CODES = new Set<string>(Object.values(PLUGIN_ERROR_CODES))
 /** Both SDKs' cap on one API answer (toolport-client.ts MAX_ANSWER_BYTES, _client.py _MAX_ANSWER_BYTES). */
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024

@@ -43,7 +43,6 @@
 // the runs.
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { existsSync } from 'node:fs'
 import type { Server } from 'node:http'
 import { createInterface } from 'node:readline'
 import { after, test, type TestContext } from 'node:test'
@@ -55,7 +54,7 @@ import { request } from 'undici'
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import type { ToolResult } from '../../src/main/dispatch/result.js'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
-import { startToolport, waitFor, within } from '../helpers.js'
+import { checkProperty as check, VENV_PYTHON as PY, pythonMissing, startToolport, waitFor, within } from '../helpers.js'
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
 const FAILING_TIMEOUT_MS = 600_000
@@ -74,20 +73,8 @@ async function waitUntil (what: () => string, predicate: () => boolean, timeoutM
 /** Hang guard of one start() or stop() (Python imports and binds; the machine is busy). */
 const GUARD_MS = 20_000
 
-const PY = fileURLToPath(new URL('../../python/.venv/bin/python', import.meta.url))
 const PY_FIXTURE = fileURLToPath(new URL('../fixtures/sdkdiff_plugin.py', import.meta.url))
 const PY_SRC = fileURLToPath(new URL('../../python/src', import.meta.url))
-const pythonMissing = existsSync(PY) ? false : 'python/.venv is missing (scripts/test-python.sh creates it)'
-
-/** fc.assert with the failing assertion's own message in the error. */
-async function check<T> (property: fc.IAsyncPropertyWithHooks<T>, params: fc.Parameters<T>): Promise<void> {
-  try {
-    await fc.assert(property, { includeErrorInReport: true, ...params })
-  } catch (err) {
-    const cause = (err as { cause?: unknown }).cause
-    throw new Error(`${(err as Error).message}\n${cause instanceof Error ? cause.message : String(cause)}`)
-  }
-}
 
 // ---- Values JSON cannot carry (the fixture decodes the same way) --------------------------------
 
