@@ -30,7 +30,8 @@ import {
   CallToolRequestSchema, CallToolResultSchema, ErrorCode, JSONRPCMessageSchema, ListToolsRequestSchema, McpError,
   ToolListChangedNotificationSchema, isInitializeRequest, isJSONRPCErrorResponse, isJSONRPCRequest,
   isJSONRPCResultResponse,
-  type CallToolRequest, type CallToolResult, type JSONRPCMessage, type ListToolsRequest, type ListToolsResult,
+  type CallToolRequest, type CallToolResult, type JSONRPCMessage, type JSONRPCRequest,
+  type ListToolsRequest, type ListToolsResult,
   type RequestId, type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
@@ -100,10 +101,18 @@ const MAX_STDIN_LINE_BYTES = STDIO_DEFAULT_MAX_BUFFER_SIZE
 const MAX_STDOUT_LINE_BYTES = STDIO_DEFAULT_MAX_BUFFER_SIZE - 64 * 1024
 /** The most messages in one JSON-RPC batch: as many as /mcp/:role takes (the MCP SDK's limit). */
 const MAX_BATCH_MESSAGES = 100
-/** JSON-RPC 2.0 error codes (JSON-RPC 2.0 §5.1). */
-const RPC_PARSE_ERROR = -32700
-const RPC_INVALID_REQUEST = -32600
-const RPC_INTERNAL_ERROR = -32603
+/** JSON-RPC 2.0 error codes (JSON-RPC 2.0 §5.1), as the MCP SDK names them. */
+const RPC_PARSE_ERROR = ErrorCode.ParseError
+const RPC_INVALID_REQUEST = ErrorCode.InvalidRequest
+const RPC_INTERNAL_ERROR = ErrorCode.InternalError
+
+/**
+ * Whether `message` is an `initialize` request: its method is looked at first, so a `tools/call`
+ * (whose arguments may be large) is never run through the whole initialize schema.
+ */
+function isInitialize (message: JSONRPCMessage): message is JSONRPCRequest {
+  return isJSONRPCRequest(message) && message.method === 'initialize' && isInitializeRequest(message)
+}
 
 /** One upstream session: the SDK client and the bridge's requests on it. */
 interface Upstream {
@@ -312,7 +321,7 @@ class StdioBridge implements Bridge {
         if (attempt > 1) throw err
         continue
       }
-      return this.#fitForStdio(result, extra.requestId)
+      return result
     }
   }
 
@@ -329,30 +338,6 @@ class StdioBridge implements Bridge {
     const message = `the Toolport at ${this.endpoint.origin} refused ${method} (${describeRefusal(refusal)})`
     this.#log(`toolport mcp: ${message}`)
     return rpcError(RPC_INTERNAL_ERROR, message)
-  }
-
-  /**
-   * `result` as it can be written to stdout (MAX_STDOUT_LINE_BYTES): without its
-   * `structuredContent` (the same output as the text) if that is what makes it too long, else a
-   * tool error saying the result was too large to send.
-   */
-  #fitForStdio (result: CallToolResult, id: RequestId): CallToolResult {
-    // What the answer's line adds around the result: {"result":…,"jsonrpc":"2.0","id":…} and \n.
-    const budget = MAX_STDOUT_LINE_BYTES - Buffer.byteLength(JSON.stringify(id)) - 64
-    const size = Buffer.byteLength(JSON.stringify(result))
-    if (size <= budget) return result
-    if (result.structuredContent !== undefined) {
-      const textOnly: CallToolResult = { ...result }
-      delete textOnly.structuredContent
-      if (Buffer.byteLength(JSON.stringify(textOnly)) <= budget) {
-        this.#log(`toolport mcp: a tool result of ${size} bytes is answered without its structuredContent (over stdio a line is at most ${MAX_STDOUT_LINE_BYTES} bytes)`)
-        return textOnly
-      }
-    }
-    const message = `the tool ran, but its result (${size} bytes of JSON) is too large to send over stdio ` +
-      `(at most ${budget} bytes)`
-    this.#log(`toolport mcp: ${message}`)
-    return toolError(message)
   }
 
   /** Runs one request on `upstream`, counted so that a retired upstream closes once it is idle. */
@@ -607,16 +592,36 @@ class StdioLineTransport implements Transport {
   }
 
   async send (message: JSONRPCMessage): Promise<void> {
-    let line = `${JSON.stringify(message)}\n`
+    const line = `${JSON.stringify(message)}\n`
     const bytes = Buffer.byteLength(line)
-    if (bytes > MAX_STDOUT_LINE_BYTES) {
-      const id = responseId(message)
-      const problem = `an answer of ${bytes} bytes is more than a line on stdout may carry (${MAX_STDOUT_LINE_BYTES} bytes)`
-      this.#log(`toolport mcp: ${problem}${id === undefined ? '; not sent' : '; answered with an error instead'}`)
-      if (id === undefined) return
-      line = `${JSON.stringify({ jsonrpc: '2.0', id, error: { code: RPC_INTERNAL_ERROR, message: `Internal error: ${problem}` } })}\n`
+    if (bytes <= MAX_STDOUT_LINE_BYTES) {
+      await this.#write(line)
+      return
     }
-    await this.#write(line)
+    const id = responseId(message)
+    if (id !== undefined && isJSONRPCResultResponse(message) && Array.isArray(message.result.content)) {
+      // A tool result: without its structuredContent (the same output as text), or else a tool
+      // error saying it ran but cannot be sent (README "toolport mcp").
+      const result = { ...message.result } as CallToolResult
+      if (result.structuredContent !== undefined) {
+        delete result.structuredContent
+        const textOnly = `${JSON.stringify({ ...message, result })}\n`
+        if (Buffer.byteLength(textOnly) <= MAX_STDOUT_LINE_BYTES) {
+          this.#log(`toolport mcp: a tool result of ${bytes} bytes is answered without its structuredContent (over stdio a line is at most ${MAX_STDOUT_LINE_BYTES} bytes)`)
+          await this.#write(textOnly)
+          return
+        }
+      }
+      const problem = `the tool ran, but its result (${bytes} bytes of JSON) is too large to send over stdio ` +
+        `(at most ${MAX_STDOUT_LINE_BYTES} bytes)`
+      this.#log(`toolport mcp: ${problem}`)
+      await this.#write(`${JSON.stringify({ jsonrpc: '2.0', id, result: toolError(problem) })}\n`)
+      return
+    }
+    const problem = `an answer of ${bytes} bytes is more than a line on stdout may carry (${MAX_STDOUT_LINE_BYTES} bytes)`
+    this.#log(`toolport mcp: ${problem}${id === undefined ? '; not sent' : '; answered with an error instead'}`)
+    if (id === undefined) return
+    await this.#write(`${JSON.stringify({ jsonrpc: '2.0', id, error: { code: RPC_INTERNAL_ERROR, message: `Internal error: ${problem}` } })}\n`)
   }
 
   readonly #onData = (chunk: Buffer | string): void => {
@@ -703,14 +708,14 @@ class StdioLineTransport implements Transport {
       if (!parsed.success) return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: a batch member is not a JSON-RPC 2.0 message')
       messages.push(parsed.data)
     }
-    if (messages.length > 1 && messages.some((message) => isInitializeRequest(message))) {
+    if (messages.length > 1 && messages.some(isInitialize)) {
       return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: Only one initialization request is allowed')
     }
     for (const message of messages) this.#deliver(message)
   }
 
   #deliver (message: JSONRPCMessage): void {
-    if (isJSONRPCRequest(message) && isInitializeRequest(message)) {
+    if (isInitialize(message)) {
       // One session per bridge, initialized once, as /mcp/:role refuses a second initialize.
       if (this.#initialized) {
         this.#write(`${JSON.stringify({

@@ -132,7 +132,7 @@ async function mcp (args: string[], io: CliIo): Promise<number> {
   const url = flags.url ?? (fromEnv ? envUrl : 'http://127.0.0.1:3917')
   const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
   const headers: Record<string, string> = {}
-  if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${readTokenFile(tokenFile)}`
+  if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${await readTokenFile(tokenFile)}`
   const { BridgeSettingError, startBridge } = await import('./cli-bridge.js')
   let bridge
   try {
@@ -193,7 +193,7 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
   if (tokenFile !== undefined && tokenFile !== '') {
     mergeOptions(options,
-      { security: { token: readTokenFile(tokenFile) } })
+      { security: { token: await readTokenFile(tokenFile) } })
   }
   // The CLI's defaults fill only what no source set: a bad value (`"roles": "A"`, `"logger":
   // null`) is left for the schema to report.
@@ -237,7 +237,7 @@ function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (ar
 }
 
 /** Reads the token of token mode; the file must be private to its owner (0600 or stricter). */
-function readTokenFile (file: string): string {
+async function readTokenFile (file: string): Promise<string> {
   let mode: number
   let text: string
   try {
@@ -250,12 +250,10 @@ function readTokenFile (file: string): string {
     throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
   }
   const token = text.trim()
-  if (Buffer.byteLength(token) < 32) throw new InputError(`the token in ${file} is shorter than 32 bytes`)
-  // The rule of `security.token` (README "Options"), also for the bridge's token: any other
-  // character cannot travel unchanged in an Authorization header.
-  if (!/^[\x21-\x7e]+$/.test(token)) {
-    throw new InputError(`the token in ${file} must be visible ASCII only, as any security.token (no spaces, line breaks or other characters)`)
-  }
+  // The rule of `security.token` (README "Options"), also for the bridge's token.
+  const { tokenProblem } = await import('./config.js')
+  const problem = tokenProblem(token)
+  if (problem !== undefined) throw new InputError(`the token in ${file} (security.token) ${problem}`)
   return token
 }
 

@@ -22,6 +22,19 @@ export function roleNameProblem (name: unknown): string | undefined {
   return checked.success ? undefined : checked.error.issues[0]?.message ?? 'must be a string of 1 to 128 characters'
 }
 
+/** A token of token mode (see `security.token`): the options' rule, and the token files' of the CLI. */
+const tokenSchema = z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'is shorter than 32 bytes' })
+  .refine((t) => /^[\x21-\x7e]*$/.test(t), {
+    message: 'must be visible ASCII characters only (0x21–0x7E; no space, line break or other character): ' +
+      'a client\'s Authorization header could not carry it unchanged, so it could never match'
+  })
+
+/** Why `token` cannot be a token of token mode (tokenSchema's first complaint); undefined when it can. */
+export function tokenProblem (token: string): string | undefined {
+  const checked = tokenSchema.safeParse(token)
+  return checked.success ? undefined : checked.error.issues[0]?.message
+}
+
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
   mode: z.enum(['pool', 'inline']).default('pool'),
@@ -75,12 +88,7 @@ const securitySchema = z.strictObject({
    * as every client sends it; visible ASCII is what every client sends, and Toolport reads,
    * unchanged. The CLI reads it from a 0600 file (`--token-file`), never from argv.
    */
-  token: z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'must be at least 32 bytes' })
-    .refine((t) => /^[\x21-\x7e]*$/.test(t), {
-      message: 'must be visible ASCII characters only (0x21–0x7E; no space, line break or other character): ' +
-        'a client\'s Authorization header could not carry it unchanged, so it could never match'
-    })
-    .optional(),
+  token: tokenSchema.optional(),
   /** Ownership mode: a registration may not replace a tool that another `source` owns. */
   enforceOwnership: z.boolean().default(false)
 })

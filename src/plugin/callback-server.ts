@@ -73,19 +73,20 @@ export class CallbackServer {
    */
   async listen (): Promise<string> {
     const { host, port } = this.#options
+    const authority = host.includes(':') ? `[${host}]` : host
     this.#server.listen({ host, port })
     try {
       await once(this.#server, 'listening')
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code
       throw new PluginError(PLUGIN_ERROR_CODES.listen,
-        `the callback server cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${code ?? errorText(err)}` +
+        `the callback server cannot listen on ${authority}:${port}: ${code ?? errorText(err)}` +
         (code === 'EADDRINUSE' ? ' (the port is in use)' : ''), { cause: err })
     }
     const bound = (this.#server.address() as AddressInfo).port
     // The URL parser's spelling of the address: `[::1]` for `0:0:0:0:0:0:0:1`, as callbackUrl()
     // and Toolport write it.
-    const hostname = new URL(`http://${host.includes(':') ? `[${host}]` : host}`).hostname
+    const hostname = new URL(`http://${authority}`).hostname
     this.#url = `http://${hostname}:${bound}`
     return this.#url
   }

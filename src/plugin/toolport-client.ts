@@ -49,12 +49,9 @@ const MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 /** Toolport's answer went past `MAX_ANSWER_BYTES`: it answered, but not with anything usable. */
 class AnswerTooLarge extends Error {
-  readonly statusCode: number
-
-  constructor (maxBytes: number, statusCode: number) {
+  constructor (maxBytes: number) {
     super(`the answer is larger than ${maxBytes} bytes`)
     this.name = 'AnswerTooLarge'
-    this.statusCode = statusCode
   }
 }
 
@@ -148,7 +145,7 @@ export class ToolportClient {
     const url = new URL(relative, this.#base)
     const timeout = AbortSignal.timeout(this.#timeoutMs)
     let text: string
-    let statusCode: number
+    let statusCode = 0
     try {
       const res = await this.#pool.request({
         method,
@@ -160,14 +157,14 @@ export class ToolportClient {
         bodyTimeout: this.#timeoutMs
       })
       statusCode = res.statusCode
-      text = await readCapped(res.body, MAX_ANSWER_BYTES, res.statusCode)
+      text = await readCapped(res.body, MAX_ANSWER_BYTES)
     } catch (err) {
       // An answer over the cap is still an answer (README "Plugin SDK", the PluginError table:
       // UNREACHABLE means Toolport did not answer, and is retried).
       if (err instanceof AnswerTooLarge) {
         throw new PluginError(PLUGIN_ERROR_CODES.refused,
           `Toolport's answer to ${method} /${relative} is larger than ${MAX_ANSWER_BYTES} bytes`,
-          { statusCode: err.statusCode, cause: err })
+          { statusCode, cause: err })
       }
       const what = timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : describe(err)
       throw new PluginError(PLUGIN_ERROR_CODES.unreachable,
@@ -179,10 +176,7 @@ export class ToolportClient {
     } catch {
       parsed = undefined
     }
-    const answer = (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed))
-      ? parsed as Record<string,
-      unknown>
-      : null
+    const answer = isPlainObject(parsed) ? parsed : null
     if (statusCode >= 300 || answer === null) {
       // Toolport's error body: { ok: false, statusCode, code, error, message, details? }.
       const code = typeof answer?.code === 'string' ? answer.code : undefined
@@ -207,13 +201,13 @@ export class ToolportClient {
 }
 
 async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error) => unknown },
-  maxBytes: number, statusCode: number): Promise<string> {
+  maxBytes: number): Promise<string> {
   const chunks: Buffer[] = []
   let size = 0
   for await (const chunk of body) {
     size += chunk.length
     if (size > maxBytes) {
-      const err = new AnswerTooLarge(maxBytes, statusCode)
+      const err = new AnswerTooLarge(maxBytes)
       body.destroy(err)
       throw err
     }
