@@ -103,7 +103,7 @@ def loopback_api_url(text: str) -> str:
     host = _whatwg_host(host_text)
     if host is None:
         raise ValueError("not a valid absolute URL")
-    if not _is_loopback_canonical(host):
+    if not is_loopback_hostname(host):
         raise ValueError("host must be a loopback address")
     port = int(port_text) if port_text else _DEFAULT_PORT[scheme]
     if port == 0:
@@ -178,11 +178,6 @@ def _ipv4_number(part: str) -> int | None:
     if any(c not in digits for c in part.lower()):
         return None
     return int(part, radix)
-
-
-def _is_loopback_canonical(host: str) -> bool:
-    """As the TypeScript SDK's isLoopbackHostname, on a host ``_whatwg_host`` made."""
-    return host == "localhost" or loopback_ip(host.strip("[]")) is not None
 
 
 def _whatwg_path(path: str) -> str:

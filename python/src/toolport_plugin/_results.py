@@ -117,7 +117,17 @@ def output_reply(result: Any) -> bytes:
         images, result = [result], None
     elif isinstance(result, (list, tuple)) and result and all(isinstance(x, Image) for x in result):
         images, result = list(result), None
-    reply: dict[str, Any] = {"output": None, "is_error": False}
+    reply: dict[str, Any] = {"output": result, "is_error": False}
+    if not images:
+        # Plain JSON data (the common case) is encoded as it is, without a converted copy first;
+        # anything else (a dataclass, a model, a set, an Enum) makes json.dumps raise, and is
+        # converted below.
+        try:
+            return encode(reply)
+        except TypeError:
+            pass
+        except (ValueError, RecursionError) as err:
+            return error_reply(f"the tool's output could not be encoded as JSON: {err}")
     try:
         reply["output"] = to_json_value(result)
         if images:

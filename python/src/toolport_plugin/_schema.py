@@ -230,7 +230,13 @@ class Signature:
 
     def arguments(self, raw: Any) -> dict[str, Any]:
         """Validates a call's arguments (against the schema from type hints) and converts them to
-        the handler's keyword arguments."""
+        the handler's keyword arguments; ``ArgumentsError`` names what is wrong."""
+        try:
+            return self._arguments(raw)
+        except RecursionError:  # the check or the conversion of arguments nested past the stack
+            raise ArgumentsError("they nest too deeply to be checked against the tool's type hints") from None
+
+    def _arguments(self, raw: Any) -> dict[str, Any]:
         if not isinstance(raw, dict):
             raise ArgumentsError("arguments must be a JSON object")
         if self._validator is not None:

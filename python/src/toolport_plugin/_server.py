@@ -206,8 +206,6 @@ class CallbackServer:
             kwargs = tool.signature.arguments({} if args is None else args)
         except ArgumentsError as err:
             return error_reply(f"invalid arguments: {err}")
-        except RecursionError:  # a check of the type hints' schema that recursed too deep
-            return error_reply("invalid arguments: they nest too deeply to be checked against the tool's type hints")
 
         task = tool.invoke(kwargs, ctx)
         try:
