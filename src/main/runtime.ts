@@ -29,7 +29,6 @@ import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
 import { kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
-import { closeObserverOf } from './observe/observer.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
 const HEALTH_SWEEP_MS = 60_000
@@ -90,7 +89,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   readonly #dispatcher: Dispatcher
   readonly #health: OriginHealth
   readonly #background = new Set<Promise<unknown>>()
-  /** What routes mounted on this runtime end once it has closed (their MCP sessions). */
+  /** What routes mounted on this runtime end once it has closed (event streams, MCP sessions). */
   readonly #closeHooks = new Set<() => Promise<void>>()
   readonly #startedAt = Date.now()
   /** Random per Runtime (so per process start), in `/api/health` and the event stream's `hello`. */
@@ -375,12 +374,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const role = this.roles.get(roleName)
     const started = performance.now()
     const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
-    if (this.#closed) {
-      const known = role.registry.get(call.name)
-      return this.#finish(role, call.name, callId, started, 'busy',
-        errorResult('Toolport is shutting down; the tool was not called'), known?.source)
-    }
     const entry = role.registry.get(call.name)
+    if (this.#closed) {
+      return this.#finish(role, call.name, callId, started, 'busy',
+        errorResult('Toolport is shutting down; the tool was not called'), entry?.source)
+    }
     if (entry === undefined) {
       const available = describeAvailable(role.registry.names())
       return this.#finish(role, call.name, callId, started, 'unknown_tool',
@@ -437,9 +435,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const cancel of [...this.#localCalls]) cancel()
     await this.#dispatcher.close()
     await Promise.allSettled([...this.#background])
-    // Event streams end with the runtime, also those of a host's app that stays up.
-    closeObserverOf(this)
-    // So do MCP sessions, after a turn in which the answers the close gave their calls are written.
+    // What routes hold (event streams, MCP sessions) ends with the runtime, also in a host's app
+    // that stays up: after a turn in which the answers the close gave its calls are written.
     if (this.#closeHooks.size > 0) {
       await new Promise(setImmediate)
       await Promise.allSettled([...this.#closeHooks].map(async (hook) => { await hook() }))

@@ -4,7 +4,7 @@
 import type { Runtime } from '../runtime.js'
 import { CallStats, type StatsSnapshot } from './call-stats.js'
 import { EventHub } from './event-hub.js'
-import { kOriginFailures } from '../symbols.js'
+import { kOnClose, kOriginFailures } from '../symbols.js'
 
 /** Recent calls kept for the console's table (metadata only). */
 const RECENT_CALLS = 100
@@ -200,13 +200,11 @@ const observers = new WeakMap<Runtime, Observer>()
 export function observerOf (runtime: Runtime): Observer {
   let observer = observers.get(runtime)
   if (observer === undefined) {
-    observer = new Observer(runtime)
-    observers.set(runtime, observer)
+    const created = new Observer(runtime)
+    observers.set(runtime, created)
+    // Its event streams end with the runtime, also in a host's app that stays up.
+    runtime[kOnClose](async () => { created.close() })
+    observer = created
   }
   return observer
-}
-
-/** Ends the event streams of a runtime's observer, if it has one (the runtime has closed). */
-export function closeObserverOf (runtime: Runtime): void {
-  observers.get(runtime)?.close()
 }
