@@ -171,6 +171,16 @@ export function names (tp: Toolport, role: string): string[] {
 }
 
 /**
+ * The ModelSession id of the MCP session whose `Mcp-Session-Id` is `sessionId` in `role`
+ * (a random id of its own, so that sync errors do not print the session's handle); '' when
+ * the role holds no such session.
+ */
+export function mcpModelSessionId (tp: Toolport, role: string, sessionId: string | undefined): string {
+  const session = tp.roles.get(role).sessions().find((s) => (s as { sessionId?: string }).sessionId === sessionId)
+  return session?.id ?? ''
+}
+
+/**
  * How a fake session answers `syncTools`:
  * - `instant`: resolves at once;
  * - `throw`: rejects with `Error(message)`;

@@ -751,7 +751,7 @@ class HttpRun {
     await within(session.terminate(), `${session.label}: DELETE`, GUARD_MS)
     count(this.world, 'deleted')
     // README "MCP": a session ends, and leaves its role, on DELETE; its id is then unknown (404).
-    assert.ok(!role.sessions().some((s) => s.id === `mcp-${session.sessionId}`), `${session.label} left its role on DELETE`)
+    assert.ok(!role.sessions().some((s) => (s as { sessionId?: string }).sessionId === session.sessionId), `${session.label} left its role on DELETE`)
     assert.equal(await statusOf(this.world.url, session.role, session.sessionId), 404, `${session.label}: a request after DELETE`)
   }
 
@@ -858,10 +858,11 @@ class HttpRun {
     })
     // Every session of the run ends; only the abandoned stay attached (until the reconnect grace).
     for (const session of this.live()) await within(session.terminate(), `${session.label}: DELETE`, GUARD_MS)
-    const ids = new Set(this.sessions.map((s) => `mcp-${s.sessionId}`))
+    const ids = new Set(this.sessions.map((s) => s.sessionId))
     for (const role of ROLES) {
       for (const s of tp.roles.get(role).sessions()) {
-        if (ids.has(s.id) && !this.world.abandoned.has(s.id.slice(4))) assert.fail(`${s.id} is still a session of role ${role} after it ended`)
+        const sessionId = (s as { sessionId?: string }).sessionId ?? ''
+        if (ids.has(sessionId) && !this.world.abandoned.has(sessionId)) assert.fail(`${sessionId} is still a session of role ${role} after it ended`)
       }
     }
     await eventually(() => {
@@ -1168,7 +1169,7 @@ async function runBridgeScenario (world: BridgeWorld, steps: BridgeStep[]): Prom
       if (sessions.length !== 1 || world.tp.roles.get('B').sessions().length !== 0) {
         return `Toolport holds ${sessions.length} sessions of role ${BRIDGED} for the one bridge`
       }
-      const open = world.streams.get((sessions[0] as { id: string }).id.slice('mcp-'.length)) ?? 0
+      const open = world.streams.get((sessions[0] as { sessionId?: string }).sessionId ?? '') ?? 0
       return open <= 1 ? '' : `the bridge's session holds ${open} event streams (GET) once its calls are answered`
     })
     assert.equal(world.tp[kPendingCalls], 0, 'no call pending in the dispatcher')

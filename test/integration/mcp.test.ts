@@ -296,8 +296,13 @@ test('MCP: each MCP session is a ModelSession of its role from initialize on', a
   assert.equal(role.sessions().length, 0)
   const first = await connect('Lanlan')
   const second = await connect('Lanlan')
-  assert.deepEqual(role.sessions().map((s) => s.id).sort(),
-    [`mcp-${first.transport.sessionId}`, `mcp-${second.transport.sessionId}`].sort())
+  const ids = role.sessions().map((s) => s.id)
+  assert.deepEqual(role.sessions().map((s) => (s as { sessionId?: string }).sessionId).sort(),
+    [first.transport.sessionId, second.transport.sessionId].sort())
+  // The ModelSession id (what sync errors print) is not the session's handle.
+  for (const id of ids) assert.match(id, /^mcp-[0-9a-f-]{36}$/)
+  const handles = [String(first.transport.sessionId), String(second.transport.sessionId)]
+  assert.ok(!ids.some((id) => handles.some((handle) => id.includes(handle))))
   assert.equal(tp.roles.get('Mochi').sessions().length, 0)
 })
 

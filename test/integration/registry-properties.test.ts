@@ -43,7 +43,7 @@ import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontex
 import { ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import { createRealtimeSession, createToolport, type RealtimeSession, type Toolport } from '../../src/main/index.js'
 import { kSyncCount } from '../../src/main/symbols.js'
-import { httpJson, within } from '../helpers.js'
+import { httpJson, mcpModelSessionId, within } from '../helpers.js'
 
 type Json = Record<string, any>
 
@@ -595,7 +595,7 @@ let serial = 0
  * the event stream (GET) counts as open once its answer's headers arrived (the server registers
  * the stream before it sends them), and as ended once its body has.
  */
-async function attachMcp (url: string, role: RoleName): Promise<McpLive> {
+async function attachMcp (tp: Toolport, url: string, role: RoleName): Promise<McpLive> {
   let opened = (): void => {}
   const streamOpen = new Promise<void>((resolve) => { opened = resolve })
   let ended = (): void => {}
@@ -637,7 +637,7 @@ async function attachMcp (url: string, role: RoleName): Promise<McpLive> {
     for (const wake of live.waiters.splice(0)) wake()
   })
   await guard(client.connect(transport), `MCP session of ${role}: connect`)
-  live.id = `mcp-${String(transport.sessionId)}`
+  live.id = mcpModelSessionId(tp, role, transport.sessionId)
   await guard(streamOpen, `MCP session of ${role}: its event stream`)
   return live
 }
@@ -845,7 +845,7 @@ class Run {
     this.tally.attached++
     const what = `${where}: a new ${kind} session of ${role}`
     if (kind === 'mcp') {
-      const live = await attachMcp(this.url, role)
+      const live = await attachMcp(this.tp, this.url, role)
       this.live.push(live)
       const { tools, nextCursor } = await guard(live.client.listTools(), `${what}: tools/list`)
       assert.equal(nextCursor, undefined)
@@ -1050,7 +1050,7 @@ test('MCP: an MCP session whose role is removed and added again before its next 
   const tp = await createToolport({ roles: ['A'], logger: false, dispatch: { mode: 'inline' } })
   t.after(() => tp.close())
   const { url } = await tp.listen({ host: '127.0.0.1', port: 0 })
-  const live = await attachMcp(url, 'A')
+  const live = await attachMcp(tp, url, 'A')
   t.after(() => live.client.close())
   assert.deepEqual((await live.client.listTools()).tools, [])
 

@@ -270,7 +270,7 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   #initialized (session: McpSession): void {
     this.#starting.delete(session)
     this.#sessions.set(session.sessionId, session)
-    this.#runtime.log.info({ role: session.role, session: session.sessionId }, 'MCP session opened')
+    this.#runtime.log.info({ role: session.role, session: session.sessionId, id: session.id }, 'MCP session opened')
     if (this.listenerCount('session-opened') > 0) {
       this.emit('session-opened', {
         role: session.role,
@@ -305,7 +305,11 @@ interface SessionHooks {
  * Create it through `McpSessions.open`.
  */
 export class McpSession implements ModelSession {
-  /** The ModelSession id (`mcp-<session id>`), as `failed_roles` errors name it. */
+  /**
+   * The ModelSession id, `mcp-<uuid>`, as sync errors name it (in `failed_roles`, `sync` events and
+   * the console). A random id of its own, not the `Mcp-Session-Id`: those messages reach other
+   * plugins and event readers, and the session id is the handle that reads the session's streams.
+   */
   readonly id: string
   /** The `Mcp-Session-Id` the client sends. */
   readonly sessionId: string
@@ -350,7 +354,7 @@ export class McpSession implements ModelSession {
   constructor (runtime: Runtime, role: string, client: string, options: ResolvedOptions, budget: CallBudget,
     hooks: SessionHooks) {
     this.sessionId = randomUUID()
-    this.id = `mcp-${this.sessionId}`
+    this.id = `mcp-${randomUUID()}`
     this.role = role
     this.client = client
     this.#runtime = runtime
