@@ -256,31 +256,29 @@ function outputEnvelope (output: unknown): Envelope {
 
 /**
  * The first NaN or ±Infinity that JSON.stringify would write as `null` in `value`, or undefined.
- * It walks what JSON.stringify encodes (the result of a `toJSON`, called with its key as
- * JSON.stringify calls it; a `Number` object's value; arrays' items and objects' own enumerable
- * string keys), with a stack of its own: an output as deep as JSON.stringify took is walked too.
- * Called only after JSON.stringify succeeded, so there is no cycle.
+ * JSON.stringify itself walks the value again, with a replacer that sees every value it encodes
+ * (after `toJSON`; a `Number` object unwrapped here as JSON.stringify unwraps it), so the walk is
+ * exactly the encoder's. Called only after JSON.stringify succeeded: no cycle, no overflow.
  */
 function nonFiniteNumber (value: unknown): number | undefined {
-  // The key JSON.stringify passes a root `toJSON`: the envelope's.
-  const stack: Array<[string, unknown]> = [['output', value]]
-  while (stack.length > 0) {
-    let [key, item] = stack.pop() as [string, unknown]
-    if ((typeof item === 'object' && item !== null) || typeof item === 'bigint') {
-      const toJSON = (item as { toJSON?: unknown }).toJSON
-      if (typeof toJSON === 'function') item = toJSON.call(item, key)
-    }
-    if (item instanceof Number) item = Number(item)
-    if (typeof item === 'number') {
-      if (!Number.isFinite(item)) return item
-    } else if (Array.isArray(item)) {
-      for (let i = 0; i < item.length; i++) stack.push([String(i), item[i]])
-    } else if (typeof item === 'object' && item !== null && !(item instanceof String) && !(item instanceof Boolean)) {
-      for (const k of Object.keys(item)) stack.push([k, (item as Record<string, unknown>)[k]])
-    }
+  let found: number | undefined
+  try {
+    // Wrapped as the envelope wraps it, so that a root `toJSON` gets the same key ('output').
+    JSON.stringify({ output: value }, (_key, item: unknown) => {
+      const number = item instanceof Number ? Number(item) : item
+      if (typeof number === 'number' && !Number.isFinite(number)) {
+        found = number
+        throw NON_FINITE
+      }
+      return item
+    })
+  } catch {
+    // NON_FINITE, or a `toJSON` that throws on its second call: only `found` matters.
   }
-  return undefined
+  return found
 }
+
+const NON_FINITE = Symbol('non-finite number')
 
 function errorEnvelope (error: string): Envelope {
   return JSON.stringify({ error, is_error: true })
