@@ -5,13 +5,13 @@ import { randomUUID } from 'node:crypto'
 import type { Worker } from 'node:worker_threads'
 import type { Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
-import { ClosedError, LimitExceededError, validationError } from './errors.js'
+import { ClosedError, LimitExceededError } from './errors.js'
 import { emitChangeEnd, type ToolportEvents } from './events.js'
 import { RoleManager } from './roles/roles.js'
 import type { Role } from './roles/role.js'
 import { ToolEntry, type ToolListing } from './roles/tool-registry.js'
 import type { SyncOutcome } from './roles/sync.js'
-import { clearSchema, parseOrThrow, registerSchema, registrationProblems, unregisterSchema } from './schemas.js'
+import { checkedParameters, clearSchema, parseOrThrow, registerSchema, unregisterSchema } from './schemas.js'
 import type {
   ClearResult, FailedRole, HealthReport, RefusedRole, RegisterResult, UnregisterResult
 } from './schemas.js'
@@ -203,9 +203,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
    */
   async register (body: unknown, options: MutationOptions = {}): Promise<RegisterResult> {
     this.#assertOpen()
-    const request = parseOrThrow(registerSchema, body)
-    const problems = registrationProblems(request, this.options.limits)
-    if (problems.length > 0) throw validationError(problems)
+    const parsed = parseOrThrow(registerSchema, body)
+    const request = { ...parsed, parameters: checkedParameters(parsed, this.options.limits) }
     this.#checkCaps(this.#targets(request.role), request.name, request.source)
     // Compiled before anything changes, off the main thread: a schema Toolport cannot validate is
     // a 422 here, never a tool whose arguments go unchecked.

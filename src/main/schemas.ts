@@ -13,10 +13,13 @@ export type JsonSchemaObject = Record<string, unknown>
  * Well-formed Unicode too, as role names: a lone surrogate has no UTF-8 form, so two such names
  * would be one and the same in every UTF-8 text Toolport writes (a metric label, a log line).
  */
-const toolName = z.string().refine((s) => {
+const toolName = z.string().superRefine((s, ctx) => {
+  // A length issue as zod's own min/max report one (`too_small`/`too_big`), counted in code points.
   const n = codePointLength(s)
-  return n >= 1 && n <= 64
-}, { message: 'must be 1 to 64 characters' })
+  const message = 'must be 1 to 64 characters'
+  if (n < 1) ctx.addIssue({ code: 'too_small', origin: 'string', minimum: 1, inclusive: true, input: s, message })
+  else if (n > 64) ctx.addIssue({ code: 'too_big', origin: 'string', maximum: 64, inclusive: true, input: s, message })
+})
   .refine(isWellFormedText, { message: 'must be well-formed Unicode (no lone surrogates)' })
 
 const roleField = z.string().min(1, { message: 'must be a non-empty string or null' }).nullable().default(null)
@@ -113,34 +116,42 @@ export interface RegistrationLimits {
 }
 
 /**
- * Checks a parsed registration (or local tool) against the configured size limits; returns every
- * problem.
- * The walk over `parameters` is iterative, so a hostile schema cannot exhaust the stack.
+ * Checks a parsed registration (or local tool) against the configured size limits (none when
+ * `limits` is undefined) and returns the registry's own copy of its `parameters`, parsed from the
+ * very JSON text that was measured: the caller of the library may go on using (or changing) its
+ * object, and what is listed and compiled stays what was checked. Throws a 422 `ToolportError`
+ * naming every problem. The depth walk is iterative and runs before anything is encoded, so a
+ * hostile schema cannot exhaust the stack.
  */
-export function registrationProblems (request: Pick<RegisterRequest, 'description' | 'parameters'>,
-  limits: RegistrationLimits): ErrorDetail[] {
+export function checkedParameters (request: Pick<RegisterRequest, 'description' | 'parameters'>,
+  limits: RegistrationLimits | undefined): JsonSchemaObject {
   const problems: ErrorDetail[] = []
-  if (request.description.length > limits.maxDescriptionChars) {
+  if (limits !== undefined && request.description.length > limits.maxDescriptionChars) {
     problems.push({
       path: 'description',
       code: 'too_big',
       message: `must be at most ${limits.maxDescriptionChars} characters`
     })
   }
-  if (jsonDepth(request.parameters, limits.maxParametersDepth) > limits.maxParametersDepth) {
+  let text = ''
+  if (limits !== undefined && jsonDepth(request.parameters, limits.maxParametersDepth) > limits.maxParametersDepth) {
     problems.push({
       path: 'parameters',
       code: 'too_deep',
       message: `must nest at most ${limits.maxParametersDepth} levels`
     })
-  } else if (Buffer.byteLength(JSON.stringify(request.parameters)) > limits.maxParametersBytes) {
-    problems.push({
-      path: 'parameters',
-      code: 'too_big',
-      message: `must be at most ${limits.maxParametersBytes} bytes of JSON`
-    })
+  } else {
+    text = JSON.stringify(request.parameters)
+    if (limits !== undefined && Buffer.byteLength(text) > limits.maxParametersBytes) {
+      problems.push({
+        path: 'parameters',
+        code: 'too_big',
+        message: `must be at most ${limits.maxParametersBytes} bytes of JSON`
+      })
+    }
   }
-  return problems
+  if (problems.length > 0) throw validationError(problems)
+  return JSON.parse(text) as JsonSchemaObject
 }
 
 /** Nesting depth of a JSON value (objects and arrays), counted iteratively; stops past `limit`. */

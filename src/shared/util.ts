@@ -17,6 +17,23 @@ export function errorText (err: unknown): string {
   return 'unknown error'
 }
 
+/**
+ * Freezes `value` and every object and array reachable from it, iteratively (any depth), and
+ * returns it. An object already frozen is taken as frozen all the way down (as this leaves it).
+ */
+export function deepFreeze<T> (value: T): T {
+  const stack: unknown[] = [value]
+  while (stack.length > 0) {
+    const item = stack.pop()
+    if (typeof item !== 'object' || item === null || Object.isFrozen(item)) continue
+    Object.freeze(item)
+    for (const child of Object.values(item)) {
+      if (typeof child === 'object' && child !== null) stack.push(child)
+    }
+  }
+  return value
+}
+
 /** A plain JSON object: not null, not an array. */
 export function isPlainObject (value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value)

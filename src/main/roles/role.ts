@@ -3,8 +3,7 @@ import type { EventEmitter } from 'node:events'
 import { emitChangeEnd, type RemovalReason, type ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
 import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
-import { localToolSchema, parseOrThrow, registrationProblems, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
-import { validationError } from '../errors.js'
+import { checkedParameters, localToolSchema, parseOrThrow, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
 import { kSyncCount } from '../symbols.js'
@@ -200,13 +199,9 @@ async function buildLocalEntry (options: LocalToolOptions, budgets: SchemaBudget
   limits: RegistrationLimits | undefined): Promise<ToolEntry> {
   // The registration rules and size limits, shared with the HTTP API; a bad field is a 422 naming it.
   const valid = parseOrThrow(localToolSchema, options)
-  if (limits !== undefined) {
-    const problems = registrationProblems(valid, limits)
-    if (problems.length > 0) throw validationError(problems)
-  }
   // A copy: the host may go on using its object (a schema builder reused for the next tool), and
   // the schema listed and measured must stay the one compiled here.
-  const parameters = JSON.parse(JSON.stringify(valid.parameters)) as typeof valid.parameters
+  const parameters = checkedParameters(valid, limits)
   const validator = await compileValidator(parameters, budgets)
   return new ToolEntry({
     name: valid.name,

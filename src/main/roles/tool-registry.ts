@@ -5,6 +5,7 @@
 // lists. Entries are immutable and shared by every role a registration reaches, so a fan-out to
 // 100 roles builds one entry, not 100.
 import type { JsonSchemaObject } from '../schemas.js'
+import { deepFreeze } from '../../shared/util.js'
 
 /** What a model session is given for each tool (`ModelSession.syncTools`). */
 export interface ToolDefinition {
@@ -83,7 +84,9 @@ export class ToolEntry {
   constructor (init: ToolEntryInit) {
     this.name = init.name
     this.description = init.description
-    this.parameters = init.parameters
+    // Frozen all the way down: the definitions every session and format hands out share it, and a
+    // host that edits one (strict mode's `additionalProperties: false`) must not change the others.
+    this.parameters = deepFreeze(init.parameters)
     this.source = init.source
     this.timeoutMs = init.timeoutMs
     this.isRemote = init.callback !== undefined
@@ -93,7 +96,7 @@ export class ToolEntry {
     this.path = init.callback?.path ?? ''
     this.handler = init.handler ?? null
     this.bodyPrefix = `{"name":${JSON.stringify(init.name)},"arguments":`
-    this.definition = Object.freeze({ name: init.name, description: init.description, parameters: init.parameters })
+    this.definition = Object.freeze({ name: init.name, description: init.description, parameters: this.parameters })
     this.listing = Object.freeze({
       name: init.name,
       description: init.description,

@@ -7,6 +7,7 @@
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { JsonSchemaObject } from '../schemas.js'
 import { validationError } from '../errors.js'
+import { deepFreeze } from '../../shared/util.js'
 
 /** The formats `toolDefinitions` and `GET /api/tools/definitions` produce. */
 export const DEFINITION_FORMATS = ['openai-chat', 'openai-realtime', 'anthropic', 'gemini', 'mcp'] as const
@@ -144,7 +145,7 @@ export function objectSchema (parameters: JsonSchemaObject): ObjectSchema {
     if (properties === undefined) delete copy.properties
     else copy.properties = properties
     if (!isStringArray(copy.required)) delete copy.required
-    fixed = copy as ObjectSchema
+    fixed = deepFreeze(copy) as ObjectSchema
     objectSchemas.set(parameters, fixed)
   }
   return fixed
