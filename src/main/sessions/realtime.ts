@@ -19,7 +19,8 @@ import { randomUUID } from 'node:crypto'
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { Role } from '../roles/role.js'
-import { errorText, noop } from '../../shared/util.js'
+import { errorText, isPlainObject, MAX_TIMER_MS, noop } from '../../shared/util.js'
+import { ConfigError } from '../errors.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { toolDefinitions } from './definitions.js'
@@ -82,6 +83,55 @@ export interface RealtimeSession extends ModelSession {
 }
 
 const DEFAULT_RATE_LIMIT: RealtimeRateLimit = Object.freeze({ maxCalls: 30, windowMs: 60_000 })
+/** The most calls a rate-limit window may allow: the window keeps one start time per call. */
+const MAX_RATE_LIMIT_CALLS = 1_000_000
+
+/**
+ * The adapter's options with their defaults, or a `TP_ERR_CONFIG` naming the first bad one: a
+ * typo in `dialect` would send every tool in the wrong shape, and a timer past setTimeout's
+ * largest delay (`Infinity`, 2^31) fires at once, failing every sync.
+ */
+function checkRealtimeOptions (options: RealtimeSessionOptions): {
+  dialect: RealtimeDialect, ackTimeoutMs: number, autoRespond: boolean, rateLimit: RealtimeRateLimit | null
+} {
+  const bad = (what: string, value: unknown): never => {
+    throw new ConfigError(`createRealtimeSession(): ${what} (got ${describeValue(value)})`)
+  }
+  if (typeof options.send !== 'function') bad('send must be a function', options.send)
+  if (options.id !== undefined && (typeof options.id !== 'string' || options.id === '')) bad('id must be a non-empty string', options.id)
+  const dialect = options.dialect ?? 'flat'
+  if (dialect !== 'flat' && dialect !== 'nested') bad("dialect must be 'flat' or 'nested'", dialect)
+  const ack = options.ackTimeoutMs ?? 5_000
+  // Infinity reads as "wait as long as a timer can".
+  if (typeof ack !== 'number' || Number.isNaN(ack) || ack < 1) bad('ackTimeoutMs must be a number of milliseconds ≥ 1', ack)
+  const autoRespond = options.autoRespond ?? true
+  if (typeof autoRespond !== 'boolean') bad('autoRespond must be a boolean', autoRespond)
+  if (options.sessionFields !== undefined && !isPlainObject(options.sessionFields)) {
+    bad('sessionFields must be an object', options.sessionFields)
+  }
+  let rateLimit: RealtimeRateLimit | null = null
+  if (options.rateLimit !== false) {
+    const given: unknown = options.rateLimit ?? DEFAULT_RATE_LIMIT
+    if (!isPlainObject(given)) bad('rateLimit must be false or { maxCalls, windowMs }', given)
+    const { maxCalls = DEFAULT_RATE_LIMIT.maxCalls, windowMs = DEFAULT_RATE_LIMIT.windowMs } =
+      given as Partial<RealtimeRateLimit>
+    if (!Number.isInteger(maxCalls) || maxCalls < 1 || maxCalls > MAX_RATE_LIMIT_CALLS) {
+      bad(`rateLimit.maxCalls must be an integer from 1 to ${MAX_RATE_LIMIT_CALLS}`, maxCalls)
+    }
+    if (typeof windowMs !== 'number' || !(windowMs >= 1 && windowMs <= MAX_TIMER_MS)) {
+      bad(`rateLimit.windowMs must be a number of milliseconds from 1 to ${MAX_TIMER_MS}`, windowMs)
+    }
+    rateLimit = Object.freeze({ maxCalls, windowMs })
+  }
+  return { dialect, ackTimeoutMs: Math.min(ack, MAX_TIMER_MS), autoRespond, rateLimit }
+}
+
+function describeValue (value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value)
+  if (typeof value === 'function') return 'a function'
+  if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object'
+  return String(value)
+}
 /** How many call ids and finished responses are remembered for deduplication. */
 const MEMORY = 1024
 
@@ -164,10 +214,11 @@ class RealtimeAdapter implements RealtimeSession {
     this.id = options.id ?? `realtime-${randomUUID()}`
     this.#runtime = options.toolport
     this.#send = options.send
-    this.#dialect = options.dialect ?? 'flat'
-    this.#ackTimeoutMs = options.ackTimeoutMs ?? 5_000
-    this.#autoRespond = options.autoRespond ?? true
-    this.#rateLimit = options.rateLimit === false ? null : (options.rateLimit ?? DEFAULT_RATE_LIMIT)
+    const checked = checkRealtimeOptions(options)
+    this.#dialect = checked.dialect
+    this.#ackTimeoutMs = checked.ackTimeoutMs
+    this.#autoRespond = checked.autoRespond
+    this.#rateLimit = checked.rateLimit
     this.#sessionFields = options.sessionFields ?? {}
   }
 
