@@ -19,7 +19,7 @@ import { z } from 'zod'
 import { isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
-import { errorText } from '../shared/util.js'
+import { errorText, MAX_TIMER_MS } from '../shared/util.js'
 
 export interface CallbackServerOptions {
   host: string
@@ -101,7 +101,10 @@ export class CallbackServer {
     // close() already drops idle keep-alive sockets (Node ≥ 19); busy ones finish their call.
     this.#server.closeIdleConnections()
     let timer: NodeJS.Timeout | undefined
-    const grace = new Promise<void>((resolve) => { timer = setTimeout(resolve, graceMs) })
+    // Infinity (or anything past setTimeout's largest delay, which would fire at once) waits as
+    // long as a timer can; NaN or a negative grace is none.
+    const delay = typeof graceMs === 'number' && graceMs > 0 ? Math.min(graceMs, MAX_TIMER_MS) : 0
+    const grace = new Promise<void>((resolve) => { timer = setTimeout(resolve, delay) })
     await Promise.race([closed, grace])
     clearTimeout(timer)
     for (const socket of this.#sockets) socket.destroy()
@@ -312,10 +315,14 @@ function sendPlain (res: ServerResponse, status: number, text: string, isClosing
   res.end(text)
 }
 
-/** The handler's budget: Toolport's header when it is a positive integer, else the tool's timeout. */
+/**
+ * The handler's budget in ms: Toolport's header when it is a positive integer, else the tool's
+ * timeout (at least 1 ms, as Toolport rounds it); at most setTimeout's largest delay, past which
+ * the timer would fire at once.
+ */
 function deadlineOf (header: string | string[] | undefined, timeoutSeconds: number): number {
   const value = typeof header === 'string' && /^\d+$/.test(header) ? Number(header) : 0
-  return value > 0 ? value : Math.round(timeoutSeconds * 1000)
+  return Math.min(value > 0 ? value : Math.max(1, Math.round(timeoutSeconds * 1000)), MAX_TIMER_MS)
 }
 
 /** 'Host' or 'Content-Type' when the request has more than one such line, else null. */
