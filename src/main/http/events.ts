@@ -45,7 +45,7 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
       response: {
         200: textBody('text/event-stream', 'the event stream (a HEAD answers its headers only)'),
         ...errors(422),
-        503: { ...errorBody, description: 'every subscriber slot is taken (TP_ERR_STREAM_FULL)' }
+        503: { ...errorBody, description: 'every subscriber slot is taken (TP_ERR_STREAM_FULL), or Toolport is closed (TP_ERR_CLOSED)' }
       }
     }
   }, function eventsRoute (request: FastifyRequest, reply: FastifyReply) {

@@ -65,12 +65,12 @@ const MCP_ERRORS: Record<number, Record<string, unknown>> = {
     'TP_ERR_JSON_TOO_DEEP)', true),
   415: mcpError('the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)'),
   500: mcpError('the request failed inside the server (JSON-RPC error -32603)'),
-  503: mcpError('too many MCP sessions with requests in flight, or the server is closing')
+  503: mcpError('too many MCP sessions with requests in flight, or Toolport is closed (TP_ERR_CLOSED)')
 }
 
 function mcpErrors (...statuses: number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
-  for (const status of [401, 403, 400, 404, 500, ...statuses]) out[status] = MCP_ERRORS[status]!
+  for (const status of [401, 403, 400, 404, 500, 503, ...statuses]) out[status] = MCP_ERRORS[status]!
   return out
 }
 
@@ -103,7 +103,7 @@ const MCP_ROUTE_SCHEMAS: Record<'POST' | 'GET' | 'DELETE', FastifySchema> = {
         }
       },
       202: { type: 'null', description: 'notifications or responses only: accepted, no body' },
-      ...mcpErrors(406, 413, 415, 503)
+      ...mcpErrors(406, 413, 415)
     }
   },
   GET: {

@@ -32,10 +32,22 @@ export function textBody (mediaType: string, description: string): Record<string
   return { description, content: { [mediaType]: { schema: { type: 'string' } } } }
 }
 
-/** The error statuses every route can answer, with the guard's 401/403 and body errors. */
+/**
+ * The error statuses a route can answer: `statuses`, with the guard's 401/403 and the 503 of a
+ * closed runtime (every route but the health report and the metrics, which use `guardErrors`).
+ */
 export function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
+  return errorResponses([401, 403, ...statuses, 503])
+}
+
+/** The guard's 401/403 only: for the routes that still answer once the runtime is closed. */
+export function guardErrors (): Record<number, Record<string, unknown>> {
+  return errorResponses([401, 403])
+}
+
+function errorResponses (statuses: readonly number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
-  for (const status of [401, 403, ...statuses]) {
+  for (const status of statuses) {
     out[status] = {
       ...ERROR_BODY_JSON_SCHEMA,
       description: ERROR_DESCRIPTIONS[status]
@@ -52,7 +64,8 @@ const ERROR_DESCRIPTIONS: Record<number, string> = {
   404: 'unknown role (TP_ERR_ROLE_NOT_FOUND)',
   413: 'body too large or too deep (TP_ERR_BODY_TOO_LARGE, TP_ERR_JSON_TOO_DEEP)',
   415: 'the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)',
-  422: 'a field failed validation, or a tool cap was reached (TP_ERR_VALIDATION, TP_ERR_LIMIT_EXCEEDED)'
+  422: 'a field failed validation, or a tool cap was reached (TP_ERR_VALIDATION, TP_ERR_LIMIT_EXCEEDED)',
+  503: 'Toolport is closed (TP_ERR_CLOSED)'
 }
 
 const BODY_ERRORS = [400, 404, 413, 415, 422]

@@ -2,7 +2,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { healthSchema } from '../schemas.js'
-import { ERROR_BODY_JSON_SCHEMA as errorBody, errors, jsonSchema, textBody } from './openapi.js'
+import { ERROR_BODY_JSON_SCHEMA as errorBody, guardErrors, jsonSchema, textBody } from './openapi.js'
 
 export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime): void {
   const health = jsonSchema(healthSchema, 'output')
@@ -25,7 +25,8 @@ export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime)
       tags: ['operations'],
       response: {
         200: textBody('text/plain', 'Prometheus text exposition format'),
-        ...errors()
+        // The last figures are still read after close: no 503.
+        ...guardErrors()
       }
     }
   }, async function metricsRoute (_request: FastifyRequest, reply: FastifyReply) {
