@@ -30,11 +30,12 @@ Options for serve:
                    env TOOLPORT_ROLES, comma-separated)
   --config FILE    a JSON file of options (env TOOLPORT_CONFIG); flags win over it
   --inline         dispatch callbacks on the main thread instead of the worker pool
+                   (env TOOLPORT_DISPATCH_MODE=inline)
   --log-level L    fatal|error|warn|info|debug|trace|silent (default info; env TOOLPORT_LOG_LEVEL)
   --allow-non-loopback-bind   allow --host to be a non-loopback address (clients must still be loopback)
   --token-file FILE  token mode: every request needs "Authorization: Bearer <token>"; FILE holds the
                    token (>= 32 bytes of visible ASCII) and must not be readable by group or
-                   others (chmod 600)
+                   others (chmod 600) (env TOOLPORT_TOKEN_FILE)
   -h, --help       show this help
 
 Options for mcp:
@@ -79,9 +80,11 @@ export async function main (argv: string[], io: CliIo): Promise<number> {
 
 async function run (argv: string[], io: CliIo): Promise<number> {
   const [command, ...rest] = argv
-  if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
+  // No command is a usage mistake like an unknown one: the usage goes to stderr with the reason.
+  if (command === undefined) throw new UsageError('a command is needed (serve or mcp)')
+  if (command === '-h' || command === '--help' || command === 'help') {
     io.stdout.write(USAGE)
-    return command === undefined ? 2 : 0
+    return 0
   }
   if (command === 'mcp') return await mcp(rest, io)
   if (command !== 'serve') throw new UsageError(`unknown command '${command}'`)
