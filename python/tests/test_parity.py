@@ -302,6 +302,14 @@ def test_a_token_is_visible_ascii_only(token: str) -> None:
     assert "visible ASCII" in err.message
 
 
+def test_a_token_shorter_than_toolports_shortest_is_refused() -> None:
+    # Toolport's security.token is at least 32 bytes: a shorter token could never be accepted.
+    err = options_error(lambda: Plugin("parity", token="x" * 31))
+    assert [d["path"] for d in err.details] == ["token"]
+    assert "at least 32" in err.message
+    Plugin("parity", token="x" * 32)
+
+
 def test_a_token_file_holding_other_characters_is_refused(tmp_path: Any) -> None:
     path = tmp_path / "token"
     path.write_text("tök" + "x" * 40 + "\n", encoding="utf-8")

@@ -177,6 +177,8 @@ const MAX_SOURCE_CHARS = 256
  * ASCII is what every client sends, and Toolport reads, unchanged.
  */
 const VISIBLE_ASCII = /^[\x21-\x7e]+$/
+/** Toolport's shortest `security.token` (32 bytes; visible ASCII is one byte a character). */
+const MIN_TOKEN_CHARS = 32
 
 const EMPTY_PARAMETERS: JsonSchemaObject = Object.freeze({ type: 'object', properties: {} })
 
@@ -225,6 +227,9 @@ export function resolvePluginOptions (options: PluginOptions): ResolvedPluginOpt
   if (token !== null && (typeof token !== 'string' || !VISIBLE_ASCII.test(token))) {
     problem('token', 'must be visible ASCII characters only (0x21–0x7E), as Toolport\'s security.token is: ' +
       'no space, line break or other character')
+  } else if (token !== null && token.length < MIN_TOKEN_CHARS) {
+    // Toolport refuses a shorter security.token: this one could never be accepted.
+    problem('token', `must be at least ${MIN_TOKEN_CHARS} characters, as Toolport's security.token is`)
   }
 
   const pluginKey = options.pluginKey ?? randomBytes(32).toString('base64url')

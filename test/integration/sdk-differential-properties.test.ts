@@ -1240,7 +1240,7 @@ test('regression: the Python SDK refuses a NaN duration at construction as the T
   }
 })
 
-test('regression: tokens are visible ASCII only (0x21–0x7E) — a token with a line break, only spaces, Latin-1 or beyond is refused at construction by both SDKs (TS used to retry start() as "unreachable"), Toolport\'s config refuses such a token too, and a visible ASCII token authenticates from both (README option tables: token; "Configuration": security.token)', {
+test('regression: tokens are visible ASCII only (0x21–0x7E) and at least 32 characters — a token with a line break, only spaces, Latin-1 or beyond, or a short one, is refused at construction by both SDKs (TS used to retry start() as "unreachable"), Toolport\'s config refuses such a token too, and a visible ASCII token authenticates from both (README option tables: token; "Configuration": security.token)', {
   skip: pythonMissing, timeout: FAILING_TIMEOUT_MS
 }, async (t) => {
   const plain = await startToolport(t, { roles: ['main'] })
@@ -1249,13 +1249,17 @@ test('regression: tokens are visible ASCII only (0x21–0x7E) — a token with a
     ['a token with a line break', 'abc\ndef'],
     ['a token of spaces only', '   '],
     ['a Latin-1 token', 'ö'.padEnd(40, 'x')],
-    ['a token beyond Latin-1', 'tok😀'.padEnd(40, 'x')]
+    ['a token beyond Latin-1', 'tok😀'.padEnd(40, 'x')],
+    // Toolport's security.token is at least 32 bytes: a shorter one could never be accepted.
+    ['a token of 31 characters', 'x'.repeat(31)]
   ] as const) {
     const { ts } = await runBoth(single(plain, {}, { token }), plain, what)
     assert.equal(ts.stage, 'create', what)
   }
   await assert.rejects(createToolport({ logger: false, dispatch: { mode: 'inline' }, security: { token: 'ö'.padEnd(40, 'x') } }),
     { code: 'TP_ERR_CONFIG' }, 'Toolport\'s config refuses a Latin-1 token')
+  await assert.rejects(createToolport({ logger: false, dispatch: { mode: 'inline' }, security: { token: 'x'.repeat(31) } }),
+    { code: 'TP_ERR_CONFIG' }, 'Toolport\'s config refuses a token of 31 characters')
   const ascii = '!~'.padEnd(40, 'x')
   const started = await startToolport(t, { roles: ['main'], security: { token: ascii } })
   const world: World = { ...started, token: ascii }

@@ -17,6 +17,8 @@ _MAX_SOURCE_CHARS = 256
 # HTTP header cannot carry a line break, Toolport reads header bytes as Latin-1 and trims their
 # ends: visible ASCII is what every client sends, and Toolport reads, unchanged.
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+# Toolport's shortest `security.token` (32 bytes; visible ASCII is one byte a character).
+_MIN_TOKEN_CHARS = 32
 
 
 def check_options(
@@ -83,6 +85,9 @@ def check_options(
     if token is not None and (not isinstance(token, str) or _VISIBLE_ASCII.fullmatch(token) is None):
         bad("token", "must be visible ASCII characters only (0x21-0x7E), as Toolport's security.token is: "
                      "no space, line break or other character")
+    elif token is not None and len(token) < _MIN_TOKEN_CHARS:
+        # Toolport refuses a shorter security.token: this one could never be accepted.
+        bad("token", f"must be at least {_MIN_TOKEN_CHARS} characters, as Toolport's security.token is")
     if plugin_key is not None and (not isinstance(plugin_key, str) or not 32 <= len(plugin_key) <= 512
                                    or _VISIBLE_ASCII.fullmatch(plugin_key) is None):
         bad("plugin_key", "must be 32-512 visible ASCII characters (e.g. secrets.token_urlsafe(32))")
