@@ -16,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
-import { ToolportClient, type RegisterBody } from './toolport-client.js'
+import { ToolportClient, type RegisterAnswer, type RegisterBody } from './toolport-client.js'
 import { errorText, noop } from '../shared/util.js'
 import { EventWatch } from './event-watch.js'
 
@@ -231,8 +231,18 @@ export class Plugin extends EventEmitter<PluginEvents> {
     const roles = new Set<string>()
     for (const tool of tools) {
       if (this.#stopController.signal.aborted) break
-      const answer = await this.#client.register(this.#registration(tool, role))
+      // Set before the request: Toolport may take the registration and its answer never arrive
+      // (start() timed out, stop() began), and the clear that follows must not be skipped then.
+      // Only an answer that refuses it proves nothing was registered.
+      const hadRegistered = this.#hasRegistered
       this.#hasRegistered = true
+      let answer: RegisterAnswer
+      try {
+        answer = await this.#client.register(this.#registration(tool, role))
+      } catch (err) {
+        if (err instanceof PluginError && err.code === PLUGIN_ERROR_CODES.refused) this.#hasRegistered = hadRegistered
+        throw err
+      }
       names.push(tool.name)
       for (const r of answer.affected_roles) roles.add(r)
       if (answer.failed_roles.length > 0) {
@@ -359,7 +369,8 @@ export class Plugin extends EventEmitter<PluginEvents> {
     const key = `${role}\0${tool.name}\0${source ?? ''}\0${url ?? ''}`
     if (this.#conflicts.has(key)) return
     this.#conflicts.add(key)
-    const owner = source === this.source ? `another callback (${url ?? 'a local tool'})` : `source ${JSON.stringify(source ?? 'local')}`
+    // Another instance's callback is named by its origin: its path holds that instance's secret segment.
+    const owner = source === this.source ? `another callback (${url === undefined ? 'a local tool' : originOf(url)})` : `source ${JSON.stringify(source ?? 'local')}`
     this.#options.logger.warn?.(`'${tool.name}' in role ${JSON.stringify(role)} now belongs to ${owner}; leaving it alone`)
   }
 
@@ -388,8 +399,8 @@ export class Plugin extends EventEmitter<PluginEvents> {
     if (this.#starting !== null) await this.#starting.catch(noop)
 
     let result: StopResult = { isCleared: false, removed: 0, error: null }
-    // Nothing of ours can be registered if no registration ever succeeded; another instance's
-    // tools under the same source are then none of our business.
+    // Nothing of ours can be registered if no registration was ever sent (or each was refused);
+    // another instance's tools under the same source are then none of our business.
     if (this.#hasRegistered) {
       try {
         const removed = await this.#client.clear(this.source, this.role)
@@ -430,4 +441,13 @@ function isRoleNotFound (err: unknown): boolean {
 function asPluginError (err: unknown): PluginError {
   if (err instanceof PluginError) return err
   return new PluginError(PLUGIN_ERROR_CODES.unreachable, `unexpected failure: ${errorText(err)}`, { cause: err })
+}
+
+/** `scheme://host:port` of a callback URL, never its path (which carries a plugin's secret segment). */
+function originOf (url: string): string {
+  try {
+    return new URL(url).origin
+  } catch {
+    return 'an unreadable URL'
+  }
 }

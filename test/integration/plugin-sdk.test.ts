@@ -6,12 +6,13 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
+import { createServer as createHttpServer } from 'node:http'
 import { createServer, type AddressInfo } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
-import { startToolport, toolportCliArgs } from '../helpers.js'
+import { startToolport, toolportCliArgs, waitFor } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
@@ -169,6 +170,70 @@ test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and st
   assert.equal(plugin.isRunning, false)
   // A failed start leaves a stopped plugin behind: its server is closed, and it cannot start again.
   await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_STATE' })
+})
+
+test('a start() whose registration Toolport took but whose answer never came clears it when it fails (README "Plugin SDK": a failed start() clears what it registered)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  // A loopback proxy that passes every request to Toolport but withholds the answers to
+  // registrations: Toolport registers the tool, the plugin never hears of it.
+  const held: Array<() => void> = []
+  const proxy = createHttpServer((req, res) => {
+    const target = new URL(req.url ?? '/', tp.url)
+    const chunks: Buffer[] = []
+    req.on('data', (chunk: Buffer) => chunks.push(chunk))
+    req.on('end', () => {
+      (async () => {
+        const answer = await request(target, {
+          method: req.method as 'GET' | 'POST',
+          headers: { 'content-type': req.headers['content-type'] ?? 'application/json' },
+          body: chunks.length === 0 ? undefined : Buffer.concat(chunks)
+        })
+        const body = await answer.body.text()
+        const send = (): void => { res.writeHead(answer.statusCode, { 'content-type': 'application/json' }).end(body) }
+        if (target.pathname === '/api/tools/register') held.push(send)
+        else send()
+      })().catch(() => { res.destroy() })
+    })
+  })
+  await new Promise<void>((resolve) => { proxy.listen(0, '127.0.0.1', resolve) })
+  t.after(async () => {
+    proxy.closeAllConnections()
+    await new Promise((resolve) => { proxy.close(resolve) })
+  })
+  const plugin = createPlugin({
+    toolportUrl: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`,
+    source: 'plugin:held-answer',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    startTimeoutMs: 0,
+    requestTimeoutMs: 500,
+    tools: { held: { handler: () => null } }
+  })
+  await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_UNREACHABLE' })
+  assert.equal(held.length, 1, 'Toolport got the registration')
+  // The failed start() cleared the source: no tool is left pointing at its closed server.
+  assert.deepEqual(tp.tp.list('A').tools_by_role.A?.map((row) => row.name), [])
+})
+
+test('a plugin whose tool another instance of its source took over warns naming that callback\'s origin, never its secret path (README "Plugin SDK" → Privacy)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  const warnings: string[] = []
+  const common = {
+    toolportUrl: tp.url, source: 'plugin:twice', role: 'A', watchEvents: false, tools: { shared: { handler: () => null } }
+  }
+  const logger = { warn: (message: string) => { warnings.push(message) } }
+  const first = createPlugin({ ...common, pollIntervalMs: 50, logger })
+  await first.start()
+  t.after(() => first.stop({ graceMs: 0 }))
+  const second = createPlugin({ ...common, logger: false })
+  await second.start()
+  t.after(() => second.stop({ graceMs: 0 }))
+  await waitFor('the first instance\'s warning', () => warnings.some((w) => w.includes('another callback')))
+  const taker = String(tp.tp.list('A').tools_by_role.A?.[0]?.callback_url)
+  const warning = warnings.find((w) => w.includes('another callback')) as string
+  assert.ok(warning.includes(new URL(taker).origin), warning)
+  assert.ok(!warning.includes(new URL(taker).pathname), `the warning quotes the other instance's secret path: ${warning}`)
 })
 
 test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t: TestContext) => {
