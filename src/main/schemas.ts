@@ -4,6 +4,7 @@ import { z } from 'zod'
 import { checkCallbackUrl, type CallbackUrlParts } from '../shared/loopback.js'
 import { validationError, type ErrorDetail, type ToolportError } from './errors.js'
 import { codePointLength, isPlainObject, isWellFormedText } from '../shared/util.js'
+import { nonFiniteNumberPath } from '../shared/json-schema.js'
 
 /** A JSON Schema object, as given by a plugin (kept as-is, shown to the model). */
 export type JsonSchemaObject = Record<string, unknown>
@@ -141,6 +142,17 @@ export function checkedParameters (request: Pick<RegisterRequest, 'description' 
       message: `must nest at most ${limits.maxParametersDepth} levels`
     })
   } else {
+    // JSON text such as 1e400 parses to Infinity, which the copy below would turn into null:
+    // the schema kept would not be the schema sent (`{"enum": [1e400]}` would be `{"enum": [null]}`).
+    const unrepresentable = nonFiniteNumberPath(request.parameters)
+    if (unrepresentable !== null) {
+      problems.push({
+        path: 'parameters',
+        code: 'invalid_schema',
+        message: 'the schema cannot be used to validate arguments: ' +
+          `${unrepresentable} is a number outside the range of a double (such as 1e400)`
+      })
+    }
     text = JSON.stringify(request.parameters)
     if (limits !== undefined && Buffer.byteLength(text) > limits.maxParametersBytes) {
       problems.push({
