@@ -233,14 +233,18 @@ export class Plugin extends EventEmitter<PluginEvents> {
       if (this.#stopController.signal.aborted) break
       // Set before the request: Toolport may take the registration and its answer never arrive
       // (start() timed out, stop() began), and the clear that follows must not be skipped then.
-      // Only an answer that refuses it proves nothing was registered.
+      // Only Toolport's 4xx refusal proves nothing was registered: an `ok: false` answer may come
+      // with the registry holding it, when every role took it and each role's sync failed (R8).
       const hadRegistered = this.#hasRegistered
       this.#hasRegistered = true
       let answer: RegisterAnswer
       try {
         answer = await this.#client.register(this.#registration(tool, role))
       } catch (err) {
-        if (err instanceof PluginError && err.code === PLUGIN_ERROR_CODES.refused) this.#hasRegistered = hadRegistered
+        if (err instanceof PluginError && err.code === PLUGIN_ERROR_CODES.refused &&
+          err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500) {
+          this.#hasRegistered = hadRegistered
+        }
         throw err
       }
       names.push(tool.name)

@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
-import { startToolport, toolportCliArgs, waitFor } from '../helpers.js'
+import { session, startToolport, toolportCliArgs, waitFor } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
@@ -213,6 +213,29 @@ test('a start() whose registration Toolport took but whose answer never came cle
   await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_UNREACHABLE' })
   assert.equal(held.length, 1, 'Toolport got the registration')
   // The failed start() cleared the source: no tool is left pointing at its closed server.
+  assert.deepEqual(tp.tp.list('A').tools_by_role.A?.map((row) => row.name), [])
+})
+
+test('a start() answered `ok: false` after the registry took the tool (every role\'s sync failed) clears it (README "Plugin SDK": a failed start() clears what it registered)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  tp.tp.roles.get('A').attachSession(session('refuses', 'throw'))
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:sync-failed',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    startTimeoutMs: 0,
+    tools: { unsynced: { handler: () => null } }
+  })
+  await assert.rejects(plugin.start(), (err: unknown) => {
+    assert.ok(err instanceof PluginError)
+    assert.equal(err.code, 'TP_ERR_PLUGIN_REFUSED')
+    assert.match(err.message, /did not register 'unsynced'/)
+    return true
+  })
+  // Toolport's registry held it (docs/protocol.md R8: a failed sync is not rolled back) until the
+  // failed start() cleared the source.
   assert.deepEqual(tp.tp.list('A').tools_by_role.A?.map((row) => row.name), [])
 })
 
