@@ -51,6 +51,13 @@ export class LocalCounter<L extends string> {
     this.#counts.set(key, { labels, value: 1 })
   }
 
+  /** Drops every series whose `label` is `value` (a removed role's, so removed roles do not pile up). */
+  remove (label: L, value: string): void {
+    for (const [key, entry] of this.#counts) {
+      if (entry.labels[label] === value) this.#counts.delete(key)
+    }
+  }
+
   /** Registry.resetMetrics() calls this. */
   reset (): void {
     this.#counts.clear()

@@ -1,6 +1,7 @@
 // Prometheus metrics (prom-client), one Registry per Runtime so that two instances in one process
 // never share or clash; the process's own metrics (CPU, memory, GC, event loop) come from one
-// registry shared by every instance. Labels are bounded: roles, registered tool names (at most
+// registry shared by every instance. Labels are bounded: roles that exist (a removed role's series
+// are dropped), registered tool names (at most
 // `limits.maxToolsPerRole` × roles of them ever, later ones count as `(other)`), outcome kinds;
 // never call ids, argument values or a name that matched no tool.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
@@ -19,6 +20,8 @@ export interface MetricsSource {
   bufferedReplyBytes: () => number
   replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
+  /** Whether a role exists now: a call or sync that ends after its role was removed is not labelled. */
+  hasRole: (role: string) => boolean
   /** How many distinct tool names `toolport_calls_total` may label (beyond: `(other)`). */
   maxToolLabels: () => number
 }
@@ -122,6 +125,10 @@ export class Metrics {
     const toolLabels = new Set<string>()
     source.events.on('call-finished', (event) => {
       const outcome = event.outcome
+      // The whole call's duration is not labelled by role; the role-labelled count of a role
+      // removed while the call ran would bring the role's series back for good.
+      callSeconds.observe(outcome, event.durationMs / 1000)
+      if (!source.hasRole(event.role)) return
       // A name that matches no tool (no source) is the model's free text: unbounded, so not a label.
       let tool = event.source === '' || event.source === undefined ? '(unknown)' : event.name
       if (tool !== '(unknown)' && !toolLabels.has(tool)) {
@@ -129,7 +136,6 @@ export class Metrics {
         else tool = '(other)'
       }
       calls.inc(event.role, tool, outcome)
-      callSeconds.observe(outcome, event.durationMs / 1000)
     })
     source.events.on('origin-evicted', () => { evictions.inc() })
     // One `tool-removed` per registration an eviction removed: `origin-evicted` names the tools
@@ -138,8 +144,16 @@ export class Metrics {
       if (event.reason === 'evicted') evictedTools.inc()
     })
     source.events.on('sync-finished', (event) => {
+      if (!source.hasRole(event.role)) return
       syncSeconds.observe({ role: event.role }, event.durationMs / 1000)
       if (!event.ok) syncFailures.inc({ role: event.role })
+    })
+    // Roles come and go at run time (agents named per conversation): a removed role's series go
+    // with it, so their number follows the roles that exist, not every role there ever was.
+    source.events.on('role-removed', ({ role }) => {
+      calls.remove('role', role)
+      syncSeconds.remove({ role })
+      syncFailures.remove({ role })
     })
   }
 

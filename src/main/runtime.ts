@@ -126,6 +126,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         bufferedReplyBytes: () => this.#dispatcher.bufferedReplyBytes,
         replyBudgetBytes: () => this.options.dispatch.maxBufferedReplyBytes,
         registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size]),
+        hasRole: (role) => this.roles.has(role),
         maxToolLabels: () => this.options.limits.maxToolsPerRole * Math.max(1, this.roles.size)
       })
       : null

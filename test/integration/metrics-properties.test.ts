@@ -1206,6 +1206,42 @@ test('regression: a plugin that churns tool names (register, call, unregister) c
     `${tools.size} tool label values after ${CHURN} names came and went, with at most ${MAX_TOOLS} registered at a time`)
 })
 
+test('regression: roles that come and go (one per conversation) leave no series behind, also for a call still running when its role went (src/main/metrics.ts: labels are "roles that exist")', async (t) => {
+  const plugin = await startPlugin(t)
+  const started = await startToolport(t, { roles: ['R'] })
+  const { tp, url } = started
+  const ROLES = 12
+  let held: Promise<unknown> | null = null
+  let heldToken = ''
+  for (let i = 0; i < ROLES; i++) {
+    const role = `conversation-${i}`
+    tp.roles.add(role)
+    // A model session that refuses every sync: a sync failure series for the role.
+    tp.roles.get(role).attachSession(session(`s${i}`, 'throw'))
+    const reply = await httpJson(`${url}/api/tools/register`, 'POST', { name: 'known', role, callback_url: `${plugin.origin}/cb`, parameters: PARAMS })
+    assert.equal(reply.statusCode, 200, JSON.stringify(reply.body))
+    const call = await httpJson(`${url}/api/tools/call`, 'POST', { role, name: 'known', arguments: { b: 'ok', t: `t${++tokenSeq}` } })
+    assert.equal(call.body.is_error, false)
+    if (i === ROLES - 1) {
+      heldToken = `t${++tokenSeq}`
+      held = tp.callTool(role, { name: 'known', arguments: { b: 'hold', t: heldToken } })
+      await waitFor('the held call reaches the plugin', () => plugin.held.has(heldToken))
+    }
+    const before = strict((await scrape(url)).body, `with ${role}`)
+    assert.ok(before.samples.some((s) => s.name === 'toolport_calls_total' && s.labels.role === role), `${role} counted its call`)
+    assert.ok(before.samples.some((s) => s.name === 'toolport_sync_failures_total' && s.labels.role === role), `${role} counted its failed sync`)
+    assert.equal(tp.roles.remove(role), true)
+  }
+  plugin.release(heldToken)
+  await held
+  const exposition = strict((await scrape(url)).body, 'after the roles went')
+  const roles = new Set(exposition.samples.filter((s) => s.labels.role !== undefined).map((s) => s.labels.role))
+  assert.deepEqual([...roles].filter((r) => r !== 'R'), [], 'series of removed roles')
+  // The whole call's duration is not by role: every answered call is still in it.
+  const count = exposition.samples.find((s) => s.name === 'toolport_call_duration_seconds_count' && s.labels.outcome === 'ok')
+  assert.equal(count?.value, ROLES + 1)
+})
+
 // ---------------------------------------------------------------------------------------------
 // After close(), and a host's app
 
