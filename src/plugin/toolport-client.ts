@@ -143,7 +143,19 @@ export class ToolportClient {
   async #request (method: 'GET' | 'POST', relative: string, body?: unknown,
     signal?: AbortSignal): Promise<Record<string, unknown>> {
     const url = new URL(relative, this.#base)
-    const timeout = AbortSignal.timeout(this.#timeoutMs)
+    // One controller per request, tied to the caller's signal by a listener removed when the
+    // request ends: `AbortSignal.any([signal, timeout])` would register every request as a
+    // dependant of the plugin's long-lived stop signal, which Node 20 never forgets.
+    const controller = new AbortController()
+    let timedOut = false
+    const timer = setTimeout(() => {
+      timedOut = true
+      controller.abort(new DOMException(`no answer within ${this.#timeoutMs} ms`, 'TimeoutError'))
+    }, this.#timeoutMs)
+    timer.unref() // as AbortSignal.timeout: a request in flight keeps its socket, not the process
+    const onAbort = (): void => { controller.abort(signal?.reason) }
+    if (signal?.aborted === true) onAbort()
+    else signal?.addEventListener('abort', onAbort, { once: true })
     let text: string
     let statusCode = 0
     try {
@@ -152,7 +164,7 @@ export class ToolportClient {
         path: url.pathname + url.search,
         headers: body === undefined ? this.#headers : { ...this.#headers, 'content-type': 'application/json' },
         body: body === undefined ? null : JSON.stringify(body),
-        signal: signal === undefined ? timeout : AbortSignal.any([signal, timeout]),
+        signal: controller.signal,
         headersTimeout: this.#timeoutMs,
         bodyTimeout: this.#timeoutMs
       })
@@ -166,9 +178,12 @@ export class ToolportClient {
           `Toolport's answer to ${method} /${relative} is larger than ${MAX_ANSWER_BYTES} bytes`,
           { statusCode, cause: err })
       }
-      const what = timeout.aborted ? `no answer within ${this.#timeoutMs} ms` : describe(err)
+      const what = timedOut ? `no answer within ${this.#timeoutMs} ms` : describe(err)
       throw new PluginError(PLUGIN_ERROR_CODES.unreachable,
         `cannot reach Toolport at ${this.#base.href} (${method} /${relative}): ${what}`, { cause: err })
+    } finally {
+      clearTimeout(timer)
+      signal?.removeEventListener('abort', onAbort)
     }
     let parsed: unknown
     try {
