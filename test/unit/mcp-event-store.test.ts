@@ -2,6 +2,9 @@
 // past its bounds a missed message is never skipped silently.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
 import type { JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js'
 import { BoundedEventStore, isStandaloneEventId, streamOfEventId } from '../../src/main/sessions/event-store.js'
 
@@ -104,4 +107,28 @@ test('hasEventsAfter says whether a resume of that event id would be sent anythi
   assert.equal(store.hasEventsAfter(seen), false)
   for (let i = 0; i < 6; i++) await store.storeEvent(GET, LIST_CHANGED)
   assert.equal(store.hasEventsAfter(seen), true)
+})
+
+test('a message dropped by the count bound is no longer held: the store keeps at most its bounds in memory', async () => {
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  const store = new BoundedEventStore({ maxEvents: 8, maxBytes: 1024 * 1024 })
+  const refs: Array<WeakRef<JSONRPCMessage>> = []
+  // Created in a function of their own, so no local of this test keeps them alive.
+  const storeMany = async (from: number, count: number): Promise<void> => {
+    for (let i = from; i < from + count; i++) {
+      const message = response(i, `reply ${i}`)
+      refs.push(new WeakRef(message))
+      await store.storeEvent('s', message)
+    }
+  }
+  await storeMany(0, 100)
+  assert.equal(store.size, 8)
+  for (let i = 0; i < 4; i++) {
+    gc()
+    await sleep(5)
+  }
+  const alive = refs.map((ref, i) => ref.deref() === undefined ? -1 : i).filter((i) => i >= 0)
+  // The 8 kept are the newest; every older one is garbage.
+  assert.deepEqual(alive, [92, 93, 94, 95, 96, 97, 98, 99])
 })

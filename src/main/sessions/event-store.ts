@@ -160,6 +160,10 @@ export class BoundedEventStore implements EventStore {
       const event = this.#events[this.#head] as StoredEvent
       this.#bytes -= event.bytes
       this.#droppedUpTo = event.seq
+      // The entry stays in the array until the next splice: it must not keep its message (up
+      // to a thousand dropped messages beyond the byte bound).
+      event.message = null
+      event.bytes = 0
       this.#head++
     }
     if (this.#head > 1024 && this.#head * 2 > this.#events.length) {
