@@ -274,3 +274,25 @@ async def test_stop_of_a_plugin_whose_role_is_gone_reports_a_clean_clear(own_api
     await asyncio.to_thread(api.tp.start)  # the same port, without the role "default"
     stopped = await plugin.stop()
     assert (stopped.is_cleared, stopped.removed, stopped.error) == (True, 0, None)
+
+
+async def test_a_tool_taken_over_by_another_instance_is_left_alone_and_the_warning_names_its_origin_only(
+        api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    # README "Python plugin SDK" → Keeping registrations alive: a name taken over is left alone,
+    # with one warning. Another instance of the same source is named by its callback's origin:
+    # the callback's path holds that instance's random segment (R14), which no log may carry.
+    first = new_plugin(api, role="default", use_events=False)
+    first.tool(_echo)
+    second = Plugin(first.source.removeprefix("plugin:"), toolport_url=api.tp.url, role="default")
+    second.tool(_echo)
+    async with first:
+        async with second:
+            secret = second.callback_url("_echo").split("/")[3]
+
+            async def warned() -> bool:
+                return any("another callback" in r.getMessage() for r in caplog.records)
+            await api.wait_for(warned, what="the conflict warning")
+            assert (await api.call("_echo", {"text": "b"}))["output"] == "b"
+    warnings = [r.getMessage() for r in caplog.records if "another callback" in r.getMessage()]
+    assert warnings == [f"'_echo' in role 'default' now belongs to another callback ({second.url}); leaving it alone"], warnings
+    assert not any(secret in r.getMessage() for r in caplog.records)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional, TypedDict, Union
@@ -141,6 +142,45 @@ def test_signatures_that_cannot_be_tools_are_refused_when_declared() -> None:
         plugin.tool(name="x" * 65)(lambda: None)
     with pytest.raises(PluginError):
         plugin.tool(timeout_seconds=301)(lambda: None)
+
+
+class Greeter:
+    """Greets someone."""
+
+    def __init__(self, greeting: str) -> None:
+        self.greeting = greeting
+
+    async def __call__(self, who: str, ctx: CallContext, times: int = 1) -> str:
+        return " ".join([f"{self.greeting} {who}"] * times)
+
+
+def test_a_callable_object_and_a_partial_are_typed_by_what_they_call() -> None:
+    """python/README.md "Handlers": a callable object's parameters come from its ``__call__``; a
+    ``functools.partial``'s from its function, less the keywords it fixes, which no argument may
+    replace."""
+    plugin = Plugin("callables")
+    plugin.tool(Greeter("hi"), name="greet")
+    tool = plugin.tools["greet"]
+    assert tool.parameters == {"type": "object", "properties": {"who": {"type": "string"}, "times": {"type": "integer", "default": 1}},
+                               "required": ["who"], "additionalProperties": False}
+    assert (tool.signature.context_param, tool.is_async, tool.description) == ("ctx", True, "Greets someone.")
+
+    def search(query: str, api_key: str, limit: int = 3, **rest: Any) -> list[str]:
+        return []
+
+    plugin.tool(functools.partial(search, api_key="k-123"), name="search")
+    tool = plugin.tools["search"]
+    assert tool.parameters == {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "default": 3}},
+                               "required": ["query"]}
+    assert tool.is_async is False
+    with pytest.raises(ArgumentsError, match="api_key: cannot be passed"):
+        tool.signature.arguments({"query": "q", "api_key": "other"})
+    with pytest.raises(PluginError, match="fixes"):
+        plugin.tool(functools.partial(search, api_key="k"), name="search2",
+                    parameters={"type": "object", "properties": {"api_key": {"type": "string"}}})
+    with pytest.raises(PluginError) as info:  # no name of its own
+        plugin.tool(Greeter("yo"))
+    assert info.value.code == "TP_ERR_PLUGIN_OPTIONS"
 
 
 def test_replies_encode_outputs_images_and_errors() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import types
 import typing
@@ -168,17 +169,26 @@ class Signature:
     """What the server needs to call one handler: its schema, validator and argument converter."""
 
     def __init__(self, fn: Callable[..., Any], name: str, parameters: JsonSchema | None, context_type: type) -> None:
-        where = f"tool {name!r} ({getattr(fn, '__qualname__', fn)!r})"
-        sig = inspect.signature(fn)
+        where = f"tool {name!r} ({getattr(fn, '__qualname__', None) or type(fn).__qualname__!r})"
+        annotated, fixed = _annotated(fn)
         try:
-            hints = typing.get_type_hints(fn, include_extras=True)
+            # A callable object's __call__ without self, a partial's parameters it leaves open.
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError) as err:  # a builtin without one, …
+            raise SchemaError(f"{where}: cannot read its signature: {err}") from err
+        try:
+            hints = typing.get_type_hints(annotated, include_extras=True)
         except Exception as err:  # an annotation that names something undefined
             raise SchemaError(f"{where}: cannot resolve its type hints: {err}") from err
         self.context_param: str | None = None
         self.accepts_var_kwargs = False
         self.types: dict[str, Any] = {}
+        #: Keyword arguments a functools.partial fixed: the program's, not the model's.
+        self.fixed = fixed
         params: list[inspect.Parameter] = []
         for p in sig.parameters.values():
+            if p.name in fixed:
+                continue
             tp = hints.get(p.name, p.annotation)
             if tp is context_type or (typing.get_origin(tp) in (Union, types.UnionType)
                                       and context_type in typing.get_args(tp)):  # CallContext | None
@@ -210,6 +220,10 @@ class Signature:
             if self.context_param is not None and self.context_param in (parameters.get("properties") or {}):
                 raise SchemaError(f"{where}: the parameters name the argument {self.context_param!r}, which is the "
                                   "handler's CallContext parameter; rename one of them")
+            named_fixed = sorted(fixed & set(parameters.get("properties") or {}))
+            if named_fixed:
+                raise SchemaError(f"{where}: the parameters name {', '.join(map(repr, named_fixed))}, which the "
+                                  "functools.partial fixes; leave them out")
         else:
             builder = _Builder(where)
             props: JsonSchema = {}
@@ -247,11 +261,28 @@ class Signature:
             # Only with **kwargs (an open schema): the handler cannot receive both.
             raise ArgumentsError(f"{self.context_param}: this argument cannot be passed (the tool's "
                                  "handler receives its call context under that name)")
+        overriding = sorted(self.fixed.intersection(raw))
+        if overriding:
+            # Only with **kwargs (an open schema): the model must not replace what the program fixed.
+            raise ArgumentsError(f"{', '.join(overriding)}: cannot be passed (the tool fixes it)")
         out: dict[str, Any] = {}
         for key, value in raw.items():
             tp = self.types.get(key)
             out[key] = value if tp is None else _convert(value, tp, key)
         return out
+
+
+def _annotated(fn: Callable[..., Any]) -> tuple[Callable[..., Any], frozenset[str]]:
+    """The function whose annotations type ``fn``'s parameters, and the keyword arguments
+    ``functools.partial``s fixed on the way to it. A callable object's are on its ``__call__``;
+    ``typing.get_type_hints`` on the instance reads the class's attribute annotations instead."""
+    fixed: set[str] = set()
+    while isinstance(fn, functools.partial):
+        fixed.update(fn.keywords)
+        fn = fn.func
+    if not inspect.isroutine(fn) and not inspect.isclass(fn) and callable(fn):
+        fn = type(fn).__call__
+    return fn, frozenset(fixed)
 
 
 def _check_toolport_rules(where: str, schema: JsonSchema, cls: Any) -> None:

@@ -31,6 +31,7 @@ import secrets
 import sys
 import traceback
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, unquote
@@ -50,8 +51,9 @@ from .errors import LISTEN, PluginError
 
 # Below Toolport's 4 s client keep-alive would race it; 5 s lets Toolport close idle sockets first.
 _KEEPALIVE_SECONDS = 5.0
-# stop(grace=0): aiohttp bounds its shutdown waits with ceil_timeout(), which reads a timeout <= 0
-# as no timeout at all (calls in flight would run to their deadline); this is "at once" for it.
+# aiohttp's shutdown timeout once close() has waited the grace itself: aiohttp bounds its shutdown
+# waits with ceil_timeout(), which reads a timeout <= 0 as no timeout at all (calls in flight would
+# run to their deadline); this is "at once" for it.
 _AT_ONCE_SECONDS = 0.001
 # The tool names that would be dot segments, which URL canonicalisation removes (Toolport's WHATWG
 # parser, also when spelt %2e): their segment is "=" + the name. Percent-encoding never leaves a
@@ -92,6 +94,12 @@ class CallbackServer:
         # listen() and close() one at a time: a close() while listen() binds (stop() right after
         # start()) would clean up before the socket exists, and leave it listening.
         self._opening = asyncio.Lock()
+        # The tasks of requests being handled: close() waits for them for the grace.
+        self._in_flight: set[asyncio.Task[Any]] = set()
+        # Sync handlers' threads (made by listen()): the SDK's own, not the loop's default
+        # executor, where aiohttp resolves host names (python/README.md "Handlers"): blocking
+        # handlers must not hold up the SDK's own requests to Toolport.
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def origin(self) -> str:
@@ -104,6 +112,10 @@ class CallbackServer:
 
     async def listen(self) -> str:
         async with self._opening:
+            # No max_workers: as many threads as the loop's default executor gets (concurrent.futures'
+            # own min(32, CPUs + 4)), so a plugin runs as many sync calls at once as asyncio.to_thread
+            # would; more wait for a thread (python/README.md "Handlers").
+            self._executor = ThreadPoolExecutor(thread_name_prefix="toolport-tool")
             app = web.Application(client_max_size=self._max_body_bytes)
             # Every path: the SDK routes by name itself (_handle). "[\s\S]", as "." misses a line feed.
             app.router.add_route("*", r"/{tail:[\s\S]*}", self._handle)
@@ -133,13 +145,43 @@ class CallbackServer:
         self._bound_port = sockets[0].getsockname()[1] if sockets else port
 
     async def close(self, grace: float) -> None:
-        """Stops accepting, lets calls in flight finish for ``grace`` seconds, then cancels them."""
+        """Stops accepting, lets calls in flight finish for ``grace`` seconds, then cancels them.
+
+        The SDK waits the grace itself (README "Python plugin SDK" → Start and stop: calls in
+        flight finish "for ``grace`` seconds"): aiohttp's shutdown timeout bounds two waits in a
+        row (for the handler to finish, then for its connection's task), so as aiohttp's timeout
+        the grace let a call run for twice as long. aiohttp then gets one that is "at once" for it.
+        """
         async with self._opening:
-            if self._runner is None:
-                return
-            runner, self._runner = self._runner, None
-            runner._shutdown_timeout = _shutdown_timeout(grace)  # aiohttp reads the grace period from the runner
-            await runner.cleanup()
+            try:
+                await self._close(grace)
+            finally:
+                if self._executor is not None:
+                    # Calls in flight are answered or cancelled by now. A sync handler still
+                    # running cannot be interrupted (README "Python plugin SDK" → Deadline and
+                    # cancellation): stop() does not wait for its thread, and its result is dropped.
+                    self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _close(self, grace: float) -> None:
+        if self._runner is None:
+            return
+        runner, self._runner = self._runner, None
+        for site in list(runner.sites):
+            await site.stop()
+        self._site = None
+        # As aiohttp's own cleanup does: requests read before the sites stopped start their handling.
+        await asyncio.sleep(0)
+        server = runner.server
+        if server is not None:
+            # Each connection closes once its request is answered, an idle one at once: no
+            # new request reaches a tool during the grace.
+            for conn in list(server.connections):
+                conn.close()
+        in_flight = set(self._in_flight)
+        if in_flight and grace > 0:  # also not NaN
+            await asyncio.wait(in_flight, timeout=None if math.isinf(grace) else grace)
+        runner._shutdown_timeout = _AT_ONCE_SECONDS  # aiohttp reads its shutdown timeout from the runner
+        await runner.cleanup()
 
     async def _suspend(self) -> None:
         """Stops listening and drops every connection, keeping the port's number (tests use it
@@ -171,6 +213,10 @@ class CallbackServer:
         return None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()  # this request's own task (aiohttp runs each in one)
+        if task is not None:
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
         path = _raw_path(request)
         refusal = self._refusal(request, path)
         if refusal is not None:
@@ -207,7 +253,8 @@ class CallbackServer:
         except ArgumentsError as err:
             return error_reply(f"invalid arguments: {err}")
 
-        task = tool.invoke(kwargs, ctx)
+        assert self._executor is not None  # listen() made it; no request arrives before
+        task = tool.invoke(kwargs, ctx, self._executor)
         try:
             done, _ = await asyncio.wait({task}, timeout=ctx.deadline_ms / 1000)
         except asyncio.CancelledError:
@@ -297,13 +344,6 @@ def _raw_path(request: web.Request) -> str:
     """The request's path as sent, still percent-encoded: aiohttp's ``request.path`` is decoded
     already, and decoding it again would turn a name's own ``%41`` into ``A``."""
     return request.raw_path.partition("?")[0]
-
-
-def _shutdown_timeout(grace: float) -> float | None:
-    """``grace`` as aiohttp's shutdown timeout: 0 (or less) cancels at once, ``inf`` waits."""
-    if not grace > 0:  # also NaN
-        return _AT_ONCE_SECONDS
-    return None if math.isinf(grace) else grace
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

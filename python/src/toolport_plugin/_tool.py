@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 from ._schema import JsonSchema, Signature
+
+# A result awaited this many times and still awaitable is a chain no handler means to return.
+_MAX_AWAITS = 16
 
 
 class CallContext:
@@ -68,13 +74,32 @@ class Tool:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))
+        fn = self.fn
+        while isinstance(fn, functools.partial):  # iscoroutinefunction() sees through a partial only to a function
+            fn = fn.func
+        return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
-    def invoke(self, kwargs: dict[str, Any], ctx: CallContext) -> asyncio.Future[Any]:
-        """Starts the handler as a task (a plain function in a worker thread)."""
+    def invoke(self, kwargs: dict[str, Any], ctx: CallContext, executor: Executor) -> asyncio.Future[Any]:
+        """Starts the handler as a task of its own (a plain function in a thread of ``executor``)."""
         if self.signature.context_param is not None:
             kwargs = {**kwargs, self.signature.context_param: ctx}
+        return asyncio.ensure_future(self._run(kwargs, executor))
+
+    async def _run(self, kwargs: dict[str, Any], executor: Executor) -> Any:
         if self.is_async:
-            return asyncio.ensure_future(self.fn(**kwargs))
-        # to_thread copies the context variables, so logging context and the like carry over.
-        return asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))
+            result = self.fn(**kwargs)
+        else:
+            # The context variables are copied, as asyncio.to_thread does, so logging context
+            # and the like carry over.
+            run = functools.partial(contextvars.copy_context().run, self.fn, **kwargs)
+            result = await asyncio.get_running_loop().run_in_executor(executor, run)
+        # The result is awaited whatever returned it (a lambda returning a coroutine, an async
+        # def that forgot an await), as the TypeScript SDK awaits a handler's result (README
+        # "Python plugin SDK": it does the same as the TypeScript SDK).
+        for _ in range(_MAX_AWAITS):
+            if not inspect.isawaitable(result):
+                return result
+            result = await result
+        if inspect.iscoroutine(result):
+            result.close()  # not reported as never awaited: the error below says what happened
+        raise TypeError(f"the handler's result is still awaitable after {_MAX_AWAITS} awaits")

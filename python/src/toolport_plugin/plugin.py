@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from . import errors
 from ._client import NoEventStream, ToolportClient
@@ -176,6 +177,9 @@ class Plugin:
         ``TypedDict``, dataclasses, pydantic models), or is given as ``parameters`` (then the
         arguments arrive as keyword arguments as they are). A parameter annotated ``CallContext``
         receives the call's context. ``description`` defaults to the docstring.
+
+        ``fn`` may also be a callable object (typed by its ``__call__``) or a ``functools.partial``
+        (the keywords it fixes are not parameters); neither has a name of its own: give ``name``.
         """
         def decorate(f: F) -> F:
             self._add_tool(f, name, description, parameters, timeout_seconds)
@@ -268,7 +272,8 @@ class Plugin:
 
         While Toolport is unreachable or busy it retries for ``start_timeout`` seconds (so a
         plugin may start before Toolport); an answer saying the registration is wrong (4xx)
-        raises at once. On failure whatever was registered is cleared and the server closed.
+        raises at once. On failure whatever was registered is cleared and the server closed
+        (also a registration Toolport may have taken without its answer arriving).
         """
         if self._state != "idle":
             raise PluginError(errors.STATE, f"start() needs a new Plugin (this one is {self._state})")
@@ -312,8 +317,8 @@ class Plugin:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             result = StopResult(False, 0, None)
-            # Nothing of ours can be registered if no registration ever succeeded; another
-            # instance's tools under the same source are then none of our business.
+            # Nothing of ours can be registered if no registration was ever sent (or each was
+            # refused); another instance's tools under the same source are then none of our business.
             if self._has_registered:
                 try:
                     removed = await self._client.clear(self.source, self.role)
@@ -339,23 +344,51 @@ class Plugin:
 
     def run(self) -> None:
         """Starts the plugin and serves until SIGINT or SIGTERM, then stops it (clearing its
-        tools). Blocks; runs its own event loop. Raises what ``start()`` raises."""
+        tools). Blocks; runs its own event loop. Raises what ``start()`` raises.
+
+        It also returns once the plugin is stopped otherwise (a tool or a listener calls
+        ``stop()``), and a signal during ``start()`` (still retrying while Toolport is down) ends
+        it as quietly as one after. Inside a running event loop it raises ``PluginError``
+        ``TP_ERR_PLUGIN_STATE``: use ``async with plugin`` or ``await plugin.start()`` there.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # no loop in this thread: run() makes its own
+        else:
+            # Checked before the coroutine exists: asyncio.run() would refuse it with a bare
+            # RuntimeError, and the coroutine would be reported as never awaited.
+            raise PluginError(errors.STATE, "run() runs its own event loop, and this thread runs one already: "
+                                            "use `async with plugin` or `await plugin.start()` … `await plugin.stop()`")
         asyncio.run(self._run_until_signal())
 
     async def _run_until_signal(self) -> None:
         loop = asyncio.get_running_loop()
-        done = asyncio.Event()
+        stopping: list[asyncio.Future[StopResult]] = []  # held: the loop keeps only weak references
+
+        def on_signal() -> None:
+            # stop() also ends a start() still retrying (start() then raises STATE), so a signal
+            # there does not wait for start_timeout, nor register with a Toolport that came up.
+            stopping.append(asyncio.ensure_future(self.stop()))
+
         installed: list[signal.Signals] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, done.set)
+                loop.add_signal_handler(sig, on_signal)
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
-                pass
+                pass  # then run() ends when something calls stop() (or on KeyboardInterrupt)
         try:
-            await self.start()
             try:
-                await done.wait()
+                await self.start()
+            except PluginError as err:
+                if err.code == errors.STATE and self._stop_requested.is_set():
+                    await self.stop()  # a signal (or a stop()) during start(): a clean stop
+                    return
+                raise
+            try:
+                # Whoever calls stop() — a signal handler above, a tool, a listener — ends run().
+                await self._stop_requested.wait()
             finally:
                 await self.stop()
         finally:
@@ -384,8 +417,17 @@ class Plugin:
         for tool in tools:
             if self._state in ("stopping", "stopped"):
                 break
-            answer = await self._client.register(self._registration(tool, role))
-            self._has_registered = True
+            # Set before the request: Toolport may take the registration and its answer never
+            # arrive (start() cancelled, its request timed out), and stop()'s clear must not be
+            # skipped then. Only Toolport's 4xx refusal proves this one was not registered (an
+            # `ok: false` answer may come with the registry holding it: R8).
+            had_registered, self._has_registered = self._has_registered, True
+            try:
+                answer = await self._client.register(self._registration(tool, role))
+            except PluginError as err:
+                if err.code == errors.REFUSED and err.status is not None and 400 <= err.status < 500:
+                    self._has_registered = had_registered
+                raise
             names.append(tool.name)
             # The answer's fields are read defensively: a field of another type is treated as absent.
             affected = answer.get("affected_roles")
@@ -583,7 +625,9 @@ class Plugin:
         if key in self._conflicts:
             return
         self._conflicts.add(key)
-        owner = f"another callback ({url or 'a local tool'})" if source == self.source else f"source {source or 'local'!r}"
+        # Another instance's callback is named by its origin: its path holds that instance's
+        # random segment, the defence of its calls (README "Python plugin SDK" → Privacy).
+        owner = f"another callback ({_origin_of(url) if url else 'a local tool'})" if source == self.source else f"source {source or 'local'!r}"
         self._log.warning("%r in role %r now belongs to %s; leaving it alone", tool.name, role, owner)
 
 
@@ -593,6 +637,19 @@ def _is_unicode_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _origin_of(url: str) -> str:
+    """``scheme://host:port`` of a callback URL, never its path (which carries a secret segment)."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "an unreadable URL"
+    if not parts.scheme or not host:
+        return "an unreadable URL"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + ("" if port is None else f":{port}")
 
 
 def _stopped_during_start() -> PluginError:
