@@ -63,7 +63,9 @@ const DEFAULT_REPLY_BUDGET = 256 * 1024 * 1024
  * await client.close()
  */
 export class CallbackClient implements CallOwner {
-  readonly #pools = new Map<string, Pool>()
+  /** One pool per callback origin; the sweep drops those idle since the previous sweep. */
+  readonly #pools = new Map<string, OriginPool>()
+  #sweeper: ReturnType<typeof setInterval> | null = null
   /** Calls in flight at `id % slotSpace`, for `cancel()`; colliding ids in `#overflow`. */
   readonly #slots: (CallAttempt | undefined)[]
   readonly #slotSpace: number
@@ -142,10 +144,16 @@ export class CallbackClient implements CallOwner {
     return this.#running
   }
 
+  /** Callback origins with a connection pool now (idle ones are dropped by the sweep). */
+  get origins (): number {
+    return this.#pools.size
+  }
+
   /** Destroys every pool and its sockets; calls in flight end as 'cancelled'. */
   async close (): Promise<void> {
     this.#isClosed = true
-    const pools = [...this.#pools.values()]
+    this.#stopSweeping()
+    const pools = [...this.#pools.values()].map((entry) => entry.pool)
     this.#pools.clear()
     await Promise.all(pools.map(destroyPool))
   }
@@ -199,9 +207,9 @@ export class CallbackClient implements CallOwner {
   }
 
   #pool (origin: string): Pool {
-    let pool = this.#pools.get(origin)
-    if (pool === undefined) {
-      pool = new Pool(origin, {
+    let entry = this.#pools.get(origin)
+    if (entry === undefined) {
+      const pool = new Pool(origin, {
         connections: this.#options.connectionsPerOrigin,
         pipelining: 1,
         keepAliveTimeout: this.#options.keepAliveTimeoutMs,
@@ -209,11 +217,52 @@ export class CallbackClient implements CallOwner {
         keepAliveMaxTimeout: this.#options.keepAliveTimeoutMs,
         connect: this.#connector
       })
-      this.#pools.set(origin, pool)
+      entry = { pool, used: true }
+      this.#pools.set(origin, entry)
+      if (this.#sweeper === null) {
+        const everyMs = Math.min(Math.max(this.#options.keepAliveTimeoutMs, MIN_SWEEP_MS), MAX_SWEEP_MS)
+        this.#sweeper = setInterval(() => { this.#sweep() }, everyMs)
+        this.#sweeper.unref()
+      }
     }
-    return pool
+    entry.used = true
+    return entry.pool
+  }
+
+  /**
+   * Drops the pools of origins not called since the previous sweep that hold no socket and no
+   * request: plugins restart on fresh ports, and each port's pool would otherwise stay for the
+   * life of the process. One flag written per call, instead of a count per origin kept per call.
+   */
+  #sweep (): void {
+    for (const [origin, entry] of this.#pools) {
+      if (entry.used) {
+        entry.used = false
+        continue
+      }
+      const stats = entry.pool.stats
+      if (stats.connected !== 0 || stats.size !== 0) continue // its keep-alive sockets close first
+      this.#pools.delete(origin)
+      entry.pool.close().catch(ignore)
+    }
+    if (this.#pools.size === 0) this.#stopSweeping()
+  }
+
+  #stopSweeping (): void {
+    if (this.#sweeper !== null) clearInterval(this.#sweeper)
+    this.#sweeper = null
   }
 }
+
+interface OriginPool {
+  readonly pool: Pool
+  /** Called since the previous sweep. */
+  used: boolean
+}
+
+// Sweep period: the keep-alive timeout (after which an idle origin holds no socket), within these.
+const MIN_SWEEP_MS = 250
+const MAX_SWEEP_MS = 60_000
 
 function destroyPool (pool: Pool): Promise<void> {
   return pool.destroy().catch(ignore)

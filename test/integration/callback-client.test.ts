@@ -398,3 +398,28 @@ test('R12: a call in flight when the client closes ends as a cancelled outcome',
   assertShape(outcome)
   assert.equal(outcome.kind, 'cancelled')
 })
+
+test('R13: the pools of origins no longer called are dropped once their keep-alive sockets closed; an origin with a call running keeps its pool (plugins restart on fresh ports)', async (t) => {
+  const client = new CallbackClient({ connectionsPerOrigin: 4, keepAliveTimeoutMs: 100, connectTimeoutMs: 2000 })
+  t.after(() => client.close())
+  const ORIGINS = 10
+  const servers: CallbackServer[] = []
+  for (let i = 0; i < ORIGINS; i++) {
+    const server = await startCallbackServer()
+    t.after(() => server.close())
+    servers.push(server)
+    assert.equal((await client.call(buildCallTask(server.url, '/echo', { timeoutMs: 5000 }))).kind, 'ok')
+  }
+  assert.equal(client.origins, ORIGINS)
+  // One more origin whose call runs through several sweeps: its pool must stay under it.
+  const slow = await startCallbackServer()
+  t.after(() => slow.close())
+  const running = client.call(buildCallTask(slow.url, '/sleep/1500', { timeoutMs: 10_000 }))
+  const until = Date.now() + 20_000
+  while (client.origins > 1 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 20))
+  assert.equal(client.origins, 1, 'pools of origins idle past their keep-alive were kept')
+  assert.equal((await running).kind, 'ok')
+  // A dropped origin called again gets a new pool and answers.
+  assert.equal((await client.call(buildCallTask(servers[0]!.url, '/echo', { timeoutMs: 5000 }))).kind, 'ok')
+  assert.equal(client.origins, 2)
+})
