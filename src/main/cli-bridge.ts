@@ -20,6 +20,7 @@
 //   such a body; a line too long to take is refused the same way; an answer too long for the MCP
 //   SDK's stdio client to read is never written.
 // - stdout carries the protocol only; diagnostics go to `log` (stderr in the CLI).
+import { setMaxListeners } from 'node:events'
 import type { Readable, Writable } from 'node:stream'
 import { Server } from '@modelcontextprotocol/sdk/server/index.js'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
@@ -372,7 +373,8 @@ class StdioBridge implements Bridge {
     const client = new Client({ name: 'toolport-bridge', version: MCP_SERVER_INFO.version })
     client.setNotificationHandler(ToolListChangedNotificationSchema, () => this.#announceChange())
     const transport = new StreamableHTTPClientTransport(this.endpoint, {
-      requestInit: { headers: { ...this.#options.headers } }
+      requestInit: { headers: { ...this.#options.headers } },
+      fetch: fetchOnLongLivedSignal
     })
     // Closing the client aborts its requests: a Toolport that is up but does not answer cannot
     // hold the bridge (or its stop) longer than this.
@@ -860,6 +862,25 @@ function isSessionGone (err: unknown): boolean {
 
 function isRoleNotFound (err: unknown): boolean {
   return err instanceof StreamableHTTPError && err.code === 404 && err.message.includes('TP_ERR_ROLE_NOT_FOUND')
+}
+
+/** Signals the bridge's transports abort with, already given an unbounded listener count. */
+const unboundedSignals = new WeakSet<AbortSignal>()
+
+/**
+ * The global fetch, for a transport that sends every request of its session with one signal.
+ * Node's fetch leaves one abort listener per request on that signal until the request is
+ * garbage-collected (then it is removed: nothing leaks), so past 1500 calls between two
+ * collections Node wrote a MaxListenersExceededWarning to stderr on every call, into the MCP
+ * host's log. The count is unbounded on the transport's own signal only.
+ */
+const fetchOnLongLivedSignal = async (url: string | URL, init?: RequestInit): Promise<Response> => {
+  const signal = init?.signal
+  if (signal != null && !unboundedSignals.has(signal)) {
+    unboundedSignals.add(signal)
+    setMaxListeners(0, signal)
+  }
+  return await fetch(url, init)
 }
 
 /** fetch failed before any request was sent (refused, unreachable, connect timeout). */

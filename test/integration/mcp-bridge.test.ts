@@ -239,3 +239,17 @@ async function runMainCollecting (t: TestContext, args: string[]): Promise<{
   const code = await main(args, { stdin, stdout: out, stderr: err, env: {}, stop: controller.signal })
   return { code, stdout, stderr }
 }
+
+test('bridge: a long session (5000 calls) writes nothing to stderr: no listener warning from the transport\'s one abort signal', async (t) => {
+  const { url } = await startTp(t)
+  const server = await callbacks(t)
+  const { client, stderr } = await bridge(t, 'Lanlan', url)
+  await register(url, { name: 'echo', role: 'Lanlan', parameters: { type: 'object' }, callback_url: `${server.url}/raw-output` })
+  const CALLS = 5000 // Node warns past 1500 listeners on one signal; collections may come between
+  for (let i = 0; i < CALLS; i++) {
+    const result = await client.callTool({ name: 'echo', arguments: {} }) as CallToolResult
+    assert.equal(result.isError, false)
+  }
+  assert.equal(server.requests.length, CALLS)
+  assert.doesNotMatch(stderr(), /MaxListenersExceededWarning|memory leak/)
+})
