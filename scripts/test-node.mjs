@@ -69,11 +69,11 @@ const WEIGHTS = {
   'test/integration/dispatch.test.ts': 24,
   'test/integration/dispatch-properties.test.ts': 14,
   'test/integration/validation-hostile.test.ts': 12,
-  'test/integration/mcp-bridge.test.ts': 11,
+  'test/integration/mcp-bridge.test.ts': 22,
   'test/integration/call-task.test.ts': 8,
   'test/integration/console-browser.test.ts': 6,
   'test/integration/mcp-transport.test.ts': 6,
-  'test/integration/callback-client.test.ts': 6,
+  'test/integration/callback-client.test.ts': 8,
   'test/integration/registry-properties.test.ts': 5,
   'test/integration/events-properties.test.ts': 5,
   'test/integration/mcp-properties.test.ts': 10,
@@ -105,7 +105,8 @@ const WEIGHTS = {
   'test/integration/mcp-conformance.test.ts': 3,
   'test/integration/connections.test.ts': 2,
   'test/unit/json-scan.test.ts': 2,
-  'test/integration/dispatch-bounds.test.ts': 2
+  'test/integration/dispatch-bounds.test.ts': 2,
+  'test/integration/docs-claims.test.ts': 10
 }
 const DEFAULT_WEIGHT = 1
 
