@@ -158,7 +158,10 @@ export class EventHub {
     // The hot path: no copy of the event, no encoding until a subscriber needs the frame.
     events.on('call-finished', (e) => { this.#publishCall(e) })
     events.on('role-added', (e) => { this.publish('role-added', [e.role], { role: e.role }) })
-    events.on('role-removed', (e) => { this.publish('role-removed', [e.role], { role: e.role }) })
+    events.on('role-removed', (e) => {
+      this.#callPrefixes.delete(e.role) // roles made per conversation must not pile up here
+      this.publish('role-removed', [e.role], { role: e.role })
+    })
   }
 
   /** Subscribers now. */
