@@ -14,8 +14,8 @@ import {
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
-import { assertError, callbackServer as callbacks, httpJson } from '../helpers.js'
-import { kSyncCount } from '../../src/main/symbols.js'
+import { assertError, callbackServer as callbacks, httpJson, waitFor } from '../helpers.js'
+import { kPendingCalls, kSyncCount } from '../../src/main/symbols.js'
 
 const WEATHER_PARAMS = {
   type: 'object',
@@ -328,6 +328,25 @@ test('MCP: DELETE ends the session and detaches it from its role; its id is then
     { 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
   assert.equal(again.statusCode, 404)
   assert.equal(again.body.error.code, -32001)
+})
+
+test('MCP: a DELETE with a call in flight answers that call at once with -32603 naming the client\'s end, and cancels its callback call', async (t) => {
+  const { tp, url, connect } = await setup(t)
+  const server = await callbacks(t)
+  await register(url, { name: 'slow', role: 'Lanlan', callback_url: `${server.url}/sleep/30000` })
+  const { client, transport } = await connect('Lanlan')
+  const started = Date.now()
+  // The client's own timeout is far away: only Toolport's answer can end the call in time.
+  const call = client.callTool({ name: 'slow', arguments: {} }, undefined, { timeout: 60_000 })
+  const outcome = call.then(() => null, (err: unknown) => err)
+  await waitFor('the call reaches the plugin', () => server.requests.length === 1)
+  await transport.terminateSession()
+  const err = await outcome
+  assert.ok(err instanceof McpError, String(err))
+  assert.equal(err.code, ErrorCode.InternalError)
+  assert.match(err.message, /session ended before the call finished \(the client ended it\)/)
+  assert.ok(Date.now() - started < 30_000)
+  await waitFor('the callback call is cancelled', () => tp[kPendingCalls] === 0)
 })
 
 test('MCP, R6: an unknown role is 404 TP_ERR_ROLE_NOT_FOUND, for raw requests and for the SDK client', async (t) => {

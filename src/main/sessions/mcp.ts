@@ -367,6 +367,9 @@ export class McpSession implements ModelSession {
     this.#transport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => sessionId,
       onsessioninitialized: () => this.#onInitialized(),
+      // A valid DELETE, before the transport closes: its running calls are answered as close()'s
+      // are, not left to wait for their client's request timeout.
+      onsessionclosed: () => this.#answerRunning('deleted'),
       eventStore: this.#eventStore,
       retryInterval: options.retryIntervalMs
     })
