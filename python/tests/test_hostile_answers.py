@@ -213,3 +213,36 @@ async def test_a_list_answer_with_an_unhashable_name_is_a_failed_check(fake: Fak
         await until(lambda: fake.count("api/tools") >= 4 and fake.count("api/tools/register") >= 3,
                     "the checks go on (the nameless rows do not hold probe)")
     assert all(code == errors.REFUSED for code in codes)
+
+
+async def test_a_failed_start_after_an_ok_false_answer_still_clears(fake: Fake) -> None:
+    """README "Python plugin SDK" → Start and stop: a failed start() clears what it may have
+    registered. ``ok: false`` (HTTP 200) comes also when every role took the tool and each role's
+    sync failed (docs/protocol.md R8): the registry holds it, so the clear must not be skipped;
+    only a 4xx refusal proves nothing was registered."""
+    async def not_synced(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response({"ok": False, "registered": "probe", "affected_roles": [],
+                                  "failed_roles": [{"role": "default", "error": "session refused"}],
+                                  "error": "no role accepted the registration"})
+    fake.routes["api/tools/register"] = not_synced
+    plugin = new_plugin(fake)
+    with pytest.raises(PluginError) as raised:
+        await plugin.start()
+    assert raised.value.code == errors.REFUSED
+    assert fake.count("api/tools/clear") == 1
+
+
+async def test_a_failed_start_after_a_4xx_refusal_sends_no_clear(fake: Fake) -> None:
+    """The other side of the rule above: a 4xx answer proves nothing was registered, so a failed
+    start() leaves another instance's tools under the same source alone."""
+    async def refused(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response({"ok": False, "statusCode": 422, "code": "TP_ERR_VALIDATION",
+                                  "error": "Unprocessable Entity", "message": "bad"}, status=422)
+    fake.routes["api/tools/register"] = refused
+    plugin = new_plugin(fake)
+    with pytest.raises(PluginError) as raised:
+        await plugin.start()
+    assert raised.value.code == errors.REFUSED
+    assert fake.count("api/tools/clear") == 0
