@@ -246,3 +246,22 @@ async def test_a_failed_start_after_a_4xx_refusal_sends_no_clear(fake: Fake) -> 
         await plugin.start()
     assert raised.value.code == errors.REFUSED
     assert fake.count("api/tools/clear") == 0
+
+
+@pytest.mark.parametrize("answer", [
+    {"ok": False, "error": "no roles exist", "affected_roles": [], "failed_roles": []},
+    {"ok": False, "error": "no role accepted the registration", "affected_roles": [],
+     "failed_roles": [{"role": "default", "error": "'probe' belongs to source 'plugin:other'", "owned_by": "plugin:other"}]},
+], ids=["no roles", "every role refused"])
+async def test_a_failed_start_after_an_ok_false_that_every_role_refused_sends_no_clear(fake: Fake, answer: dict[str, Any]) -> None:
+    """docs/protocol.md R8: ``ok: false`` with no role, or with every role refusing (``owned_by``),
+    proves nothing was registered: the clear is skipped, so another instance's tools under the
+    same source are left alone."""
+    async def refused(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response({"registered": "probe", **answer})
+    fake.routes["api/tools/register"] = refused
+    plugin = new_plugin(fake)
+    with pytest.raises(PluginError):
+        await plugin.start()
+    assert fake.count("api/tools/clear") == 0

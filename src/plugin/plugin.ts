@@ -16,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
-import { ToolportClient, type RegisterAnswer, type RegisterBody } from './toolport-client.js'
+import { provesNotRegistered, ToolportClient, type RegisterAnswer, type RegisterBody } from './toolport-client.js'
 import { errorText, noop } from '../shared/util.js'
 import { EventWatch } from './event-watch.js'
 
@@ -233,18 +233,15 @@ export class Plugin extends EventEmitter<PluginEvents> {
       if (this.#stopController.signal.aborted) break
       // Set before the request: Toolport may take the registration and its answer never arrive
       // (start() timed out, stop() began), and the clear that follows must not be skipped then.
-      // Only Toolport's 4xx refusal proves nothing was registered: an `ok: false` answer may come
-      // with the registry holding it, when every role took it and each role's sync failed (R8).
+      // Only a refusal proves nothing was registered (provesNotRegistered): an `ok: false` answer
+      // may come with the registry holding it, when roles took it and their syncs failed (R8).
       const hadRegistered = this.#hasRegistered
       this.#hasRegistered = true
       let answer: RegisterAnswer
       try {
         answer = await this.#client.register(this.#registration(tool, role))
       } catch (err) {
-        if (err instanceof PluginError && err.code === PLUGIN_ERROR_CODES.refused &&
-          err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500) {
-          this.#hasRegistered = hadRegistered
-        }
+        if (provesNotRegistered(err)) this.#hasRegistered = hadRegistered
         throw err
       }
       names.push(tool.name)

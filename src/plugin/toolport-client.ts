@@ -55,6 +55,20 @@ class AnswerTooLarge extends Error {
   }
 }
 
+/** Errors of registrations that prove the registry does not hold the tool. */
+const nothingRegistered = new WeakSet<PluginError>()
+
+/**
+ * Whether `err`, thrown by `register`, proves the tool was not registered: Toolport refused the
+ * request (4xx), or answered `ok: false` with every role refusing it. An `ok: false` whose roles
+ * took the tool and failed to sync it (R8), or no answer at all, proves nothing.
+ */
+export function provesNotRegistered (err: unknown): boolean {
+  if (!(err instanceof PluginError) || err.code !== PLUGIN_ERROR_CODES.refused) return false
+  if (nothingRegistered.has(err)) return true
+  return err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500
+}
+
 export class ToolportClient {
   readonly #pool: Pool
   readonly #base: URL
@@ -89,7 +103,12 @@ export class ToolportClient {
     if (answer.ok !== true) {
       // docs/protocol.md R8: a well-formed registration no role accepted (e.g. Toolport has no role yet).
       const reason = typeof answer.error === 'string' ? answer.error : 'no role accepted it'
-      throw new PluginError(PLUGIN_ERROR_CODES.refused, `Toolport did not register '${body.name}': ${reason}`)
+      const err = new PluginError(PLUGIN_ERROR_CODES.refused, `Toolport did not register '${body.name}': ${reason}`)
+      // Every role refused it (another source or a local tool owns the name), or there was no
+      // role: the registry does not hold it. Otherwise some role took it and its sync failed.
+      const failed: unknown[] = Array.isArray(answer.failed_roles) ? answer.failed_roles : []
+      if (failed.every((f) => isPlainObject(f) && typeof f.owned_by === 'string')) nothingRegistered.add(err)
+      throw err
     }
     // The answer is read defensively: a field of the wrong type is ignored, never converted (an
     // object's own `toString` key would make String() throw a TypeError instead of a PluginError).

@@ -239,6 +239,22 @@ test('a start() answered `ok: false` after the registry took the tool (every rol
   assert.deepEqual(tp.tp.list('A').tools_by_role.A?.map((row) => row.name), [])
 })
 
+test('a start() answered `ok: false` because no role took the tool (no roles exist) sends no clear: nothing of it is registered (README "Plugin SDK")', async (t) => {
+  const tp = await startToolport(t, { roles: [] })
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:no-roles',
+    role: null,
+    logger: false,
+    watchEvents: false,
+    startTimeoutMs: 0,
+    tools: { lonely: { handler: () => null } }
+  })
+  await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_REFUSED' })
+  // A clear would have answered (removed 0) and made this isCleared: true.
+  assert.deepEqual(await plugin.stop(), { isCleared: false, removed: 0, error: null })
+})
+
 test('a plugin whose tool another instance of its source took over warns naming that callback\'s origin, never its secret path (README "Plugin SDK" → Privacy)', async (t) => {
   const tp = await startToolport(t, { roles: ['A'] })
   const warnings: string[] = []

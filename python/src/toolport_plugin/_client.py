@@ -77,7 +77,13 @@ class ToolportClient:
         answer = await self._request("POST", "api/tools/register", body)
         if answer.get("ok") is not True:
             reason = answer.get("error") if isinstance(answer.get("error"), str) else "no role accepted it"
-            raise PluginError(REFUSED, f"Toolport did not register {body.get('name')!r}: {reason}")
+            err = PluginError(REFUSED, f"Toolport did not register {body.get('name')!r}: {reason}")
+            # Every role refused it (another source or a local tool owns the name), or there was
+            # no role: the registry does not hold it. Otherwise some role took it and its sync failed.
+            failed = answer.get("failed_roles")
+            failed = failed if isinstance(failed, list) else []
+            err._nothing_registered = all(isinstance(f, dict) and isinstance(f.get("owned_by"), str) for f in failed)
+            raise err
         return answer
 
     async def clear(self, source: str, role: str | None) -> int:
@@ -246,3 +252,14 @@ async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, 
 def _describe(err: BaseException) -> str:
     text = str(err)
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def proves_not_registered(err: PluginError) -> bool:
+    """Whether ``err``, raised by ``register``, proves the tool was not registered: Toolport refused
+    the request (4xx), or answered ``ok: false`` with every role refusing it. An ``ok: false``
+    whose roles took the tool and failed to sync it (R8), or no answer at all, proves nothing."""
+    if err.code != REFUSED:
+        return False
+    if err._nothing_registered:
+        return True
+    return err.status is not None and 400 <= err.status < 500

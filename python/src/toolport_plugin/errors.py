@@ -43,6 +43,8 @@ class PluginError(Exception):
         #: The ``code`` of Toolport's error body, e.g. ``TP_ERR_ROLE_NOT_FOUND``.
         self.toolport_code = toolport_code
         self.details = details or []
+        # Set by the API client on an ``ok: false`` registration answer that every role refused.
+        self._nothing_registered = False
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import errors
-from ._client import NoEventStream, ToolportClient
+from ._client import NoEventStream, ToolportClient, proves_not_registered
 from ._options import check_options
 from ._schema import JsonSchema, SchemaError, Signature
 from ._server import CallbackServer
@@ -419,13 +419,13 @@ class Plugin:
                 break
             # Set before the request: Toolport may take the registration and its answer never
             # arrive (start() cancelled, its request timed out), and stop()'s clear must not be
-            # skipped then. Only Toolport's 4xx refusal proves this one was not registered (an
-            # `ok: false` answer may come with the registry holding it: R8).
+            # skipped then. Only a refusal proves this one was not registered (an `ok: false`
+            # answer may come with the registry holding it, when its roles' syncs failed: R8).
             had_registered, self._has_registered = self._has_registered, True
             try:
                 answer = await self._client.register(self._registration(tool, role))
             except PluginError as err:
-                if err.code == errors.REFUSED and err.status is not None and 400 <= err.status < 500:
+                if proves_not_registered(err):
                     self._has_registered = had_registered
                 raise
             names.append(tool.name)
