@@ -121,8 +121,13 @@ export class EventHub {
   /** role → tool → the encoded start of its `call` events (bounded like the registry). */
   readonly #callPrefixes = new Map<string, Map<string, CallPrefix>>()
 
-  constructor (events: EventEmitter<ToolportEvents>, instanceId: string, options: EventHubOptions) {
+  readonly #hasRole: (role: string) => boolean
+
+  /** `hasRole`: whether a role exists now (a call encoded after its role went is not cached). */
+  constructor (events: EventEmitter<ToolportEvents>, instanceId: string, options: EventHubOptions,
+    hasRole: (role: string) => boolean = () => true) {
     this.instanceId = instanceId
+    this.#hasRole = hasRole
     // Event ids are `<tag>-<seq>`: an id from before a restart never matches (and never replays
     // the wrong events) on the new instance.
     this.#tag = instanceId.replaceAll('-', '').slice(0, 8)
@@ -313,6 +318,9 @@ export class EventHub {
     }
     let byTool = this.#callPrefixes.get(e.role)
     if (byTool === undefined) {
+      // Calls are encoded when flushed, possibly after their role was removed (and its prefixes
+      // with it): such a role is not cached again.
+      if (!this.#hasRole(e.role)) return callPrefixJson(e.role, e.name, source, e.outcome) + tail
       // Bounded: roles and tool names come from the registry (capped), never from the model.
       if (this.#callPrefixes.size > 10_000) this.#callPrefixes.clear()
       byTool = new Map()
@@ -324,7 +332,7 @@ export class EventHub {
       prefix = {
         source,
         outcome: e.outcome,
-        json: `{"role":${JSON.stringify(e.role)},"tool":${JSON.stringify(e.name)},"source":${source === '' ? 'null' : JSON.stringify(source)},"outcome":${JSON.stringify(e.outcome)}`
+        json: callPrefixJson(e.role, e.name, source, e.outcome)
       }
       byTool.set(e.name, prefix)
     }
@@ -409,4 +417,9 @@ function passes (record: StreamRecord, filter: EventFilter): boolean {
 
 function round (ms: number): number {
   return Math.round(ms * 1000) / 1000
+}
+
+/** The start of a `call` event's JSON for a tool that has a source, up to its outcome. */
+function callPrefixJson (role: string, name: string, source: string, outcome: string): string {
+  return `{"role":${JSON.stringify(role)},"tool":${JSON.stringify(name)},"source":${JSON.stringify(source)},"outcome":${JSON.stringify(outcome)}`
 }

@@ -83,7 +83,7 @@ export class Observer {
 
   constructor (runtime: Runtime) {
     this.#runtime = runtime
-    this.hub = new EventHub(runtime, runtime.instanceId, runtime.options.events)
+    this.hub = new EventHub(runtime, runtime.instanceId, runtime.options.events, (role) => runtime.roles.has(role))
     runtime.on('call-finished', (e) => {
       // No source: the name matched no tool, the model's free text.
       const source = e.source === '' || e.source === undefined ? null : e.source
