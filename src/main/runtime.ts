@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
+import { kCloseSync, kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
@@ -144,16 +144,29 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 
   /**
-   * Emits to host listeners; a listener that throws is logged and otherwise ignored, so host code
-   * can never break a sync, a registration or a tool call (which must never throw).
+   * Emits to host listeners; a listener that throws (or an async one that rejects) is logged and
+   * otherwise ignored, and the listeners after it still run, so host code can never break a sync,
+   * a registration or a tool call (which must never throw).
    */
   override emit<K extends keyof ToolportEvents> (eventName: K, ...args: ToolportEvents[K]): boolean {
-    try {
-      return (super.emit as (name: unknown, ...rest: unknown[]) => boolean)(eventName, ...args)
-    } catch (err) {
-      this.log.error({ event: String(eventName), error: errorText(err) }, 'an event listener threw; ignored')
-      return true
+    const listeners = this.rawListeners(eventName) as Array<(...rest: unknown[]) => unknown>
+    if (listeners.length === 0) return false
+    // Each listener on its own: one that throws must not keep the later ones (the event stream's,
+    // the MCP endpoint's, another host listener) from running, as EventEmitter's emit would.
+    for (const listener of listeners) {
+      try {
+        const returned = listener.apply(this, args)
+        // An async listener's rejection too: left alone, it would end the host's process.
+        if (isThenable(returned)) returned.then(undefined, (err: unknown) => { this.#listenerFailed(eventName, err) })
+      } catch (err) {
+        this.#listenerFailed(eventName, err)
+      }
     }
+    return true
+  }
+
+  #listenerFailed (eventName: string | symbol, err: unknown): void {
+    this.log.error({ event: String(eventName), error: errorText(err) }, 'an event listener threw; ignored')
   }
 
   /** The dispatch mode in use (the CLI prints it; `health()` reports it to users). */
@@ -433,6 +446,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     clearInterval(this.#sweeper)
     // Local handlers run on this thread and cannot be waited for safely: answer them now.
     for (const cancel of [...this.#localCalls]) cancel()
+    // A sync waiting on a session (a model that never acknowledges) would hold its timer, and the
+    // mutation waiting on it, for up to syncTimeoutMs after close: end it now.
+    for (const role of this.roles.list()) role[kCloseSync]()
     await this.#dispatcher.close()
     await Promise.allSettled([...this.#background])
     // What routes hold (event streams, MCP sessions) ends with the runtime, also in a host's app
@@ -536,6 +552,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   #assertOpen (): void {
     if (this.#closed) throw new ClosedError()
   }
+}
+
+function isThenable (value: unknown): value is PromiseLike<unknown> {
+  return typeof value === 'object' && value !== null && typeof (value as { then?: unknown }).then === 'function'
 }
 
 /** The names a model may call instead, at most UNKNOWN_TOOL_NAMES of them. */

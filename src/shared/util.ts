@@ -12,8 +12,19 @@ export function noop (): void {}
  * errorText(new SyntaxError('Unexpected token')) // 'Unexpected token'
  */
 export function errorText (err: unknown): string {
-  if (err instanceof Error) return err.message === '' ? err.name : err.message
-  if (typeof err === 'string') return err
+  try {
+    if (typeof err === 'string') return err
+    if (err instanceof Error) {
+      // Read once each, and only strings: an error's `message` may be any value a program set,
+      // or a getter that throws (as `instanceof` may on a revoked Proxy): never a throw here.
+      const message: unknown = err.message
+      if (typeof message === 'string' && message !== '') return message
+      const name: unknown = err.name
+      if (typeof name === 'string') return name
+    }
+  } catch {
+    // A thrown value that cannot even be looked at.
+  }
   return 'unknown error'
 }
 

@@ -1,0 +1,287 @@
+// Toolport as a host program embeds it: createToolport and the Toolport/Runtime object, its typed
+// events and the host's listeners on them, local tools, toolportPlugin in the host's own fastify
+// app, and closing. Real sockets on 127.0.0.1, real fastify apps, the official MCP client; no mocks.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import fastify from 'fastify'
+import fc from 'fast-check'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import {
+  createRealtimeSession, createToolport, toolportPlugin, type RealtimeClientEvent, type ToolportEvents
+} from '../../src/main/index.js'
+import { checkProperty, createTestToolport, startToolport, subscribeEvents, tool, waitFor, within } from '../helpers.js'
+
+const HANG_GUARD_MS = 20_000
+
+type EventName = keyof ToolportEvents
+
+test('property: a host event listener that throws is ignored, and every other listener of that event still gets it, in order (README "Embedding: the library" → Events; Runtime.emit\'s TSDoc: "a listener that throws is logged and otherwise ignored")', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const events: EventName[] = ['tool-registered', 'tool-removed', 'call-finished', 'role-added', 'role-removed']
+  await checkProperty(fc.asyncProperty(
+    // For each of the five events, a row of listeners: true throws, false records.
+    fc.array(fc.array(fc.boolean(), { minLength: 1, maxLength: 5 }),
+      { minLength: events.length, maxLength: events.length }),
+    fc.integer({ min: 0, max: 1_000_000 }),
+    async (rows, seed) => {
+      const role = `R${seed}`
+      const heard: string[] = []
+      const expected: string[] = []
+      const installed: Array<[EventName, (...args: unknown[]) => void]> = []
+      rows.forEach((row, e) => {
+        const event = events[e] as EventName
+        row.forEach((throws, i) => {
+          const listener = (): void => {
+            if (throws) throw new Error(`host listener ${event}#${i}`)
+            heard.push(`${event}#${i}`)
+          }
+          tp.on(event, listener)
+          installed.push([event, listener])
+        })
+      })
+      try {
+        tp.roles.add(role)
+        await tp.roles.get(role).registerLocalTool({ name: 'echo', handler: (args) => args })
+        const result = await tp.callTool(role, { name: 'echo', arguments: { n: seed } })
+        assert.deepEqual(result.output, { n: seed }, 'the call is answered despite the listeners')
+        await tp.roles.get(role).unregisterLocalTool('echo')
+        tp.roles.remove(role)
+      } finally {
+        for (const [event, listener] of installed) tp.off(event, listener)
+      }
+      // Every event fired once: role-added, tool-registered, call-finished, tool-removed, role-removed.
+      for (const event of ['role-added', 'tool-registered', 'call-finished', 'tool-removed', 'role-removed'] as const) {
+        const row = rows[events.indexOf(event)] as boolean[]
+        row.forEach((throws, i) => { if (!throws) expected.push(`${event}#${i}`) })
+      }
+      assert.deepEqual(heard, expected)
+    }), { numRuns: 40 })
+})
+
+test('a host tool-registered listener that throws does not take the registration out of GET /api/events (README "Live events": registered; "Embedding: the library" → Events)', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A'] })
+  // Added before the event stream's own subscriber exists: the stream's listener comes after it.
+  const fresh = await createTestToolport(t, { roles: ['A'] })
+  fresh.on('tool-registered', () => { throw new Error('host bug') })
+  const { url: freshUrl } = await fresh.listen({ host: '127.0.0.1', port: 0 })
+  for (const [runtime, base] of [[tp, url], [fresh, freshUrl]] as const) {
+    const stream = subscribeEvents(base, '?types=registered,role-added')
+    t.after(stream.close)
+    await waitFor('the hello event', () => stream.items.length > 0, HANG_GUARD_MS)
+    await runtime.register(tool('get_weather'))
+    // A marker after it, in the same stream: once it is there, the registration would be too.
+    runtime.roles.add('Marker')
+    await waitFor('the role-added marker', () => stream.items.some((i) => i.event === 'role-added'), HANG_GUARD_MS)
+    assert.deepEqual(stream.items.map((i) => i.event), ['hello', 'registered', 'role-added'],
+      `the stream of ${runtime === tp ? 'a runtime without' : 'a runtime with'} a throwing host listener`)
+  }
+})
+
+test('a host role-removed listener that throws does not keep a removed role\'s MCP session alive (README "Embedding: the library": removing a role "ends its MCP sessions"; "MCP: one endpoint per role")', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  tp.on('role-removed', () => { throw new Error('host bug') })
+  const { url } = await tp.listen({ host: '127.0.0.1', port: 0 })
+  await tp.roles.get('Lanlan').registerLocalTool({ name: 'old_tool', handler: () => 'old' })
+  const client = new Client({ name: 'embedding-test', version: '1.0.0' })
+  await within(client.connect(new StreamableHTTPClientTransport(new URL(`${url}/mcp/Lanlan`))), 'MCP connect', HANG_GUARD_MS)
+  t.after(() => client.close())
+  assert.deepEqual((await client.listTools()).tools.map((x) => x.name), ['old_tool'])
+  tp.roles.remove('Lanlan')
+  // A new role of the same name, with other tools: the old session is not one of its sessions.
+  await tp.roles.add('Lanlan').registerLocalTool({ name: 'new_tool', handler: () => 'new' })
+  await assert.rejects(within(client.listTools(), 'tools/list on the ended session', HANG_GUARD_MS),
+    (err: unknown) => /session not found|404/i.test(String((err as Error).message)),
+    'the session ended with its role, so its next request is refused')
+})
+
+test('close() ends a role\'s sync that is still waiting on a live session: the session\'s signal aborts and the pending registration settles, so no sync timer outlives the runtime (docs/architecture.md "close()": "No handle stays open afterwards"; ModelSession.syncTools\' signal)', async (t) => {
+  // A sync timeout far beyond the hang guard: only close() can end the sync in time.
+  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 600_000 })
+  const signals: AbortSignal[] = []
+  // A well-behaved session whose model never acknowledges (its socket went away): it waits, and
+  // stops when told to.
+  tp.roles.get('A').attachSession({
+    id: 'silent-model',
+    syncTools: async (_tools, signal) => {
+      signals.push(signal)
+      await new Promise<void>((_resolve, reject) => {
+        signal.addEventListener('abort', () => { reject(signal.reason) }, { once: true })
+      })
+    }
+  })
+  await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
+  const registration = tp.roles.get('A').registerLocalTool({ name: 'late', handler: () => 'late' })
+  await within(tp.close(), 'close()', HANG_GUARD_MS)
+  assert.equal(signals[0]?.aborted, true, 'the sync in flight was aborted by close()')
+  const outcome = await within(registration, 'the registration waiting on the sync', HANG_GUARD_MS)
+  assert.equal(outcome.ok, false, 'the sessions never took the tool')
+  assert.ok(signals.every((s) => s.aborted), 'no push to the session is left waiting')
+})
+
+test('property: createRealtimeSession refuses a bad `toolport`, `role` or `attach` with TP_ERR_CONFIG naming it, and attaches nothing and sends nothing (README "The OpenAI-Realtime adapter": "A bad option … throws TP_ERR_CONFIG when the adapter is made"; Options: attach, default true)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const notBoolean = fc.oneof(fc.string(), fc.integer(), fc.constant(null), fc.constant('false'), fc.constant(0),
+    fc.object(), fc.array(fc.anything(), { maxLength: 2 }))
+  const notRuntime = fc.oneof(fc.constant(undefined), fc.constant(null), fc.string(), fc.integer(), fc.object(),
+    fc.constant({ roles: {} }))
+  const notRoleName = fc.oneof(fc.constant(undefined), fc.constant(null), fc.integer(), fc.object(), fc.constant(['A']))
+  const badOptions = fc.oneof(
+    notBoolean.map((attach) => ({ field: 'attach', options: { attach } })),
+    notRuntime.map((toolport) => ({ field: 'toolport', options: { toolport } })),
+    notRoleName.map((role) => ({ field: 'role', options: { role } }))
+  )
+  await checkProperty(fc.asyncProperty(badOptions, async ({ field, options }) => {
+    const sent: RealtimeClientEvent[] = []
+    const given = { toolport: tp, role: 'A', send: (e: RealtimeClientEvent) => { sent.push(e) }, ...options }
+    assert.throws(() => createRealtimeSession(given as never), (err: unknown) => {
+      const e = err as { code?: string, message?: string }
+      return e.code === 'TP_ERR_CONFIG' && (e.message ?? '').includes(field)
+    }, `${field}: ${String((options as Record<string, unknown>)[field])}`)
+    assert.equal(tp.roles.get('A').sessions().length, 0, 'no session was attached')
+    await new Promise((resolve) => setImmediate(resolve))
+    assert.deepEqual(sent, [], 'nothing was sent')
+  }), { numRuns: 100 })
+})
+
+test('property: a bad `logger` option is refused with a TP_ERR_CONFIG that says what the option takes (false, true or a pino level), as other options\' messages do (README "Configuration": logger "`false`, `true` or a pino level")', async () => {
+  const levels = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']
+  const bad = fc.oneof(fc.string().filter((s) => !levels.includes(s)), fc.integer(), fc.constant(null), fc.object(),
+    fc.constantFrom('verbose', 'INFO', 'warning', ''))
+  await checkProperty(fc.asyncProperty(bad, async (logger) => {
+    await assert.rejects(createToolport({ logger: logger as never, dispatch: { mode: 'inline' } }), (err: unknown) => {
+      const message = String((err as Error).message)
+      assert.equal((err as { code?: string }).code, 'TP_ERR_CONFIG')
+      assert.match(message, /logger/, 'names the option')
+      for (const word of ['true', 'false', ...levels]) assert.ok(message.includes(word), `says ${word} is what it takes: ${message}`)
+      return true
+    })
+  }), { numRuns: 50 })
+})
+
+/**
+ * Thrown values a host's handler (or a library it uses) may throw, beyond plain Errors: each made
+ * when thrown (a revoked Proxy cannot even be shown by fast-check), with a label for the report.
+ */
+const oddThrown: fc.Arbitrary<{ label: string, make: () => unknown }> = fc.oneof(
+  fc.anything().map((value) => ({ label: `the value ${fc.stringify(value)}`, make: () => value })),
+  fc.string().map((m) => ({ label: `new Error(${JSON.stringify(m)})`, make: () => new Error(m) })),
+  fc.anything().map((message) => ({
+    label: `an Error whose message is ${fc.stringify(message)}`,
+    make: () => Object.assign(new Error('x'), { message })
+  })),
+  fc.anything().map((name) => ({
+    label: `an Error with no message whose name is ${fc.stringify(name)}`,
+    make: () => Object.assign(new Error(''), { name })
+  })),
+  fc.constant({
+    label: 'an Error whose message getter throws',
+    make: () => Object.defineProperty(new Error('x'), 'message', { get () { throw new Error('getter') } })
+  }),
+  fc.constant({
+    label: 'a revoked Proxy',
+    make: () => { const { proxy, revoke } = Proxy.revocable({}, {}); revoke(); return proxy }
+  })
+)
+
+test('property: whatever a local tool\'s handler throws (or rejects with), callTool answers a tool error whose `error` is a string, and POST /api/tools/call answers it with 200, never TP_ERR_INTERNAL (README "Embedding: the library": "a throw [is a] tool error"; "callTool never throws"; docs/protocol.md "Model-visible result")', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A'] })
+  let next: () => unknown = () => undefined
+  await tp.roles.get('A').registerLocalTool({ name: 'fails', handler: () => { throw next() } })
+  await tp.roles.get('A').registerLocalTool({ name: 'rejects', handler: async () => { throw next() } })
+  await checkProperty(fc.asyncProperty(oddThrown, fc.constantFrom('fails', 'rejects'), async ({ label, make }, name) => {
+    next = make
+    const result = await tp.callTool('A', { name }).catch((err: unknown) => {
+      assert.fail(`callTool threw for ${label}: ${String((err as Error).message)}`)
+    })
+    assert.equal(result.is_error, true)
+    assert.equal(typeof result.error, 'string', `error is a string for ${label}: got ${typeof result.error}`)
+    assert.deepEqual(JSON.parse(result.text), { error: result.error })
+    const res = await fetch(`${url}/api/tools/call`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ role: 'A', name })
+    })
+    const body = await res.json() as { is_error: boolean, error: unknown }
+    assert.equal(res.status, 200, `${label}: ${JSON.stringify(body)}`)
+    assert.equal(body.is_error, true)
+    assert.equal(typeof body.error, 'string')
+  }), { numRuns: 150 })
+})
+
+test('property: toolportPlugin mounted under any prefix keeps the health report and the metrics answering after tp.close(), as without a prefix: health 503 with status "closed", metrics 200, the rest 503 TP_ERR_CLOSED (docs/architecture.md "close()": "every route but /api/health and /metrics"; README "Public exports": toolportPlugin)', async () => {
+  const segment = fc.stringMatching(/^[a-z0-9_-]{1,12}$/)
+  await checkProperty(fc.asyncProperty(fc.array(segment, { minLength: 0, maxLength: 3 }), async (segments) => {
+    const prefix = segments.map((x) => `/${x}`).join('')
+    const tp = await createToolport({ roles: ['A'], logger: false, dispatch: { mode: 'inline' } })
+    const host = fastify()
+    try {
+      host.get('/host-route', async () => ({ host: true }))
+      await host.register(toolportPlugin, { runtime: tp, ...(prefix === '' ? {} : { prefix }) })
+      await host.ready()
+      await tp.close()
+      const health = await host.inject({ method: 'GET', url: `${prefix}/api/health` })
+      assert.equal(health.statusCode, 503, `${prefix}/api/health: ${health.body}`)
+      assert.equal(health.json().status, 'closed', `${prefix}/api/health answers the report: ${health.body}`)
+      const metrics = await host.inject({ method: 'GET', url: `${prefix}/metrics` })
+      assert.equal(metrics.statusCode, 200, `${prefix}/metrics: ${metrics.body.slice(0, 200)}`)
+      assert.match(metrics.body, /toolport_/)
+      const tools = await host.inject({ method: 'GET', url: `${prefix}/api/tools` })
+      assert.equal(tools.statusCode, 503)
+      assert.equal(tools.json().code, 'TP_ERR_CLOSED')
+      assert.equal((await host.inject({ method: 'GET', url: '/host-route' })).statusCode, 200, 'the host\'s own route is untouched')
+    } finally {
+      await tp.close()
+      await host.close()
+    }
+  }), { numRuns: 12 })
+})
+
+test('property: toolportPlugin given no Toolport as `runtime` (left out, `{ toolport: tp }` as createRealtimeSession spells it, null, another object) or a non-boolean `guard` fails the host app\'s ready() with TP_ERR_CONFIG naming the option, and the host process goes on (README "Errors": TP_ERR_CONFIG "library: invalid options"; "Public exports": app.register(toolportPlugin, { runtime: tp }))', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const bad = fc.oneof(
+    fc.constant({ field: 'runtime', options: { toolport: tp } }),
+    fc.constantFrom(undefined, null, 0, 'tp', {}, { roles: {} }, { options: {} }, []).map((runtime) => ({ field: 'runtime', options: { runtime } })),
+    fc.constantFrom('false', 0, 1, null, 'no', {}).map((guard) => ({ field: 'guard', options: { runtime: tp, guard } }))
+  )
+  await checkProperty(fc.asyncProperty(bad, async ({ field, options }) => {
+    const host = fastify()
+    host.get('/host-route', async () => ({ host: true }))
+    try {
+      host.register(toolportPlugin, options as never)
+      const ready = (async () => { await host.ready() })()
+      await assert.rejects(within(ready, 'the host app\'s ready()', HANG_GUARD_MS), (err: unknown) => {
+        const e = err as { code?: string, message?: string }
+        assert.equal(e.code, 'TP_ERR_CONFIG', String(e.message))
+        assert.ok((e.message ?? '').includes(field), `names ${field}: ${String(e.message)}`)
+        return true
+      })
+    } finally {
+      await host.close().catch(() => {})
+    }
+  }), { numRuns: 30 })
+  // The same host app with the option right works.
+  const host = fastify()
+  t.after(() => host.close())
+  await host.register(toolportPlugin, { runtime: tp, guard: true })
+  assert.equal((await host.inject({ method: 'GET', url: '/api/tools' })).statusCode, 200)
+})
+
+test('an async host listener that rejects (on call-finished, tool-registered, role-added) is ignored like one that throws: no unhandled rejection to end the host\'s process, and the call is answered (Runtime.emit\'s TSDoc: "host code can never break a sync, a registration or a tool call"; README "Embedding: the library" → Events)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const unhandled: unknown[] = []
+  const onUnhandled = (reason: unknown): void => { unhandled.push(reason) }
+  process.on('unhandledRejection', onUnhandled)
+  t.after(() => { process.off('unhandledRejection', onUnhandled) })
+  const later: string[] = []
+  for (const event of ['call-finished', 'tool-registered', 'role-added'] as const) {
+    tp.on(event, async () => { throw new Error(`async host listener of ${event}`) })
+    tp.on(event, () => { later.push(event) })
+  }
+  tp.roles.add('B')
+  await tp.roles.get('B').registerLocalTool({ name: 'echo', handler: (args) => args })
+  const result = await tp.callTool('B', { name: 'echo', arguments: { ok: 1 } })
+  assert.deepEqual(result.output, { ok: 1 })
+  // Unhandled rejections are reported once the microtasks of a turn have run: give it two turns.
+  for (let i = 0; i < 2; i++) await new Promise((resolve) => setImmediate(resolve))
+  assert.deepEqual(unhandled.map((r) => String((r as Error).message)), [])
+  assert.deepEqual(later, ['role-added', 'tool-registered', 'call-finished'])
+})
