@@ -19,6 +19,11 @@ export const kDispatchReady = Symbol('toolport.dispatchReady')
 /** `Role[kSyncCount]`: syncs the role started so far (sessions present). */
 export const kSyncCount = Symbol('toolport.syncCount')
 /**
+ * `Role[kCloseSync]()`: the runtime closed; the role's sync in flight ends as failed (its sessions'
+ * signal aborts) and no later sync pushes to its sessions.
+ */
+export const kCloseSync = Symbol('toolport.closeSync')
+/**
  * `Runtime[kOnClose](hook)`: runs `hook` once the runtime has closed (its calls answered), also
  * when a host's app stays up; returns a function that removes it.
  */

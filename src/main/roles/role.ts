@@ -6,7 +6,7 @@ import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { checkedParameters, localToolSchema, parseOrThrow, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
-import { kSyncCount } from '../symbols.js'
+import { kCloseSync, kSyncCount } from '../symbols.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
@@ -73,6 +73,11 @@ export class Role {
 
   /** Syncs started so far (sessions present); for tests. */
   get [kSyncCount] (): number { return this.#sync.count }
+
+  /** The runtime closed: ends the sync in flight (its sessions' signal aborts); none starts after it. */
+  [kCloseSync] (): void {
+    this.#sync.close()
+  }
 
   /**
    * Attaches a live model session; returns a function that detaches it. The session is sent the

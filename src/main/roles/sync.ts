@@ -30,6 +30,8 @@ export interface SyncOutcome {
 }
 
 const SYNC_OK: SyncOutcome = Object.freeze({ ok: true, error: '' })
+/** Why a sync failed once the runtime closed. */
+const CLOSED_ERROR = 'Toolport closed before the sessions took the tools'
 
 /** The sources a sync reads when it starts. */
 export interface SyncSource {
@@ -62,6 +64,10 @@ export class RoleSync {
   #running: Promise<SyncOutcome> | null = null
   #next: Promise<SyncOutcome> | null = null
   #count = 0
+  /** Set by `close()`: no sync starts any more. */
+  #closed = false
+  /** Ends the sync that runs now (its pushes aborted), for `close()`. */
+  #stopRunning: (() => void) | null = null
 
   constructor (source: SyncSource, timeoutMs: number, observer: SyncObserver | null = null) {
     this.#source = source
@@ -71,6 +77,15 @@ export class RoleSync {
 
   /** Syncs started so far (for tests and metrics). */
   get count (): number { return this.#count }
+
+  /**
+   * The runtime closed: the sync in flight ends at once as failed (its sessions' signal aborts, its
+   * timer is cleared), and no later sync pushes to the sessions or starts a timer.
+   */
+  close (): void {
+    this.#closed = true
+    this.#stopRunning?.()
+  }
 
   /** Resolves once a sync that started after this call has finished. Never rejects. */
   request (): Promise<SyncOutcome> {
@@ -102,6 +117,7 @@ export class RoleSync {
     const sessions = this.#source.sessions()
     // A role with no session syncs trivially and counts as accepted (docs/protocol.md "Sync").
     if (sessions.length === 0) return SYNC_OK
+    if (this.#closed) return { ok: false, error: CLOSED_ERROR, failedSessions: sessions.length }
     this.#count++
     const started = performance.now()
     let outcome: SyncOutcome
@@ -121,8 +137,9 @@ export class RoleSync {
   async #sync (sessions: readonly ModelSession[]): Promise<SyncOutcome> {
     const controller = new AbortController()
     let timer: NodeJS.Timeout | undefined
-    const timedOut = new Promise<'timeout'>((resolve) => {
+    const timedOut = new Promise<'timeout' | 'closed'>((resolve) => {
       timer = setTimeout(resolve, this.#timeoutMs, 'timeout')
+      this.#stopRunning = () => { resolve('closed') }
     })
     const settled: boolean[] = new Array(sessions.length).fill(false)
     const pushes = sessions.map((session, i) => this.#push(session, controller.signal).then((result) => {
@@ -131,14 +148,11 @@ export class RoleSync {
     }))
     try {
       const result = await Promise.race([Promise.all(pushes), timedOut])
-      if (result === 'timeout') {
-        controller.abort(new Error(`sync timed out after ${this.#timeoutMs} ms`))
+      if (result === 'timeout' || result === 'closed') {
+        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : CLOSED_ERROR
+        controller.abort(new Error(why))
         const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
-        return {
-          ok: false,
-          error: `sync timed out after ${this.#timeoutMs} ms (session ${pending.join(', ')})`,
-          failedSessions: pending.length
-        }
+        return { ok: false, error: `${why} (session ${pending.join(', ')})`, failedSessions: pending.length }
       }
       const failures = result.filter((r) => r !== '')
       return failures.length === 0
@@ -150,6 +164,7 @@ export class RoleSync {
           }
     } finally {
       clearTimeout(timer)
+      this.#stopRunning = null
     }
   }
 
