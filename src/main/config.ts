@@ -185,6 +185,9 @@ const eventsSchema = z.strictObject({
   maxCallEventsPerSecond: z.number().int().min(0).max(1_000_000).default(500)
 })
 
+/** The `logger` option's level names (pino's). */
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const
+
 /** Every option of `createToolport` and `toolport serve`. */
 export const optionsSchema = z.strictObject({
   /** Roles that exist from the start. */
@@ -203,8 +206,9 @@ export const optionsSchema = z.strictObject({
   /** Serve Prometheus metrics at GET /metrics (and count them). */
   metrics: z.boolean().default(true),
   /** fastify/pino logger: false (silent), true (info) or a level name. */
-  logger: z.union([z.boolean(), z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])])
-    .default(false),
+  logger: z.union([z.boolean(), z.enum(LOG_LEVELS)], {
+    error: `must be false, true or a pino level (${LOG_LEVELS.join(', ')})`
+  }).default(false),
   /** Serve the web console at `/` and `/ui/` (static files; the API it reads is guarded as usual). */
   console: z.boolean().default(true),
   events: eventsSchema.prefault({}),

@@ -13,7 +13,7 @@ import { registerDefinitionRoutes } from './definitions.js'
 import { registerEventRoutes } from './events.js'
 import { buildAppGuard, registerConsole } from './console.js'
 import { observerOf } from '../observe/observer.js'
-import { ClosedError } from '../errors.js'
+import { ClosedError, ConfigError } from '../errors.js'
 import { buildLazySerializer } from './serializers.js'
 
 export interface ToolportPluginOptions {
@@ -35,13 +35,38 @@ export interface ToolportPluginOptions {
  */
 export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = function toolportPlugin (app, options,
   done) {
-  const { runtime } = options
-  if (options.guard !== false) app.addHook('onRequest', buildGuard(runtime.options.security))
+  // A bad option is an error of `register`/`ready` (thrown here, fastify would not catch it: the
+  // host's process would die of an uncaught TypeError).
+  const runtime: unknown = options?.runtime
+  if (typeof runtime !== 'object' || runtime === null || !('options' in runtime) ||
+    typeof (runtime as { roles?: { get?: unknown } }).roles?.get !== 'function') {
+    done(new ConfigError('toolportPlugin: options.runtime must be a Toolport runtime (createToolport()\'s ' +
+      `result), as in app.register(toolportPlugin, { runtime: tp }) (got ${describeOption(runtime)})`))
+    return
+  }
+  if (options.guard !== undefined && typeof options.guard !== 'boolean') {
+    done(new ConfigError(`toolportPlugin: options.guard must be a boolean (got ${describeOption(options.guard)})`))
+    return
+  }
+  registerRoutes(app, runtime as Runtime, options.guard !== false)
+  done()
+}
+
+function describeOption (value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value)
+  if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object'
+  return String(value)
+}
+
+function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean): void {
+  if (guard) app.addHook('onRequest', buildGuard(runtime.options.security))
   // After the guard (a refused client learns nothing of the runtime's state): once the runtime is
   // closing, every route but the health report and the last metrics answers
   // 503 TP_ERR_CLOSED, also in a host's app that stays up (docs/architecture.md, "close()").
+  // The route URLs carry the host's prefix (`app.register(toolportPlugin, { prefix })`).
+  const openAfterClose = new Set([...OPEN_AFTER_CLOSE].map((path) => `${app.prefix}${path}`))
   app.addHook('onRequest', function refuseWhenClosed (request, _reply, done) {
-    if (runtime.closed && !OPEN_AFTER_CLOSE.has(request.routeOptions.url ?? '')) done(new ClosedError())
+    if (runtime.closed && !openAfterClose.has(request.routeOptions.url ?? '')) done(new ClosedError())
     else done()
   })
   app.removeAllContentTypeParsers()
@@ -54,7 +79,6 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   registerDefinitionRoutes(app, runtime)
   registerMcpRoutes(app, runtime)
   registerEventRoutes(app, runtime)
-  done()
 }
 
 /** Routes that still answer once the runtime is closed: what they report stays true. */

@@ -97,6 +97,14 @@ function checkRealtimeOptions (options: RealtimeSessionOptions): {
   const bad = (what: string, value: unknown): never => {
     throw new ConfigError(`createRealtimeSession(): ${what} (got ${describeValue(value)})`)
   }
+  if (typeof options !== 'object' || options === null) bad('the argument must be an object of options', options)
+  const runtime: unknown = options.toolport
+  if (typeof runtime !== 'object' || runtime === null ||
+    typeof (runtime as { roles?: { get?: unknown } }).roles?.get !== 'function') {
+    bad('toolport must be a Toolport runtime (createToolport()\'s result)', runtime)
+  }
+  if (typeof options.role !== 'string') bad('role must be a role name', options.role)
+  if (options.attach !== undefined && typeof options.attach !== 'boolean') bad('attach must be a boolean', options.attach)
   if (typeof options.send !== 'function') bad('send must be a function', options.send)
   if (options.id !== undefined && (typeof options.id !== 'string' || options.id === '')) bad('id must be a non-empty string', options.id)
   const dialect = options.dialect ?? 'flat'
@@ -208,13 +216,14 @@ class RealtimeAdapter implements RealtimeSession {
   #isClosed = false
 
   constructor (options: RealtimeSessionOptions) {
+    // Every option first: a bad one (an `attach: 'false'` from a config file) attaches nothing.
+    const checked = checkRealtimeOptions(options)
     // Throws TP_ERR_ROLE_NOT_FOUND for an unknown role, before anything is sent.
     this.#role = options.toolport.roles.get(options.role)
     this.role = this.#role.name
     this.id = options.id ?? `realtime-${randomUUID()}`
     this.#runtime = options.toolport
     this.#send = options.send
-    const checked = checkRealtimeOptions(options)
     this.#dialect = checked.dialect
     this.#ackTimeoutMs = checked.ackTimeoutMs
     this.#autoRespond = checked.autoRespond
