@@ -379,6 +379,9 @@ async function runSequence (mode: Mode, ops: Op[]): Promise<void> {
   try {
     for (const name of TRANSPORTS) transports.push(await openTransport(name, optionsFor(mode)))
     const library = await createToolport({ logger: false, ...optionsFor('plain'), dispatch: { mode: 'inline' } })
+    // Set when inject answered a mutation differently for a reason of its own (below): its
+    // registry may then differ from the others' by that mutation.
+    let injectDiverged = false
     try {
       for (const [i, op] of ops.entries()) {
         const views: Record<string, unknown> = {}
@@ -393,7 +396,11 @@ async function runSequence (mode: Mode, ops: Op[]): Promise<void> {
         const pairs: Array<[TransportName, TransportName]> = [['inject', 'h1'], ['h2', 'h1-host'], ...(pluginRoute ? [['h1-host', 'h1'] as [TransportName, TransportName]] : [])]
         for (const [a, b] of pairs) {
           // inject has no port the request arrived on: its own origin is only http:// + Host.
-          if (a === 'inject' && op.origin === 'port' && op.host !== 'localhost') continue
+          if (a === 'inject' && op.origin === 'port' && op.host !== 'localhost') {
+            const status = (view: unknown): unknown => (view as { status?: unknown }).status
+            if (['register', 'unregister', 'clear'].includes(op.kind) && status(views[a]) !== status(views[b])) injectDiverged = true
+            continue
+          }
           assert.deepEqual(views[a], views[b], `op ${i} (${op.kind}) over ${a} differs from ${b}:\n${JSON.stringify({ [a]: views[a], [b]: views[b] }, null, 1)}`)
         }
         // The library: in plain mode, a mutating request the guard let through answers the same.
@@ -412,7 +419,10 @@ async function runSequence (mode: Mode, ops: Op[]): Promise<void> {
         }
       }
       const reference = registry(transports[0]!.tp)
-      for (const tr of transports.slice(1)) assert.deepEqual(registry(tr.tp), reference, `registry over ${tr.name}`)
+      for (const tr of transports.slice(1)) {
+        if (tr.name === 'inject' && injectDiverged) continue
+        assert.deepEqual(registry(tr.tp), reference, `registry over ${tr.name}`)
+      }
       if (mode === 'plain') assert.deepEqual(registry(library), reference, 'registry through the library')
       const events: Record<string, unknown> = {}
       for (const tr of transports.filter((t) => t.name !== 'inject')) events[tr.name] = await replayedEvents(tr, mode)
