@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto'
 import type { Worker } from 'node:worker_threads'
 import type { Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
-import { ClosedError, LimitExceededError } from './errors.js'
+import { ClosedError, LimitExceededError, validationError } from './errors.js'
 import { emitChangeEnd, type ToolportEvents } from './events.js'
 import { RoleManager } from './roles/roles.js'
 import type { Role } from './roles/role.js'
@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kCloseSync, kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
+import { kCloseRoles, kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
@@ -385,6 +385,11 @@ export class Runtime extends EventEmitter<ToolportEvents> {
    */
   async callTool (roleName: string, call: ToolCall, options?: CallToolOptions): Promise<ToolResult> {
     const role = this.roles.get(roleName)
+    if (typeof call !== 'object' || call === null || typeof call.name !== 'string') {
+      // The host's mistake, not the model's: a model's call always has a name (the call route
+      // checks it with the same rule).
+      throw validationError([{ path: 'call.name', code: 'invalid_type', message: 'a call is an object with a `name` string' }])
+    }
     const started = performance.now()
     const callId = typeof call.call_id === 'string' && call.call_id !== '' ? call.call_id : `call_${randomUUID()}`
     const entry = role.registry.get(call.name)
@@ -448,7 +453,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const cancel of [...this.#localCalls]) cancel()
     // A sync waiting on a session (a model that never acknowledges) would hold its timer, and the
     // mutation waiting on it, for up to syncTimeoutMs after close: end it now.
-    for (const role of this.roles.list()) role[kCloseSync]()
+    this.roles[kCloseRoles]()
     await this.#dispatcher.close()
     await Promise.allSettled([...this.#background])
     // What routes hold (event streams, MCP sessions) ends with the runtime, also in a host's app

@@ -23,6 +23,10 @@ export const kSyncCount = Symbol('toolport.syncCount')
  * signal aborts) and no later sync pushes to its sessions.
  */
 export const kCloseSync = Symbol('toolport.closeSync')
+/** `Role[kRoleRemoved]()`: the role left its runtime; a reference kept to it takes nothing more. */
+export const kRoleRemoved = Symbol('toolport.roleRemoved')
+/** `RoleManager[kCloseRoles]()`: the runtime closed; every role's sync ends and no role is added. */
+export const kCloseRoles = Symbol('toolport.closeRoles')
 /**
  * `Runtime[kOnClose](hook)`: runs `hook` once the runtime has closed (its calls answered), also
  * when a host's app stays up; returns a function that removes it.

@@ -3,6 +3,7 @@
 // app, and closing. Real sockets on 127.0.0.1, real fastify apps, the official MCP client; no mocks.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { inspect } from 'node:util'
 import fastify from 'fastify'
 import fc from 'fast-check'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
@@ -112,6 +113,8 @@ test('close() ends a role\'s sync that is still waiting on a live session: the s
   })
   await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
   const registration = tp.roles.get('A').registerLocalTool({ name: 'late', handler: () => 'late' })
+  // In the registry, its registration now waits for the sync after the one in flight.
+  await waitFor('the tool to enter the registry', () => tp.roles.get('A').tools().length === 1, HANG_GUARD_MS)
   await within(tp.close(), 'close()', HANG_GUARD_MS)
   assert.equal(signals[0]?.aborted, true, 'the sync in flight was aborted by close()')
   const outcome = await within(registration, 'the registration waiting on the sync', HANG_GUARD_MS)
@@ -137,7 +140,7 @@ test('property: createRealtimeSession refuses a bad `toolport`, `role` or `attac
     assert.throws(() => createRealtimeSession(given as never), (err: unknown) => {
       const e = err as { code?: string, message?: string }
       return e.code === 'TP_ERR_CONFIG' && (e.message ?? '').includes(field)
-    }, `${field}: ${String((options as Record<string, unknown>)[field])}`)
+    }, `${field}: ${inspect((options as Record<string, unknown>)[field])}`)
     assert.equal(tp.roles.get('A').sessions().length, 0, 'no session was attached')
     await new Promise((resolve) => setImmediate(resolve))
     assert.deepEqual(sent, [], 'nothing was sent')
@@ -284,4 +287,76 @@ test('an async host listener that rejects (on call-finished, tool-registered, ro
   for (let i = 0; i < 2; i++) await new Promise((resolve) => setImmediate(resolve))
   assert.deepEqual(unhandled.map((r) => String((r as Error).message)), [])
   assert.deepEqual(later, ['role-added', 'tool-registered', 'call-finished'])
+})
+
+test('after close() the roles take nothing more: roles.add, registerLocalTool and attachSession answer TP_ERR_CLOSED, as register does (README "Public exports": close())', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const role = tp.roles.get('A')
+  await tp.close()
+  assert.throws(() => tp.roles.add('B'), { code: 'TP_ERR_CLOSED' })
+  await assert.rejects(role.registerLocalTool({ name: 'late', handler: () => 1 }), { code: 'TP_ERR_CLOSED' })
+  assert.throws(() => role.attachSession({ id: 's', syncTools: async () => {} }), { code: 'TP_ERR_CLOSED' })
+  await assert.rejects(tp.register(tool('x')), { code: 'TP_ERR_CLOSED' })
+  assert.deepEqual(tp.roles.names(), ['A'])
+  assert.deepEqual(role.tools(), [])
+})
+
+test('a reference kept to a removed role takes no tool and no session (TP_ERR_ROLE_NOT_FOUND), and announces nothing; a role of the same name added again is a new one (docs/protocol.md R4)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const stale = tp.roles.get('A')
+  const registered: string[] = []
+  tp.on('tool-registered', (e) => { registered.push(`${e.role}/${e.name}`) })
+  assert.equal(tp.roles.remove('A'), true)
+  await assert.rejects(stale.registerLocalTool({ name: 'ghost', handler: () => 1 }), { code: 'TP_ERR_ROLE_NOT_FOUND' })
+  let pushed = 0
+  assert.throws(() => stale.attachSession({ id: 's', syncTools: async () => { pushed++ } }), { code: 'TP_ERR_ROLE_NOT_FOUND' })
+  const fresh = tp.roles.add('A')
+  await fresh.registerLocalTool({ name: 'real', handler: () => 1 })
+  assert.deepEqual(registered, ['A/real'])
+  assert.deepEqual(fresh.tools().map((row) => row.name), ['real'])
+  assert.equal(pushed, 0)
+})
+
+test('a local tool whose schema still compiles when the runtime closes is refused (TP_ERR_CLOSED), as a register after close() is', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const role = tp.roles.get('A')
+  const pending = role.registerLocalTool({
+    name: 'compiling',
+    parameters: { type: 'object', properties: { [`c${Date.now()}`]: { type: 'string', pattern: '^[0-9]+$' } } },
+    handler: () => 1
+  })
+  await tp.close()
+  await assert.rejects(pending, { code: 'TP_ERR_CLOSED' })
+  assert.deepEqual(role.tools(), [])
+})
+
+test('a role removed while its local tool\'s schema compiles does not take the tool (the check runs again after the compile)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const role = tp.roles.get('A')
+  // A schema the compile cache has not seen: the compile is asynchronous (a compiler thread).
+  const pending = role.registerLocalTool({
+    name: 'slow_schema',
+    parameters: { type: 'object', properties: { [`p${Date.now()}`]: { type: 'string', pattern: '^[a-z]+$' } } },
+    handler: () => 1
+  })
+  tp.roles.remove('A')
+  await assert.rejects(pending, { code: 'TP_ERR_ROLE_NOT_FOUND' })
+  assert.deepEqual(role.tools(), [])
+})
+
+test('attachSession, replaceSessions and callTool refuse what is not a session or a call with a ToolportError naming what they take, never a TypeError later (README "Embedding: the library")', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const role = tp.roles.get('A')
+  for (const bad of [null, undefined, 'session', {}, { id: 's' }, { id: 1, syncTools: async () => {} }, { id: 's', syncTools: 'no' }]) {
+    assert.throws(() => role.attachSession(bad as never), { code: 'TP_ERR_CONFIG' }, JSON.stringify(bad))
+    await assert.rejects(role.replaceSessions([], [bad as never]), { code: 'TP_ERR_CONFIG' }, JSON.stringify(bad))
+  }
+  assert.deepEqual(role.sessions(), [])
+  // The role still syncs: nothing half-attached.
+  assert.equal((await role.sync()).ok, true)
+  for (const bad of [null, undefined, 'get_time', { arguments: {} }, { name: 7 }]) {
+    await assert.rejects(tp.callTool('A', bad as never), { code: 'TP_ERR_VALIDATION' }, JSON.stringify(bad))
+  }
+  await role.registerLocalTool({ name: 'ok', handler: () => 'fine' })
+  assert.equal((await tp.callTool('A', { name: 'ok' })).is_error, false)
 })

@@ -6,7 +6,8 @@ import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { checkedParameters, localToolSchema, parseOrThrow, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
-import { kCloseSync, kSyncCount } from '../symbols.js'
+import { kCloseSync, kRoleRemoved, kSyncCount } from '../symbols.js'
+import { ClosedError, ConfigError, RoleNotFoundError } from '../errors.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
@@ -71,12 +72,27 @@ export class Role {
     })
   }
 
+  #isClosed = false
+  #isRemoved = false
+
   /** Syncs started so far (sessions present); for tests. */
   get [kSyncCount] (): number { return this.#sync.count }
 
   /** The runtime closed: ends the sync in flight (its sessions' signal aborts); none starts after it. */
   [kCloseSync] (): void {
+    this.#isClosed = true
     this.#sync.close()
+  }
+
+  /** The role was removed from its runtime: a reference kept to it takes no tool and no session. */
+  [kRoleRemoved] (): void {
+    this.#isRemoved = true
+  }
+
+  /** Throws TP_ERR_ROLE_NOT_FOUND once the role was removed, TP_ERR_CLOSED once its runtime closed. */
+  #assertLive (): void {
+    if (this.#isRemoved) throw new RoleNotFoundError(this.name)
+    if (this.#isClosed) throw new ClosedError()
   }
 
   /**
@@ -84,7 +100,9 @@ export class Role {
    * role's current tools at once (a failure is reported as a `sync-failed` event).
    */
   attachSession (session: ModelSession): () => void {
+    assertModelSession(session, 'attachSession')
     if (this.#sessions.has(session)) return () => this.#detach(session)
+    this.#assertLive()
     this.#sessions.add(session)
     this.#sessionList = [...this.#sessions]
     this.sync().catch(noop)
@@ -101,6 +119,8 @@ export class Role {
    * await tp.roles.get('Lanlan').replaceSessions([oldSession], [newSession])
    */
   async replaceSessions (previous: readonly ModelSession[], next: readonly ModelSession[]): Promise<SyncOutcome> {
+    for (const session of next) assertModelSession(session, 'replaceSessions')
+    if (next.some((session) => !this.#sessions.has(session))) this.#assertLive()
     const keep = new Set(next)
     for (const session of previous) {
       if (!keep.has(session)) this.#sessions.delete(session)
@@ -150,7 +170,10 @@ export class Role {
    * Local tools are listed with `is_remote: false`, and the HTTP API cannot replace or remove them.
    */
   async registerLocalTool (options: LocalToolOptions): Promise<SyncOutcome> {
+    this.#assertLive()
     const entry = await buildLocalEntry(options, this.#schemaBudgets, this.#registrationLimits)
+    // Also after the schema's compile: the role may have been removed, or the runtime closed, meanwhile.
+    this.#assertLive()
     this.#beforeLocalTool?.(entry.source)
     const previous = this.registry.set(entry)
     if (previous !== undefined) this.emitRemoved(previous, 'replaced')
@@ -197,6 +220,15 @@ export class Role {
 
   #detach (session: ModelSession): void {
     if (this.#sessions.delete(session)) this.#sessionList = [...this.#sessions]
+  }
+}
+
+/** Throws TP_ERR_CONFIG unless `session` has what a sync reads: an `id` and a `syncTools` function. */
+function assertModelSession (session: unknown, method: string): asserts session is ModelSession {
+  const candidate = session as Partial<ModelSession> | null
+  if (typeof candidate !== 'object' || candidate === null || typeof candidate.id !== 'string' ||
+    typeof candidate.syncTools !== 'function') {
+    throw new ConfigError(`${method}: a session must be an object with an \`id\` string and a \`syncTools(tools, signal)\` function`)
   }
 }
 

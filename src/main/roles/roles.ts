@@ -1,6 +1,7 @@
 // The set of roles of one Runtime (`tp.roles`).
 import { Role, type RoleOptions } from './role.js'
-import { ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
+import { ClosedError, ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
+import { kCloseRoles, kCloseSync, kRoleRemoved } from '../symbols.js'
 import { roleNameProblem } from '../config.js'
 
 /**
@@ -14,12 +15,21 @@ export class RoleManager {
   readonly #roles = new Map<string, Role>()
   readonly #options: RoleOptions
 
+  #isClosed = false
+
   constructor (options: RoleOptions) {
     this.#options = options
   }
 
-  /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists. */
+  /** The runtime closed: every role's sync in flight ends, and no role is added any more. */
+  [kCloseRoles] (): void {
+    this.#isClosed = true
+    for (const role of this.#roles.values()) role[kCloseSync]()
+  }
+
+  /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists, TP_ERR_CLOSED once the runtime closed. */
   add (name: string): Role {
+    if (this.#isClosed) throw new ClosedError()
     const problem = roleNameProblem(name)
     if (problem !== undefined) throw new ConfigError(`role name: ${problem}`)
     if (this.#roles.has(name)) throw new RoleExistsError(name)
@@ -35,7 +45,10 @@ export class RoleManager {
    * next server event).
    */
   remove (name: string): boolean {
-    if (!this.#roles.delete(name)) return false
+    const role = this.#roles.get(name)
+    if (role === undefined) return false
+    this.#roles.delete(name)
+    role[kRoleRemoved]()
     if (this.#options.events.listenerCount('role-removed') > 0) {
       this.#options.events.emit('role-removed',
         { role: name })
