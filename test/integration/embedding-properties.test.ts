@@ -212,13 +212,16 @@ test('property: whatever a local tool\'s handler throws (or rejects with), callT
 
 test('property: toolportPlugin mounted under any prefix keeps the health report and the metrics answering after tp.close(), as without a prefix: health 503 with status "closed", metrics 200, the rest 503 TP_ERR_CLOSED (docs/architecture.md "close()": "every route but /api/health and /metrics"; README "Public exports": toolportPlugin)', async () => {
   const segment = fc.stringMatching(/^[a-z0-9_-]{1,12}$/)
-  await checkProperty(fc.asyncProperty(fc.array(segment, { minLength: 0, maxLength: 3 }), async (segments) => {
+  // As the host spells it: with or without a trailing slash, with or without the leading one.
+  const spelling = fc.constantFrom('', 'trailing', 'bare')
+  await checkProperty(fc.asyncProperty(fc.array(segment, { minLength: 0, maxLength: 3 }), spelling, async (segments, spelt) => {
     const prefix = segments.map((x) => `/${x}`).join('')
+    const given = prefix === '' ? '' : spelt === 'trailing' ? `${prefix}/` : spelt === 'bare' ? prefix.slice(1) : prefix
     const tp = await createToolport({ roles: ['A'], logger: false, dispatch: { mode: 'inline' } })
     const host = fastify()
     try {
       host.get('/host-route', async () => ({ host: true }))
-      await host.register(toolportPlugin, { runtime: tp, ...(prefix === '' ? {} : { prefix }) })
+      await host.register(toolportPlugin, { runtime: tp, ...(given === '' ? {} : { prefix: given }) })
       await host.ready()
       await tp.close()
       const health = await host.inject({ method: 'GET', url: `${prefix}/api/health` })

@@ -63,8 +63,14 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean)
   // After the guard (a refused client learns nothing of the runtime's state): once the runtime is
   // closing, every route but the health report and the last metrics answers
   // 503 TP_ERR_CLOSED, also in a host's app that stays up (docs/architecture.md, "close()").
-  // The route URLs carry the host's prefix (`app.register(toolportPlugin, { prefix })`).
-  const openAfterClose = new Set([...OPEN_AFTER_CLOSE].map((path) => `${app.prefix}${path}`))
+  // Their URLs as fastify registers them, with the host's prefix (`app.register(toolportPlugin,
+  // { prefix })`), however it is spelt (a trailing slash is folded into one).
+  const openAfterClose = new Set<string>()
+  app.addHook('onRoute', (route) => {
+    // `routePath` loses its leading slash to a prefix that ends in one.
+    const path = route.routePath.startsWith('/') ? route.routePath : `/${route.routePath}`
+    if (OPEN_AFTER_CLOSE.has(path)) openAfterClose.add(route.url)
+  })
   app.addHook('onRequest', function refuseWhenClosed (request, _reply, done) {
     if (runtime.closed && !openAfterClose.has(request.routeOptions.url ?? '')) done(new ClosedError())
     else done()
