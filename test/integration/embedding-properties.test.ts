@@ -97,8 +97,8 @@ test('a host role-removed listener that throws does not keep a removed role\'s M
 })
 
 test('close() ends a role\'s sync that is still waiting on a live session: the session\'s signal aborts and the pending registration settles, so no sync timer outlives the runtime (docs/architecture.md "close()": "No handle stays open afterwards"; ModelSession.syncTools\' signal)', async (t) => {
-  // A sync timeout far beyond the hang guard: only close() can end the sync in time.
-  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 600_000 })
+  // A sync timeout three times the hang guard: only close() can end the sync in time.
+  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
   const signals: AbortSignal[] = []
   // A well-behaved session whose model never acknowledges (its socket went away): it waits, and
   // stops when told to.
@@ -214,7 +214,8 @@ test('property: toolportPlugin mounted under any prefix keeps the health report 
   const segment = fc.stringMatching(/^[a-z0-9_-]{1,12}$/)
   // As the host spells it: with or without a trailing slash, with or without the leading one.
   const spelling = fc.constantFrom('', 'trailing', 'bare')
-  await checkProperty(fc.asyncProperty(fc.array(segment, { minLength: 0, maxLength: 3 }), spelling, async (segments, spelt) => {
+  const segments = fc.array(segment, { minLength: 0, maxLength: 3 })
+  await checkProperty(fc.asyncProperty(segments, spelling, async (segments, spelt) => {
     const prefix = segments.map((x) => `/${x}`).join('')
     const given = prefix === '' ? '' : spelt === 'trailing' ? `${prefix}/` : spelt === 'bare' ? prefix.slice(1) : prefix
     const tp = await createToolport({ roles: ['A'], logger: false, dispatch: { mode: 'inline' } })
@@ -292,16 +293,27 @@ test('an async host listener that rejects (on call-finished, tool-registered, ro
   assert.deepEqual(later, ['role-added', 'tool-registered', 'call-finished'])
 })
 
-test('after close() the roles take nothing more: roles.add, registerLocalTool and attachSession answer TP_ERR_CLOSED, as register does (README "Public exports": close())', async (t) => {
+test('after close() the roles take nothing more: roles.add and registerLocalTool answer TP_ERR_CLOSED, as register does, and a session attached then is never synced (README "Public exports": close())', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const role = tp.roles.get('A')
   await tp.close()
   assert.throws(() => tp.roles.add('B'), { code: 'TP_ERR_CLOSED' })
   await assert.rejects(role.registerLocalTool({ name: 'late', handler: () => 1 }), { code: 'TP_ERR_CLOSED' })
-  assert.throws(() => role.attachSession({ id: 's', syncTools: async () => {} }), { code: 'TP_ERR_CLOSED' })
   await assert.rejects(tp.register(tool('x')), { code: 'TP_ERR_CLOSED' })
   assert.deepEqual(tp.roles.names(), ['A'])
   assert.deepEqual(role.tools(), [])
+  // A session that opens as the runtime shuts down (a socket's 'open' racing close()) is no error
+  // of the host's: it is not attached and nothing is pushed to it; nor to one swapped in.
+  let pushed = 0
+  const late = { id: 'late', syncTools: async () => { pushed++ } }
+  const detach = role.attachSession(late)
+  detach()
+  assert.deepEqual(role.sessions(), [])
+  assert.equal((await role.replaceSessions([], [late])).ok, false)
+  const adapter = createRealtimeSession({ toolport: tp, role: 'A', send: () => { pushed++ } })
+  await new Promise((resolve) => setImmediate(resolve))
+  assert.equal(pushed, 0, 'a session attached after close() was pushed the tools')
+  adapter.close()
 })
 
 test('a reference kept to a removed role takes no tool and no session (TP_ERR_ROLE_NOT_FOUND), and announces nothing; a role of the same name added again is a new one (docs/protocol.md R4)', async (t) => {
@@ -313,6 +325,7 @@ test('a reference kept to a removed role takes no tool and no session (TP_ERR_RO
   await assert.rejects(stale.registerLocalTool({ name: 'ghost', handler: () => 1 }), { code: 'TP_ERR_ROLE_NOT_FOUND' })
   let pushed = 0
   assert.throws(() => stale.attachSession({ id: 's', syncTools: async () => { pushed++ } }), { code: 'TP_ERR_ROLE_NOT_FOUND' })
+  await assert.rejects(stale.unregisterLocalTool('anything'), { code: 'TP_ERR_ROLE_NOT_FOUND' })
   const fresh = tp.roles.add('A')
   await fresh.registerLocalTool({ name: 'real', handler: () => 1 })
   assert.deepEqual(registered, ['A/real'])
@@ -362,4 +375,37 @@ test('attachSession, replaceSessions and callTool refuse what is not a session o
   }
   await role.registerLocalTool({ name: 'ok', handler: () => 'fine' })
   assert.equal((await tp.callTool('A', { name: 'ok' })).is_error, false)
+})
+
+test('removing a role ends its sync still waiting on a session: the session\'s signal aborts and the registration waiting on it settles, not at syncTimeoutMs (docs/protocol.md "Sync")', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
+  const signals: AbortSignal[] = []
+  tp.roles.get('A').attachSession({
+    id: 'silent-model',
+    syncTools: async (_tools, signal) => {
+      signals.push(signal)
+      await new Promise<void>((_resolve, reject) => { signal.addEventListener('abort', () => { reject(signal.reason) }, { once: true }) })
+    }
+  })
+  await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
+  const registration = tp.roles.get('A').registerLocalTool({ name: 'waiting', handler: () => 1 })
+  await waitFor('the tool to enter the registry', () => tp.roles.get('A').tools().length === 1, HANG_GUARD_MS)
+  tp.roles.remove('A')
+  const outcome = await within(registration, 'the registration waiting on the removed role\'s sync', HANG_GUARD_MS)
+  assert.equal(outcome.ok, false)
+  assert.match(outcome.error, /role 'A' was removed/)
+  assert.ok(signals.every((s) => s.aborted), 'no push to the session is left waiting')
+})
+
+test('a Realtime adapter made with attach: false and attached after its role was removed and added again does not join the new role (README "The OpenAI-Realtime adapter": never a role of the same name added again)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const sent: RealtimeClientEvent[] = []
+  const adapter = createRealtimeSession({ toolport: tp, role: 'A', attach: false, send: (e) => { sent.push(e) } })
+  tp.roles.remove('A')
+  const fresh = tp.roles.add('A')
+  assert.throws(() => adapter.attach(), { code: 'TP_ERR_ROLE_NOT_FOUND' })
+  assert.deepEqual(fresh.sessions(), [])
+  await new Promise((resolve) => setImmediate(resolve))
+  assert.deepEqual(sent, [])
+  adapter.close()
 })

@@ -84,9 +84,13 @@ export class Role {
     this.#sync.close()
   }
 
-  /** The role was removed from its runtime: a reference kept to it takes no tool and no session. */
+  /**
+   * The role was removed from its runtime: a reference kept to it takes no tool and no session,
+   * and its sync in flight ends (its sessions' signal aborts).
+   */
   [kRoleRemoved] (): void {
     this.#isRemoved = true
+    this.#sync.close(`role '${this.name}' was removed before its sessions took the tools`)
   }
 
   /** Throws TP_ERR_ROLE_NOT_FOUND once the role was removed, TP_ERR_CLOSED once its runtime closed. */
@@ -102,7 +106,10 @@ export class Role {
   attachSession (session: ModelSession): () => void {
     assertModelSession(session, 'attachSession')
     if (this.#sessions.has(session)) return () => this.#detach(session)
-    this.#assertLive()
+    if (this.#isRemoved) throw new RoleNotFoundError(this.name)
+    // A session that opens while the runtime shuts down (a socket's 'open' racing close()) is
+    // not an error of the host's: it is not attached, and nothing is ever pushed to it.
+    if (this.#isClosed) return noop
     this.#sessions.add(session)
     this.#sessionList = [...this.#sessions]
     this.sync().catch(noop)
@@ -120,7 +127,8 @@ export class Role {
    */
   async replaceSessions (previous: readonly ModelSession[], next: readonly ModelSession[]): Promise<SyncOutcome> {
     for (const session of next) assertModelSession(session, 'replaceSessions')
-    if (next.some((session) => !this.#sessions.has(session))) this.#assertLive()
+    // After close() the sync below fails ("Toolport closed …") and pushes to no session.
+    if (this.#isRemoved && next.some((session) => !this.#sessions.has(session))) throw new RoleNotFoundError(this.name)
     const keep = new Set(next)
     for (const session of previous) {
       if (!keep.has(session)) this.#sessions.delete(session)
@@ -192,6 +200,8 @@ export class Role {
 
   /** Removes an in-process tool; resolves with whether it was there, after the sync. */
   async unregisterLocalTool (name: string): Promise<SyncOutcome & { removed: boolean }> {
+    // A removal announced under a removed role's name would read as one from a new role of that name.
+    if (this.#isRemoved) throw new RoleNotFoundError(this.name)
     const entry = this.registry.get(name)
     if (entry === undefined || entry.isRemote) return { ok: true, error: '', removed: false }
     this.registry.delete(name)

@@ -66,6 +66,7 @@ export class RoleSync {
   #count = 0
   /** Set by `close()`: no sync starts any more. */
   #closed = false
+  #closedReason = CLOSED_ERROR
   /** Ends the sync that runs now (its pushes aborted), for `close()`. */
   #stopRunning: (() => void) | null = null
 
@@ -79,11 +80,13 @@ export class RoleSync {
   get count (): number { return this.#count }
 
   /**
-   * The runtime closed: the sync in flight ends at once as failed (its sessions' signal aborts, its
-   * timer is cleared), and no later sync pushes to the sessions or starts a timer.
+   * The runtime closed (or the role was removed: `reason` says so): the sync in flight ends at
+   * once as failed (its sessions' signal aborts, its timer is cleared), and no later sync pushes to
+   * the sessions or starts a timer.
    */
-  close (): void {
+  close (reason = CLOSED_ERROR): void {
     this.#closed = true
+    this.#closedReason = reason
     this.#stopRunning?.()
   }
 
@@ -117,7 +120,7 @@ export class RoleSync {
     const sessions = this.#source.sessions()
     // A role with no session syncs trivially and counts as accepted (docs/protocol.md "Sync").
     if (sessions.length === 0) return SYNC_OK
-    if (this.#closed) return { ok: false, error: CLOSED_ERROR, failedSessions: sessions.length }
+    if (this.#closed) return { ok: false, error: this.#closedReason, failedSessions: sessions.length }
     this.#count++
     const started = performance.now()
     let outcome: SyncOutcome
@@ -149,7 +152,7 @@ export class RoleSync {
     try {
       const result = await Promise.race([Promise.all(pushes), timedOut])
       if (result === 'timeout' || result === 'closed') {
-        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : CLOSED_ERROR
+        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : this.#closedReason
         controller.abort(new Error(why))
         const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
         return { ok: false, error: `${why} (session ${pending.join(', ')})`, failedSessions: pending.length }

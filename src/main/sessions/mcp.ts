@@ -524,7 +524,8 @@ export class McpSession implements ModelSession {
 
   #onInitialized (): void {
     const role = this.#runtime.roles.find(this.role)
-    if (role === undefined || this.#isClosed) return
+    // An `initialize` that raced close(): the session never opens (it ends after this request).
+    if (role === undefined || this.#isClosed || this.#runtime.closed) return
     this.#isInitialized = true
     this.#detach = role.attachSession(this)
     this.#hooks.initialized(this)

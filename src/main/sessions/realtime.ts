@@ -236,7 +236,9 @@ class RealtimeAdapter implements RealtimeSession {
   attach (): () => void {
     // A closed adapter never joins its role again: every later sync of the role would fail.
     if (this.#isClosed) return noop
-    if (this.#detach === null) this.#detach = this.#runtime.roles.get(this.role).attachSession(this)
+    // Its own role, not the current one of that name: once the role was removed this throws
+    // TP_ERR_ROLE_NOT_FOUND rather than joining a role of the same name added again.
+    if (this.#detach === null) this.#detach = this.#role.attachSession(this)
     return () => this.#detachNow()
   }
 
