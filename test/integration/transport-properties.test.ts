@@ -380,7 +380,7 @@ async function runSequence (mode: Mode, ops: Op[]): Promise<void> {
     for (const name of TRANSPORTS) transports.push(await openTransport(name, optionsFor(mode)))
     const library = await createToolport({ logger: false, ...optionsFor('plain'), dispatch: { mode: 'inline' } })
     // Set when inject answered a mutation differently for a reason of its own (below): its
-    // registry may then differ from the others' by that mutation.
+    // registry may then differ from the others' by that mutation, and it is compared no further.
     let injectDiverged = false
     try {
       for (const [i, op] of ops.entries()) {
@@ -395,6 +395,8 @@ async function runSequence (mode: Mode, ops: Op[]): Promise<void> {
         const pluginRoute = !['openapi', 'console', 'unknown'].includes(op.kind)
         const pairs: Array<[TransportName, TransportName]> = [['inject', 'h1'], ['h2', 'h1-host'], ...(pluginRoute ? [['h1-host', 'h1'] as [TransportName, TransportName]] : [])]
         for (const [a, b] of pairs) {
+          // Once its registry differs (below), every later answer that shows the registry may too.
+          if (a === 'inject' && injectDiverged) continue
           // inject has no port the request arrived on: its own origin is only http:// + Host.
           if (a === 'inject' && op.origin === 'port' && op.host !== 'localhost') {
             const status = (view: unknown): unknown => (view as { status?: unknown }).status
