@@ -90,6 +90,8 @@ interface Lane {
   isOpen: boolean
   /** The worker's share of the reply budget, given back once the worker is gone. */
   replyShare: SharedArrayBuffer
+  /** Its worker exited and every call it held is answered: a new worker's lane takes its index. */
+  isDrained: boolean
 }
 
 /** The abort listener of one slot, created once per slot and reused by every call in it. */
@@ -564,8 +566,12 @@ export class Dispatcher {
       port?.close()
       return
     }
-    const lane: Lane = { port, index: this.#lanes.length, inFlight: 0, isOpen: true, replyShare }
-    this.#lanes.push(lane)
+    // The lane of a worker that exited is replaced, not kept: the pool replaces every worker that
+    // exits, and the lanes (each with its port and reply share) must not pile up with them.
+    const drained = this.#lanes.findIndex(isDrained)
+    const index = drained === -1 ? this.#lanes.length : drained
+    const lane: Lane = { port, index, inFlight: 0, isOpen: true, replyShare, isDrained: false }
+    this.#lanes[index] = lane
     port.on('message', (outcomes: unknown) => { this.#onOutcomes(outcomes) })
     port.on('close', () => { this.#onLaneClosed(lane) })
     // The sweep timer keeps the process alive while calls are pending; the lane itself must not.
@@ -592,6 +598,8 @@ export class Dispatcher {
           this.#settle(failure(this.#ids[slot] as number, 'internal', 'worker failed: its thread exited'))
         }
       }
+      // No call is SENT on it any more, so its index is free (a slot's lane is read only while SENT).
+      lane.isDrained = true
     })
   }
 
@@ -639,6 +647,10 @@ type EventLoopUtilization = ReturnType<Worker['performance']['eventLoopUtilizati
 
 function isOpen (lane: Lane): boolean {
   return lane.isOpen
+}
+
+function isDrained (lane: Lane): boolean {
+  return lane.isDrained
 }
 
 function leastBusy (lanes: readonly Lane[]): Lane {
