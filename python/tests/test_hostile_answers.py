@@ -265,3 +265,27 @@ async def test_a_failed_start_after_an_ok_false_that_every_role_refused_sends_no
     with pytest.raises(PluginError):
         await plugin.start()
     assert fake.count("api/tools/clear") == 0
+
+
+async def test_a_takeover_that_ended_is_forgotten_and_warned_about_again_when_it_comes_back(
+        fake: Fake, caplog: pytest.LogCaptureFixture) -> None:
+    """README "Plugin SDK": a name taken over is left alone with one warning, and only the takeovers
+    the last check saw are remembered (roles made per conversation would otherwise pile up)."""
+    taken = {"ok": True, "tools_by_role": {"default": [
+        {"name": "probe", "source": "plugin:other", "callback_url": "http://127.0.0.1:9/other/probe"}]}}
+    free = {"ok": True, "tools_by_role": {"default": []}}
+    answers = [taken, free, taken]
+    lists = 0
+
+    async def listing(request: web.Request) -> web.StreamResponse:
+        nonlocal lists
+        # start()'s registration reads no list; then one answer per check, the last one repeated.
+        answer = answers[min(lists, len(answers) - 1)]
+        lists += 1
+        return web.json_response(answer)
+    fake.routes["api/tools"] = listing
+    plugin = new_plugin(fake, role="default", poll_interval=0.05)
+    async with plugin:
+        await until(lambda: lists >= len(answers) + 1, "three checks")
+    warnings = [r.getMessage() for r in caplog.records if "now belongs to" in r.getMessage()]
+    assert warnings == ["'probe' in role 'default' now belongs to source 'plugin:other'; leaving it alone"] * 2, warnings

@@ -94,7 +94,11 @@ export class Plugin extends EventEmitter<PluginEvents> {
   #watch: EventWatch | null = null
   /** A check was asked for while one was running: run another right after it. */
   #recheck = false
-  /** `role\0name\0source\0url` of tools held by someone else, warned about once each. */
+  /**
+   * `role\0name\0source\0url` of tools held by someone else, warned about once each: those the
+   * last check's listing showed (a takeover that ended is forgotten, and warned about again if it
+   * comes back).
+   */
   readonly #conflicts = new Set<string>()
 
   constructor (options: ResolvedPluginOptions) {
@@ -320,6 +324,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     const listed = await this.#client.list(this.role, this.#stopController.signal)
     if (this.#state !== 'running') return
     const missing = new Map<ResolvedTool, string[]>()
+    const conflicts = new Set<string>()
     for (const [roleName, rows] of listed) {
       const byName = new Map(rows.map((row) => [row.name, row]))
       for (const tool of this.#options.tools.values()) {
@@ -329,10 +334,13 @@ export class Plugin extends EventEmitter<PluginEvents> {
           if (roles === undefined) missing.set(tool, [roleName])
           else roles.push(roleName)
         } else {
-          this.#noteConflict(roleName, tool, row.source, row.callback_url)
+          this.#noteConflict(roleName, tool, row.source, row.callback_url, conflicts)
         }
       }
     }
+    // Only the takeovers this listing still shows are remembered: with roles made and removed per
+    // conversation, one kept for every role that ever had one would grow without bound.
+    for (const key of this.#conflicts) if (!conflicts.has(key)) this.#conflicts.delete(key)
     if (missing.size === 0) return
 
     const names: string[] = []
@@ -365,9 +373,11 @@ export class Plugin extends EventEmitter<PluginEvents> {
     }
   }
 
-  #noteConflict (role: string, tool: ResolvedTool, source: string | undefined, url: string | undefined): void {
+  #noteConflict (role: string, tool: ResolvedTool, source: string | undefined, url: string | undefined,
+    seen: Set<string>): void {
     if (source === this.source && url === this.#server.callbackUrl(tool.name)) return
     const key = `${role}\0${tool.name}\0${source ?? ''}\0${url ?? ''}`
+    seen.add(key)
     if (this.#conflicts.has(key)) return
     this.#conflicts.add(key)
     // Another instance's callback is named by its origin: its path holds that instance's secret segment.

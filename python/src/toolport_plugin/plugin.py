@@ -150,6 +150,7 @@ class Plugin:
         self._state = "idle"  # idle → starting → running → stopping → stopped
         self._lock = asyncio.Lock()
         self._has_registered = False
+        # Takeovers warned about once each: those the last check's listing showed.
         self._conflicts: set[tuple[str, str, str, str]] = set()
         # The option, kept apart from _Watch.use_events, which also turns off while Toolport
         # serves no event stream and on again when a check succeeds after an outage.
@@ -582,6 +583,7 @@ class Plugin:
         would start a tug of war with whoever replaced it (R5 lets anyone replace a name)."""
         listed = await self._client.list(self.role)
         missing: dict[str, list[str]] = {}
+        seen: set[tuple[str, str, str, str]] = set()
         for role_name, rows in listed.items():
             by_name = {row["name"]: row for row in rows if isinstance(row.get("name"), str)}
             for tool in self._tools.values():
@@ -589,7 +591,10 @@ class Plugin:
                 if row is None:
                     missing.setdefault(tool.name, []).append(role_name)
                 else:
-                    self._note_conflict(role_name, tool, row)
+                    self._note_conflict(role_name, tool, row, seen)
+        # Only the takeovers this listing still shows are remembered: with roles made and removed
+        # per conversation, one kept for every role that ever had one would grow without bound.
+        self._conflicts &= seen
         if not missing:
             return
         names: list[str] = []
@@ -617,11 +622,12 @@ class Plugin:
                 self._log.info("registered again (they were missing): %s", ", ".join(names))
                 self._emit("registered", RegisteredEvent(names, roles, "restored"))
 
-    def _note_conflict(self, role: str, tool: Tool, row: dict[str, Any]) -> None:
+    def _note_conflict(self, role: str, tool: Tool, row: dict[str, Any], seen: set[tuple[str, str, str, str]]) -> None:
         source, url = str(row.get("source", "")), str(row.get("callback_url", ""))
         if source == self.source and url == self._server.callback_url(tool.name):
             return
         key = (role, tool.name, source, url)
+        seen.add(key)
         if key in self._conflicts:
             return
         self._conflicts.add(key)
