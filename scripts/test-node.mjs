@@ -106,7 +106,9 @@ const WEIGHTS = {
   'test/integration/connections.test.ts': 2,
   'test/unit/json-scan.test.ts': 2,
   'test/integration/dispatch-bounds.test.ts': 2,
-  'test/integration/docs-claims.test.ts': 10
+  'test/integration/docs-claims.test.ts': 10,
+  'test/integration/leak-properties.test.ts': 25,
+  'test/integration/embedding-properties.test.ts': 3
 }
 const DEFAULT_WEIGHT = 1
 
