@@ -743,6 +743,34 @@ print(json.dumps({"params": params, "tool": tool, "url": toolport_plugin.DEFAULT
   assert.deepEqual(out.tool, promised.split(', '))
 })
 
+test('README "Python plugin SDK": every name the package exports is documented there', { skip: pythonMissing }, async () => {
+  const exported = JSON.parse(await python(`
+import json, toolport_plugin
+print(json.dumps(sorted(n for n in toolport_plugin.__all__ if not n.startswith("_"))))
+`)) as string[]
+  const text = section(README, 'Python plugin SDK')
+  // Named in code (a code span may wrap): `Name`, `Name(…)`, `Name.method(…)`, `raise Name(…)`.
+  const missing = exported.filter((name) => !new RegExp(`\`[^\`]*\\b${name}\\b[^\`]*\``).test(text))
+  assert.deepEqual(missing, [], 'exported by toolport_plugin and not named in the README')
+})
+
+test('README "The API": Swagger UI also serves the OpenAPI document at /docs/json and /docs/yaml', async (t) => {
+  const tp = await quiet(t, { roles: ['A'] })
+  const get = async (url: string): Promise<{ status: number, type: string, body: string }> => {
+    const res = await tp.app.inject({ url, headers: { host: '127.0.0.1' } })
+    return { status: res.statusCode, type: String(res.headers['content-type']), body: res.body }
+  }
+  assert.match(README, /`\/docs\/json` and `\/docs\/yaml`/)
+  const canonical = await get('/openapi.json')
+  const json = await get('/docs/json')
+  assert.equal(json.status, 200)
+  assert.deepEqual(JSON.parse(json.body), JSON.parse(canonical.body))
+  const yaml = await get('/docs/yaml')
+  assert.equal(yaml.status, 200)
+  assert.match(yaml.type, /yaml/)
+  assert.match(yaml.body, /^openapi: 3\.1\.0$/m)
+})
+
 test('README "Python plugin SDK" → Options: durations positive and finite (start_timeout may be 0), use_events a bool, max_body_bytes a positive int, port 0–65535, plugin_key 32–512 visible ASCII', { skip: pythonMissing }, async () => {
   // One Python process judges a batch of generated option sets; the documented rule predicts each verdict.
   const special = fc.constantFrom('inf', '-inf', 'nan', 'True', '"5"', 'None')
