@@ -28,7 +28,7 @@ import { Worker } from 'node:worker_threads'
 import type { ErrorObject } from 'ajv'
 import type { RE2 } from 're2-wasm'
 import {
-  freeRegExp, nonFiniteNumberPath, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE,
+  freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE,
   STANDALONE_REGEXP_MODULE, validationJson
 } from '../../shared/json-schema.js'
 import {
@@ -118,7 +118,9 @@ export function compileCount (): number {
  * The validator of a tool's `parameters`, compiled (or found in the cache) now. Throws a 422
  * TP_ERR_VALIDATION, with the reason in `details`, for a schema Toolport cannot validate: an
  * unknown `$schema`, a schema that is not valid in its dialect or does not compile (a pattern RE2
- * cannot run, a `$ref` that does not resolve), or one over a compile budget.
+ * cannot run, a `$ref` that does not resolve), or one over a compile budget. `parameters` is the
+ * registry's own copy (`checkedParameters` in src/main/schemas.ts), whose numbers were checked to
+ * be finite before it was made.
  *
  * @example
  * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets)
@@ -128,12 +130,6 @@ export async function compileValidator (parameters: Record<string, unknown>,
   budgets: SchemaBudgets): Promise<ArgumentsValidator> {
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
-  const unrepresentable = nonFiniteNumberPath(parameters)
-  if (unrepresentable !== null) {
-    // JSON text such as 1e400 parses to Infinity, which JSON.stringify writes as null: the
-    // schema compiled would not be the schema sent (`{"enum": [1e400]}` would be `{"enum": [null]}`).
-    throw schemaError('invalid_schema', `${unrepresentable} is a number outside the range of a double (such as 1e400)`)
-  }
   // Annotations left out: schemas that differ only in their descriptions compile once.
   const text = validationJson(parameters)
   const key = cacheKey(text, budgets)
