@@ -559,6 +559,16 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   }
 }
 
+/**
+ * Whether `value` is a Toolport runtime, as the options that take one (`toolportPlugin`'s
+ * `runtime`, `createRealtimeSession`'s `toolport`) check it. By shape, not `instanceof`: a host
+ * may load the runtime through another copy of the package.
+ */
+export function isRuntime (value: unknown): value is Runtime {
+  if (typeof value !== 'object' || value === null || !('options' in value)) return false
+  return typeof (value as { roles?: { get?: unknown } }).roles?.get === 'function'
+}
+
 function isThenable (value: unknown): value is PromiseLike<unknown> {
   return typeof value === 'object' && value !== null && typeof (value as { then?: unknown }).then === 'function'
 }

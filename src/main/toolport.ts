@@ -7,7 +7,7 @@ import { isIPv4MappedAddress, isLoopbackAddress } from '../shared/loopback.js'
 import { ClosedError, ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
 import { answersSent } from './http/tools.js'
-import { noop } from '../shared/util.js'
+import { describeValue, noop } from '../shared/util.js'
 
 export interface ListenOptions {
   /** Address to bind (default: the `host` option, 127.0.0.1). */
@@ -45,15 +45,15 @@ export class Toolport extends Runtime {
   async listen (options: ListenOptions = {}): Promise<ListenResult> {
     if (this.closed) throw new ClosedError()
     if (typeof options !== 'object' || options === null) {
-      throw new ConfigError(`listen(): the argument must be an object of { host, port } (got ${String(options)})`)
+      throw new ConfigError(`listen(): the argument must be an object of { host, port } (got ${describeValue(options)})`)
     }
     const given = options.host ?? this.options.host
     const port = options.port ?? this.options.port
     if (typeof given !== 'string' || given === '') {
-      throw new ConfigError(`listen(): host must be a non-empty string (got ${describe(given)})`)
+      throw new ConfigError(`listen(): host must be a non-empty string (got ${describeValue(given)})`)
     }
     if (typeof port !== 'number' || !Number.isInteger(port) || port < 0 || port > 65_535) {
-      throw new ConfigError(`listen(): port must be an integer from 0 to 65535 (got ${describe(port)})`)
+      throw new ConfigError(`listen(): port must be an integer from 0 to 65535 (got ${describeValue(port)})`)
     }
     if (isIPv4MappedAddress(given)) {
       // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
@@ -106,10 +106,6 @@ export class Toolport extends Runtime {
 
 function isLoopbackBindHost (host: string): boolean {
   return host === 'localhost' || isLoopbackAddress(host)
-}
-
-function describe (value: unknown): string {
-  return typeof value === 'string' ? JSON.stringify(value) : String(value)
 }
 
 /**

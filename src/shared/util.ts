@@ -5,6 +5,21 @@
 export function noop (): void {}
 
 /**
+ * A bad option's value as an error message names it: a string quoted, an object or array by its
+ * kind (never its contents, nor a `toString` that may throw), anything else as `String` writes it.
+ *
+ * @example
+ * describeValue('false') // '"false"'
+ * describeValue({ toolport: 1 }) // 'an object'
+ */
+export function describeValue (value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value)
+  if (typeof value === 'function') return 'a function'
+  if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object'
+  return String(value)
+}
+
+/**
  * A one-line description of a thrown value, never a stack trace: the message (or the error's name
  * when the message is empty), the string thrown, or "unknown error".
  *

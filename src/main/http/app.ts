@@ -1,6 +1,7 @@
 // The fastify app and the embeddable plugin.
 import fastify, { LogController, type FastifyInstance, type FastifyPluginCallback } from 'fastify'
-import type { Runtime } from '../runtime.js'
+import { isRuntime, type Runtime } from '../runtime.js'
+import { describeValue } from '../../shared/util.js'
 import { buildGuard } from './guard.js'
 import { ConnectionPressure } from './connections.js'
 import { buildFrameworkErrorHandler, handleClientError, handleError, handleNotFound } from './error-handler.js'
@@ -38,24 +39,17 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
   // A bad option is an error of `register`/`ready` (thrown here, fastify would not catch it: the
   // host's process would die of an uncaught TypeError).
   const runtime: unknown = options?.runtime
-  if (typeof runtime !== 'object' || runtime === null || !('options' in runtime) ||
-    typeof (runtime as { roles?: { get?: unknown } }).roles?.get !== 'function') {
+  if (!isRuntime(runtime)) {
     done(new ConfigError('toolportPlugin: options.runtime must be a Toolport runtime (createToolport()\'s ' +
-      `result), as in app.register(toolportPlugin, { runtime: tp }) (got ${describeOption(runtime)})`))
+      `result), as in app.register(toolportPlugin, { runtime: tp }) (got ${describeValue(runtime)})`))
     return
   }
   if (options.guard !== undefined && typeof options.guard !== 'boolean') {
-    done(new ConfigError(`toolportPlugin: options.guard must be a boolean (got ${describeOption(options.guard)})`))
+    done(new ConfigError(`toolportPlugin: options.guard must be a boolean (got ${describeValue(options.guard)})`))
     return
   }
-  registerRoutes(app, runtime as Runtime, options.guard !== false)
+  registerRoutes(app, runtime, options.guard !== false)
   done()
-}
-
-function describeOption (value: unknown): string {
-  if (typeof value === 'string') return JSON.stringify(value)
-  if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object'
-  return String(value)
 }
 
 function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean): void {

@@ -16,10 +16,10 @@
 //   and the model reads why. After such a refusal the adapter asks once for a spoken answer
 //   without tools, and after a second refused round in a row it stops answering calls itself.
 import { randomUUID } from 'node:crypto'
-import type { Runtime } from '../runtime.js'
+import { isRuntime, type Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { Role } from '../roles/role.js'
-import { errorText, isPlainObject, MAX_TIMER_MS, noop } from '../../shared/util.js'
+import { describeValue, errorText, isPlainObject, MAX_TIMER_MS, noop } from '../../shared/util.js'
 import { ConfigError } from '../errors.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
@@ -98,11 +98,7 @@ function checkRealtimeOptions (options: RealtimeSessionOptions): {
     throw new ConfigError(`createRealtimeSession(): ${what} (got ${describeValue(value)})`)
   }
   if (typeof options !== 'object' || options === null) bad('the argument must be an object of options', options)
-  const runtime: unknown = options.toolport
-  if (typeof runtime !== 'object' || runtime === null ||
-    typeof (runtime as { roles?: { get?: unknown } }).roles?.get !== 'function') {
-    bad('toolport must be a Toolport runtime (createToolport()\'s result)', runtime)
-  }
+  if (!isRuntime(options.toolport)) bad('toolport must be a Toolport runtime (createToolport()\'s result)', options.toolport)
   if (typeof options.role !== 'string') bad('role must be a role name', options.role)
   if (options.attach !== undefined && typeof options.attach !== 'boolean') bad('attach must be a boolean', options.attach)
   if (typeof options.send !== 'function') bad('send must be a function', options.send)
@@ -134,12 +130,6 @@ function checkRealtimeOptions (options: RealtimeSessionOptions): {
   return { dialect, ackTimeoutMs: Math.min(ack, MAX_TIMER_MS), autoRespond, rateLimit }
 }
 
-function describeValue (value: unknown): string {
-  if (typeof value === 'string') return JSON.stringify(value)
-  if (typeof value === 'function') return 'a function'
-  if (typeof value === 'object' && value !== null) return Array.isArray(value) ? 'an array' : 'an object'
-  return String(value)
-}
 /** How many call ids and finished responses are remembered for deduplication. */
 const MEMORY = 1024
 
