@@ -20,7 +20,7 @@ export interface MetricsSource {
   bufferedReplyBytes: () => number
   replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
-  /** Whether a role exists now: a call or sync that ends after its role was removed is not labelled. */
+  /** Whether a role exists now: a call that ends after its role was removed is not labelled by role. */
   hasRole: (role: string) => boolean
   /** How many distinct tool names `toolport_calls_total` may label (beyond: `(other)`). */
   maxToolLabels: () => number
@@ -144,7 +144,6 @@ export class Metrics {
       if (event.reason === 'evicted') evictedTools.inc()
     })
     source.events.on('sync-finished', (event) => {
-      if (!source.hasRole(event.role)) return
       syncSeconds.observe({ role: event.role }, event.durationMs / 1000)
       if (!event.ok) syncFailures.inc({ role: event.role })
     })

@@ -19,10 +19,10 @@ export const kDispatchReady = Symbol('toolport.dispatchReady')
 /** `Role[kSyncCount]`: syncs the role started so far (sessions present). */
 export const kSyncCount = Symbol('toolport.syncCount')
 /**
- * `Role[kCloseSync]()`: the runtime closed; the role's sync in flight ends as failed (its sessions'
- * signal aborts) and no later sync pushes to its sessions.
+ * `Role[kRoleClosed]()`: the runtime closed; the role takes no local tool, its sync in flight ends
+ * as failed (its sessions' signal aborts) and no later sync pushes to its sessions.
  */
-export const kCloseSync = Symbol('toolport.closeSync')
+export const kRoleClosed = Symbol('toolport.roleClosed')
 /** `Role[kRoleRemoved]()`: the role left its runtime; a reference kept to it takes nothing more. */
 export const kRoleRemoved = Symbol('toolport.roleRemoved')
 /** `RoleManager[kCloseRoles]()`: the runtime closed; every role's sync ends and no role is added. */

@@ -101,9 +101,6 @@ export class Observer {
       }
     })
     runtime.on('sync-finished', (e) => {
-      // A sync can end after its role was removed (a session slow to take the tools): kept, its
-      // entry would outlive the role, one per role ever removed so (roles made per conversation).
-      if (!runtime.roles.has(e.role)) return
       this.#lastSync.set(e.role, {
         at: new Date().toISOString(),
         duration_ms: Math.round(e.durationMs * 1000) / 1000,

@@ -6,7 +6,7 @@ import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { checkedParameters, localToolSchema, parseOrThrow, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
-import { kCloseSync, kRoleRemoved, kSyncCount } from '../symbols.js'
+import { kRoleClosed, kRoleRemoved, kSyncCount } from '../symbols.js'
 import { ClosedError, ConfigError, RoleNotFoundError } from '../errors.js'
 
 /** A tool that runs in-process, registered by the host (never over HTTP). */
@@ -56,6 +56,10 @@ export class Role {
   readonly #schemaBudgets: SchemaBudgets
   readonly #registrationLimits: RegistrationLimits | undefined
   readonly #beforeLocalTool: ((source: string) => void) | undefined
+  /** Its runtime closed (`kRoleClosed`). */
+  #isClosed = false
+  /** It was removed from its runtime (`kRoleRemoved`). */
+  #isRemoved = false
 
   constructor (name: string, options: RoleOptions) {
     this.name = name
@@ -72,14 +76,14 @@ export class Role {
     })
   }
 
-  #isClosed = false
-  #isRemoved = false
-
   /** Syncs started so far (sessions present); for tests. */
   get [kSyncCount] (): number { return this.#sync.count }
 
-  /** The runtime closed: ends the sync in flight (its sessions' signal aborts); none starts after it. */
-  [kCloseSync] (): void {
+  /**
+   * The runtime closed: the role takes no local tool, a session attached now is never synced, and
+   * the sync in flight ends (its sessions' signal aborts); none starts after it.
+   */
+  [kRoleClosed] (): void {
     this.#isClosed = true
     this.#sync.close()
   }
@@ -157,6 +161,10 @@ export class Role {
 
   /** Once per sync that ran (however many callers shared it). */
   #onSyncFinished (outcome: SyncOutcome, durationMs: number, sessions: number): void {
+    // A role's last event is its `role-removed`: a sync that ends after it (the removal ended it)
+    // is not reported, so no listener keeps state for a role that is gone. The mutation waiting
+    // on the sync still gets its outcome.
+    if (this.#isRemoved) return
     if (this.#events.listenerCount('sync-finished') > 0) {
       const failures = outcome.ok ? 0 : outcome.failedSessions ?? sessions
       this.#events.emit('sync-finished', {

@@ -1,7 +1,7 @@
 // The set of roles of one Runtime (`tp.roles`).
 import { Role, type RoleOptions } from './role.js'
 import { ClosedError, ConfigError, RoleExistsError, RoleNotFoundError } from '../errors.js'
-import { kCloseRoles, kCloseSync, kRoleRemoved } from '../symbols.js'
+import { kCloseRoles, kRoleClosed, kRoleRemoved } from '../symbols.js'
 import { roleNameProblem } from '../config.js'
 
 /**
@@ -24,7 +24,7 @@ export class RoleManager {
   /** The runtime closed: every role's sync in flight ends, and no role is added any more. */
   [kCloseRoles] (): void {
     this.#isClosed = true
-    for (const role of this.#roles.values()) role[kCloseSync]()
+    for (const role of this.#roles.values()) role[kRoleClosed]()
   }
 
   /** Creates a role; throws TP_ERR_ROLE_EXISTS when it exists, TP_ERR_CLOSED once the runtime closed. */

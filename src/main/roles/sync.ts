@@ -64,9 +64,8 @@ export class RoleSync {
   #running: Promise<SyncOutcome> | null = null
   #next: Promise<SyncOutcome> | null = null
   #count = 0
-  /** Set by `close()`: no sync starts any more. */
-  #closed = false
-  #closedReason = CLOSED_ERROR
+  /** Set by `close()`, with why: no sync starts any more. */
+  #closedBecause: string | null = null
   /** Ends the sync that runs now (its pushes aborted), for `close()`. */
   #stopRunning: (() => void) | null = null
 
@@ -85,8 +84,7 @@ export class RoleSync {
    * the sessions or starts a timer.
    */
   close (reason = CLOSED_ERROR): void {
-    this.#closed = true
-    this.#closedReason = reason
+    this.#closedBecause = reason
     this.#stopRunning?.()
   }
 
@@ -120,7 +118,7 @@ export class RoleSync {
     const sessions = this.#source.sessions()
     // A role with no session syncs trivially and counts as accepted (docs/protocol.md "Sync").
     if (sessions.length === 0) return SYNC_OK
-    if (this.#closed) return { ok: false, error: this.#closedReason, failedSessions: sessions.length }
+    if (this.#closedBecause !== null) return { ok: false, error: this.#closedBecause, failedSessions: sessions.length }
     this.#count++
     const started = performance.now()
     let outcome: SyncOutcome
@@ -152,7 +150,7 @@ export class RoleSync {
     try {
       const result = await Promise.race([Promise.all(pushes), timedOut])
       if (result === 'timeout' || result === 'closed') {
-        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : this.#closedReason
+        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : this.#closedBecause ?? CLOSED_ERROR
         controller.abort(new Error(why))
         const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
         return { ok: false, error: `${why} (session ${pending.join(', ')})`, failedSessions: pending.length }
