@@ -864,22 +864,16 @@ function isRoleNotFound (err: unknown): boolean {
   return err instanceof StreamableHTTPError && err.code === 404 && err.message.includes('TP_ERR_ROLE_NOT_FOUND')
 }
 
-/** Signals the bridge's transports abort with, already given an unbounded listener count. */
-const unboundedSignals = new WeakSet<AbortSignal>()
-
 /**
  * The global fetch, for a transport that sends every request of its session with one signal.
  * Node's fetch leaves one abort listener per request on that signal until the request is
  * garbage-collected (then it is removed: nothing leaks), so past 1500 calls between two
  * collections Node wrote a MaxListenersExceededWarning to stderr on every call, into the MCP
- * host's log. The count is unbounded on the transport's own signal only.
+ * host's log. The count is unbounded on the transport's own signal only (setting it again is a
+ * property write).
  */
 const fetchOnLongLivedSignal = async (url: string | URL, init?: RequestInit): Promise<Response> => {
-  const signal = init?.signal
-  if (signal != null && !unboundedSignals.has(signal)) {
-    unboundedSignals.add(signal)
-    setMaxListeners(0, signal)
-  }
+  if (init?.signal != null) setMaxListeners(0, init.signal)
   return await fetch(url, init)
 }
 
