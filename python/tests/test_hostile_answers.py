@@ -215,56 +215,39 @@ async def test_a_list_answer_with_an_unhashable_name_is_a_failed_check(fake: Fak
     assert all(code == errors.REFUSED for code in codes)
 
 
-async def test_a_failed_start_after_an_ok_false_answer_still_clears(fake: Fake) -> None:
+_NOT_SYNCED = {"ok": False, "registered": "probe", "affected_roles": [],
+               "failed_roles": [{"role": "default", "error": "session refused"}],
+               "error": "no role accepted the registration"}
+_NO_ROLES = {"ok": False, "registered": "probe", "error": "no roles exist", "affected_roles": [], "failed_roles": []}
+_EVERY_ROLE_REFUSED = {"ok": False, "registered": "probe", "error": "no role accepted the registration",
+                       "affected_roles": [], "failed_roles": [
+                           {"role": "default", "error": "'probe' belongs to source 'plugin:other'", "owned_by": "plugin:other"}]}
+_INVALID = {"ok": False, "statusCode": 422, "code": "TP_ERR_VALIDATION", "error": "Unprocessable Entity", "message": "bad"}
+
+
+@pytest.mark.parametrize(("answer", "status", "clears"), [
+    (_NOT_SYNCED, 200, 1),
+    (_NO_ROLES, 200, 0),
+    (_EVERY_ROLE_REFUSED, 200, 0),
+    (_INVALID, 422, 0),
+], ids=["ok false, syncs failed", "ok false, no roles", "ok false, every role refused", "4xx"])
+async def test_a_failed_start_clears_unless_the_answer_proves_nothing_was_registered(
+        fake: Fake, answer: dict[str, Any], status: int, clears: int) -> None:
     """README "Python plugin SDK" → Start and stop: a failed start() clears what it may have
     registered. ``ok: false`` (HTTP 200) comes also when every role took the tool and each role's
-    sync failed (docs/protocol.md R8): the registry holds it, so the clear must not be skipped;
-    only a 4xx refusal proves nothing was registered."""
-    async def not_synced(request: web.Request) -> web.StreamResponse:
+    sync failed (docs/protocol.md R8): the registry holds it, so the clear must not be skipped. A
+    4xx, or an ``ok: false`` with no role or every role refusing (``owned_by``), proves nothing was
+    registered: the clear is skipped, so another instance's tools under the same source are left
+    alone."""
+    async def register(request: web.Request) -> web.StreamResponse:
         await request.read()
-        return web.json_response({"ok": False, "registered": "probe", "affected_roles": [],
-                                  "failed_roles": [{"role": "default", "error": "session refused"}],
-                                  "error": "no role accepted the registration"})
-    fake.routes["api/tools/register"] = not_synced
+        return web.json_response(answer, status=status)
+    fake.routes["api/tools/register"] = register
     plugin = new_plugin(fake)
     with pytest.raises(PluginError) as raised:
         await plugin.start()
     assert raised.value.code == errors.REFUSED
-    assert fake.count("api/tools/clear") == 1
-
-
-async def test_a_failed_start_after_a_4xx_refusal_sends_no_clear(fake: Fake) -> None:
-    """The other side of the rule above: a 4xx answer proves nothing was registered, so a failed
-    start() leaves another instance's tools under the same source alone."""
-    async def refused(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        return web.json_response({"ok": False, "statusCode": 422, "code": "TP_ERR_VALIDATION",
-                                  "error": "Unprocessable Entity", "message": "bad"}, status=422)
-    fake.routes["api/tools/register"] = refused
-    plugin = new_plugin(fake)
-    with pytest.raises(PluginError) as raised:
-        await plugin.start()
-    assert raised.value.code == errors.REFUSED
-    assert fake.count("api/tools/clear") == 0
-
-
-@pytest.mark.parametrize("answer", [
-    {"ok": False, "error": "no roles exist", "affected_roles": [], "failed_roles": []},
-    {"ok": False, "error": "no role accepted the registration", "affected_roles": [],
-     "failed_roles": [{"role": "default", "error": "'probe' belongs to source 'plugin:other'", "owned_by": "plugin:other"}]},
-], ids=["no roles", "every role refused"])
-async def test_a_failed_start_after_an_ok_false_that_every_role_refused_sends_no_clear(fake: Fake, answer: dict[str, Any]) -> None:
-    """docs/protocol.md R8: ``ok: false`` with no role, or with every role refusing (``owned_by``),
-    proves nothing was registered: the clear is skipped, so another instance's tools under the
-    same source are left alone."""
-    async def refused(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        return web.json_response({"registered": "probe", **answer})
-    fake.routes["api/tools/register"] = refused
-    plugin = new_plugin(fake)
-    with pytest.raises(PluginError):
-        await plugin.start()
-    assert fake.count("api/tools/clear") == 0
+    assert fake.count("api/tools/clear") == clears
 
 
 async def test_a_takeover_that_ended_is_forgotten_and_warned_about_again_when_it_comes_back(

@@ -9,7 +9,8 @@ import fc from 'fast-check'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import {
-  createRealtimeSession, createToolport, toolportPlugin, type RealtimeClientEvent, type ToolportEvents
+  createRealtimeSession, createToolport, toolportPlugin, type RealtimeClientEvent, type Role, type SyncOutcome,
+  type ToolportEvents
 } from '../../src/main/index.js'
 import { checkProperty, createTestToolport, startToolport, subscribeEvents, tool, waitFor, within } from '../helpers.js'
 
@@ -96,13 +97,17 @@ test('a host role-removed listener that throws does not keep a removed role\'s M
     'the session ended with its role, so its next request is refused')
 })
 
-test('close() ends a role\'s sync that is still waiting on a live session: the session\'s signal aborts and the pending registration settles, so no sync timer outlives the runtime (docs/architecture.md "close()": "No handle stays open afterwards"; ModelSession.syncTools\' signal)', async (t) => {
-  // A sync timeout three times the hang guard: only close() can end the sync in time.
-  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
+/**
+ * A well-behaved session whose model never acknowledges (its socket went away: it waits, and stops
+ * when told to) attached to `role`, and a local tool registration waiting on the sync after the
+ * one in flight to it. The signals are those of the session's pushes.
+ */
+async function registrationWaitingOnSilentSession (role: Role): Promise<{
+  signals: AbortSignal[]
+  registration: Promise<SyncOutcome>
+}> {
   const signals: AbortSignal[] = []
-  // A well-behaved session whose model never acknowledges (its socket went away): it waits, and
-  // stops when told to.
-  tp.roles.get('A').attachSession({
+  role.attachSession({
     id: 'silent-model',
     syncTools: async (_tools, signal) => {
       signals.push(signal)
@@ -112,9 +117,16 @@ test('close() ends a role\'s sync that is still waiting on a live session: the s
     }
   })
   await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
-  const registration = tp.roles.get('A').registerLocalTool({ name: 'late', handler: () => 'late' })
+  const registration = role.registerLocalTool({ name: 'waiting', handler: () => 1 })
   // In the registry, its registration now waits for the sync after the one in flight.
-  await waitFor('the tool to enter the registry', () => tp.roles.get('A').tools().length === 1, HANG_GUARD_MS)
+  await waitFor('the tool to enter the registry', () => role.tools().length === 1, HANG_GUARD_MS)
+  return { signals, registration }
+}
+
+test('close() ends a role\'s sync that is still waiting on a live session: the session\'s signal aborts and the pending registration settles, so no sync timer outlives the runtime (docs/architecture.md "close()": "No handle stays open afterwards"; ModelSession.syncTools\' signal)', async (t) => {
+  // A sync timeout three times the hang guard: only close() can end the sync in time.
+  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
+  const { signals, registration } = await registrationWaitingOnSilentSession(tp.roles.get('A'))
   await within(tp.close(), 'close()', HANG_GUARD_MS)
   assert.equal(signals[0]?.aborted, true, 'the sync in flight was aborted by close()')
   const outcome = await within(registration, 'the registration waiting on the sync', HANG_GUARD_MS)
@@ -379,17 +391,7 @@ test('attachSession, replaceSessions and callTool refuse what is not a session o
 
 test('removing a role ends its sync still waiting on a session: the session\'s signal aborts and the registration waiting on it settles, not at syncTimeoutMs (docs/protocol.md "Sync")', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
-  const signals: AbortSignal[] = []
-  tp.roles.get('A').attachSession({
-    id: 'silent-model',
-    syncTools: async (_tools, signal) => {
-      signals.push(signal)
-      await new Promise<void>((_resolve, reject) => { signal.addEventListener('abort', () => { reject(signal.reason) }, { once: true }) })
-    }
-  })
-  await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
-  const registration = tp.roles.get('A').registerLocalTool({ name: 'waiting', handler: () => 1 })
-  await waitFor('the tool to enter the registry', () => tp.roles.get('A').tools().length === 1, HANG_GUARD_MS)
+  const { signals, registration } = await registrationWaitingOnSilentSession(tp.roles.get('A'))
   tp.roles.remove('A')
   const outcome = await within(registration, 'the registration waiting on the removed role\'s sync', HANG_GUARD_MS)
   assert.equal(outcome.ok, false)
