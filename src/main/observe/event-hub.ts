@@ -96,7 +96,7 @@ const REMOVAL_TYPES = {
  * ends every subscriber and stops the heartbeat.
  *
  * @example
- * const hub = new EventHub(runtime, runtime.instanceId, options.events)
+ * const hub = new EventHub(runtime, runtime.instanceId, options.events, (role) => runtime.roles.has(role))
  * hub.subscribe(reply.raw, { types: null, role: null }, request.headers['last-event-id'])
  */
 export class EventHub {
@@ -125,7 +125,7 @@ export class EventHub {
 
   /** `hasRole`: whether a role exists now (a call encoded after its role went is not cached). */
   constructor (events: EventEmitter<ToolportEvents>, instanceId: string, options: EventHubOptions,
-    hasRole: (role: string) => boolean = () => true) {
+    hasRole: (role: string) => boolean) {
     this.instanceId = instanceId
     this.#hasRole = hasRole
     // Event ids are `<tag>-<seq>`: an id from before a restart never matches (and never replays
