@@ -960,13 +960,19 @@ function checkCall (call: CallRecord, plugin: Plugin, tally: Map<string, number>
   }
   assert.ok(outcome.ok, `${what}: expected a result, got ${got}`)
   assert.equal(responses, 1, `${what}: answered ${responses} times`)
-  assert.ok(seen !== undefined, `${what}: never reached its plugin`)
   const timedOut: CallToolResult = {
     content: [{ type: 'text', text: JSON.stringify({ error: `tool '${tool}' timed out after ${SHORT_SECONDS} s` }) }],
     isError: true
   }
   const shape = resultShape(outcome.result)
-  if (plan.behaviour === 'hang') {
+  // A short tool's 150 ms may pass before its call is sent, on a loaded machine: it then never
+  // reaches its plugin (docs/protocol.md R12: "one deadline covers queueing, connect, …").
+  const expiredUnsent = plan.target === 'short' && plan.behaviour !== 'hang' && seen === undefined &&
+    isDeepStrictEqual(shape, timedOut)
+  assert.ok(seen !== undefined || expiredUnsent, `${what}: never reached its plugin; got ${got}`)
+  if (seen === undefined) {
+    countIn(tally, 'timed out before sent')
+  } else if (plan.behaviour === 'hang') {
     assert.deepEqual(shape, timedOut, `${what}: the short tool's deadline`)
     assert.ok(seen.closedUnanswered, `${what}: timed out, but its plugin request was never closed`)
     countIn(tally, 'timed out')
