@@ -89,12 +89,15 @@ export class Role {
   }
 
   /**
-   * The role was removed from its runtime: a reference kept to it takes no tool and no session,
-   * and its sync in flight ends (its sessions' signal aborts).
+   * The role was removed from its runtime: its sessions are dropped (its sync in flight ends, their
+   * signal aborts, and it counts as done, as a role without sessions syncs), and a reference kept to
+   * it takes no tool and no session.
    */
   [kRoleRemoved] (): void {
     this.#isRemoved = true
-    this.#sync.close(`role '${this.name}' was removed before its sessions took the tools`)
+    this.#sessions.clear()
+    this.#sessionList = []
+    this.#sync.dropSessions()
   }
 
   /** Throws TP_ERR_ROLE_NOT_FOUND once the role was removed, TP_ERR_CLOSED once its runtime closed. */

@@ -66,8 +66,8 @@ export class RoleSync {
   #count = 0
   /** Set by `close()`, with why: no sync starts any more. */
   #closedBecause: string | null = null
-  /** Ends the sync that runs now (its pushes aborted), for `close()`. */
-  #stopRunning: (() => void) | null = null
+  /** Ends the sync that runs now (its pushes aborted), for `close()` and `dropSessions()`. */
+  #stopRunning: ((why: 'closed' | 'dropped') => void) | null = null
 
   constructor (source: SyncSource, timeoutMs: number, observer: SyncObserver | null = null) {
     this.#source = source
@@ -79,13 +79,20 @@ export class RoleSync {
   get count (): number { return this.#count }
 
   /**
-   * The runtime closed (or the role was removed: `reason` says so): the sync in flight ends at
-   * once as failed (its sessions' signal aborts, its timer is cleared), and no later sync pushes to
-   * the sessions or starts a timer.
+   * The runtime closed: the sync in flight ends at once as failed (its sessions' signal aborts, its
+   * timer is cleared), and no later sync pushes to the sessions or starts a timer.
    */
-  close (reason = CLOSED_ERROR): void {
-    this.#closedBecause = reason
-    this.#stopRunning?.()
+  close (): void {
+    this.#closedBecause = CLOSED_ERROR
+    this.#stopRunning?.('closed')
+  }
+
+  /**
+   * The role's sessions were all dropped (the role was removed): the sync in flight ends at once
+   * (their signal aborts, its timer is cleared) as a sync of a role without sessions does, done.
+   */
+  dropSessions (): void {
+    this.#stopRunning?.('dropped')
   }
 
   /** Resolves once a sync that started after this call has finished. Never rejects. */
@@ -138,9 +145,9 @@ export class RoleSync {
   async #sync (sessions: readonly ModelSession[]): Promise<SyncOutcome> {
     const controller = new AbortController()
     let timer: NodeJS.Timeout | undefined
-    const timedOut = new Promise<'timeout' | 'closed'>((resolve) => {
+    const timedOut = new Promise<'timeout' | 'closed' | 'dropped'>((resolve) => {
       timer = setTimeout(resolve, this.#timeoutMs, 'timeout')
-      this.#stopRunning = () => { resolve('closed') }
+      this.#stopRunning = resolve
     })
     const settled: boolean[] = new Array(sessions.length).fill(false)
     const pushes = sessions.map((session, i) => this.#push(session, controller.signal).then((result) => {
@@ -149,6 +156,10 @@ export class RoleSync {
     }))
     try {
       const result = await Promise.race([Promise.all(pushes), timedOut])
+      if (result === 'dropped') {
+        controller.abort(new Error('the session left its role'))
+        return SYNC_OK
+      }
       if (result === 'timeout' || result === 'closed') {
         const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : this.#closedBecause ?? CLOSED_ERROR
         controller.abort(new Error(why))
