@@ -79,6 +79,7 @@ async function main (): Promise<void> {
     step(`${flags.path}, ${flags.reply} replies, c=${flags.concurrency}: warming up`)
     let ready: ProfileTargetReady | null = null
     let record: Promise<number | null> | null = null
+    let perfErr = ''
     const data = join(dir, 'perf.data')
     // The target runs in `dir`: --perf-prof writes its jit-<pid>.dump there.
     const result = await runProfileTarget(
@@ -93,13 +94,17 @@ async function main (): Promise<void> {
           const perf = spawn('perf', ['record', '-F', '999', '-e', 'cpu-clock', '-g', '-k', 'mono', '-p',
             String(target.pid), '-o', data, '--', 'sleep', String(Math.max(1, flags.seconds - 0.3))],
           { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] })
+          perf.stderr.setEncoding('utf8').on('data', (chunk: string) => { perfErr += chunk })
           record = once(perf, 'exit').then(([code]) => code as number | null)
         }
       }).catch((err: unknown) => fail(`the profiled process failed: ${err instanceof Error ? err.message : String(err)}`))
     const recorded = record === null ? null : await record
     const readyInfo = ready as ProfileTargetReady | null
     const figures = result
-    if (readyInfo === null || recorded !== 0) fail('perf record failed (is profiling allowed here?)')
+    if (readyInfo === null) fail('the profiled process never reported its measured window')
+    if (recorded !== 0) {
+      fail(`perf record failed (exit ${String(recorded)}; is profiling allowed here?)${perfErr === '' ? '' : `:\n${perfErr.trimEnd()}`}`)
+    }
     step('resolving JavaScript frames (perf inject --jit)')
     const injected = join(dir, 'perf.jit.data')
     const inject = spawnSync('perf', ['inject', '--jit', '-i', data, '-o', injected], { cwd: dir, encoding: 'utf8' })
