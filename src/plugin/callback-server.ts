@@ -212,7 +212,16 @@ export class CallbackServer {
     if (tool.schema !== null) {
       // Validated here even though Toolport checked the JSON Schema: refinements, transforms and
       // defaults exist only in zod, and the handler is typed with the schema's output.
-      const parsed = await z.safeParseAsync(tool.schema, args)
+      let parsed
+      try {
+        parsed = await z.safeParseAsync(tool.schema, args)
+      } catch (err) {
+        // A transform or refinement that throws (JSON.parse of a string field, a check that throws
+        // instead of returning false): zod lets it through. It judged these arguments, so the model
+        // is told as for any refusal; the log gets its type only, as for a handler's throw.
+        this.#options.logger.debug?.(`tool '${tool.name}' (call ${ctx.callId}): its schema threw ${err instanceof Error ? err.name : typeof err}`)
+        return errorEnvelope(`invalid arguments: ${messageOf(err)}`)
+      }
       if (!parsed.success) return errorEnvelope(`invalid arguments: ${z.prettifyError(parsed.error)}`)
       args = parsed.data
     } else if (typeof args !== 'object' || args === null || Array.isArray(args)) {

@@ -568,6 +568,45 @@ test('an output holding NaN or ±Infinity anywhere is an error result, never a s
   assert.equal((await tp.callTool('A', { name: 'fine_deep', arguments: {} })).is_error, false)
 })
 
+test('a zod transform or refinement that throws refuses the arguments as an error result, and the log never holds their text (README "Plugin SDK" → Arguments, Privacy)', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A'] })
+  const lines: string[] = []
+  const record = (line: string): void => { lines.push(line) }
+  const ran: string[] = []
+  const plugin = createPlugin({
+    toolportUrl: url,
+    source: 'plugin:throwing-schema',
+    watchEvents: false,
+    logger: { debug: record, info: record, warn: record, error: record },
+    tools: {
+      parse_json: {
+        parameters: z.object({ data: z.string().transform((text) => JSON.parse(text) as unknown) }),
+        handler: (args) => { ran.push('parse_json'); return args.data }
+      },
+      refine_throws: {
+        parameters: z.object({
+          n: z.number().refine((n) => { if (n < 0) throw new RangeError('n is negative'); return true })
+        }),
+        handler: (args) => { ran.push('refine_throws'); return args.n }
+      }
+    }
+  })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  await plugin.start()
+  const parsed = await tp.callTool('A', { name: 'parse_json', arguments: { data: 'secret-text{' } })
+  assert.equal(parsed.is_error, true, JSON.stringify(parsed))
+  assert.match(String(parsed.error), /^invalid arguments: /)
+  const refined = await tp.callTool('A', { name: 'refine_throws', arguments: { n: -1 } })
+  assert.equal(refined.is_error, true, JSON.stringify(refined))
+  assert.equal(refined.error, 'invalid arguments: n is negative')
+  assert.deepEqual(ran, [], 'no handler ran on refused arguments')
+  // Valid arguments still pass the same schemas.
+  assert.deepEqual((await tp.callTool('A', { name: 'parse_json', arguments: { data: '{"a":1}' } })).output, { a: 1 })
+  assert.equal((await tp.callTool('A', { name: 'refine_throws', arguments: { n: 2 } })).output, 2)
+  assert.ok(!lines.some((line) => line.includes('secret-text')), lines.join('\n'))
+  assert.ok(!lines.some((line) => line.includes('internal error')), lines.join('\n'))
+})
+
 test('start() on a port that is taken rejects with a PluginError (TP_ERR_PLUGIN_LISTEN, cause EADDRINUSE) and leaves the plugin stopped (README "Plugin SDK" errors)', async (t) => {
   const taken = createServer()
   taken.listen(0, '127.0.0.1')
