@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import threading
 import uuid
 from dataclasses import dataclass
@@ -189,6 +190,74 @@ async def test_invalid_arguments_are_an_error_result_and_the_handler_is_not_call
         assert "'text' is a required property" in reply["error"]
         assert "'extra' was unexpected" in reply["error"]
         assert calls == []
+
+
+@dataclass
+class Span:
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if self.lo > self.hi:
+            raise ValueError("lo must be <= hi")
+
+
+class Shade(pydantic.BaseModel):
+    tone: Literal["light", "dark"]
+    query: Query
+
+
+async def test_arguments_a_conversion_refuses_or_an_optional_model_are_answered_as_results_never_a_500(
+        api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    plugin = new_plugin(api)
+    calls: list[object] = []
+
+    @plugin.tool
+    async def span(s: Span) -> int:
+        calls.append(s)
+        return s.hi - s.lo
+
+    @plugin.tool
+    async def shade(s: Optional[Shade] = None) -> str:
+        calls.append(s)
+        return "none" if s is None else f"{s.tone}:{s.query.text}"
+
+    caplog.set_level(logging.DEBUG, logger="toolport_plugin")
+    async with plugin:
+        # A dataclass's __post_init__ refusing the values is the model's to fix, as a validator's is.
+        result = await api.call("span", {"s": {"lo": 5, "hi": 1}})
+        assert result["is_error"] is True and result["error"] == "invalid arguments: s: lo must be <= hi"
+        assert (await api.call("span", {"s": {"lo": 1, "hi": 5}}))["output"] == 4
+        # An optional model whose schema has $defs (a nested model) arrives as the model.
+        assert (await api.call("shade", {"s": {"tone": "dark", "query": {"text": "x"}}}))["output"] == "dark:x"
+        assert (await api.call("shade", {}))["output"] == "none"
+        result = await api.call("shade", {"s": {"tone": "dark", "query": {"text": " "}}})
+        assert result["is_error"] is True and "must not be blank" in result["error"]
+    assert len(calls) == 3
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_an_exception_escaping_the_sdk_is_logged_at_error_on_the_plugins_logger_by_type_only(
+        api: Api, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    # A fault inside the SDK itself, past its own error handling (the handler is never reached).
+    def broken(raw: object) -> dict[str, object]:
+        raise RuntimeError(f"sdk fault holding {raw!r}")
+
+    caplog.set_level(logging.DEBUG, logger="toolport_plugin")
+    async with plugin:
+        monkeypatch.setattr(plugin.tools["echo"].signature, "arguments", broken)
+        status, _ = await post_callback(plugin, "echo", {"text": "secret-argument"})
+        assert status == 500
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["internal error in the plugin SDK (RuntimeError)"]
+    assert all(r.name == "toolport_plugin" for r in errors)
+    assert "secret-argument" not in caplog.text
 
 
 async def test_a_tool_error_carries_its_output_and_other_exceptions_never_a_traceback(api: Api) -> None:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
 import pydantic
 import pytest
+from typing_extensions import NotRequired, Required  # typing's from 3.11; the package runs on 3.10
 
 from toolport_plugin import CallContext, Image, Plugin, PluginError, ToolError, ToolOutput
 from toolport_plugin._results import exception_reply, output_reply
@@ -104,6 +105,95 @@ def test_typeddicts_dataclasses_and_pydantic_models_are_objects_and_arrive_as_th
     assert "box/corner/x: '1' is not of type 'integer'" in message
     assert "box/corner: 'y' is a required property" in message
     assert "outer/inner: 'n' is a required property" in message
+
+
+class Shade(pydantic.BaseModel):
+    color: Color
+
+
+def test_an_optional_or_union_model_with_defs_arrives_as_the_model() -> None:
+    # The member's schema holds $refs into the tool's $defs (a nested model, an Enum): the union's
+    # choice must resolve them, or no member fits.
+    def f(outer: Optional[Outer] = None, shade: Shade | None = None, shades: list[Shade] | None = None,
+          either: Union[Outer, int] = 0) -> None:
+        pass
+
+    schema, sig = schema_of(f)
+    assert {"Inner", "Color"} <= set(schema["$defs"])
+    args = sig.arguments({"outer": {"inner": {"n": 1}}, "shade": {"color": "blue"}, "shades": [{"color": "red"}],
+                          "either": {"inner": {"n": 2}}})
+    assert args["outer"] == Outer(inner=Inner(n=1))
+    assert args["shade"] == Shade(color=Color.BLUE)
+    assert args["shades"] == [Shade(color=Color.RED)]
+    assert args["either"] == Outer(inner=Inner(n=2))
+    assert sig.arguments({"either": 3, "outer": None}) == {"either": 3, "outer": None}
+
+
+class Keys(TypedDict):
+    a: int
+    b: "NotRequired[Annotated[str, 'a label']]"
+
+
+class OpenKeys(TypedDict, total=False):
+    a: "Required[Color]"
+    b: int
+
+
+def test_typeddict_required_and_notrequired_keys() -> None:
+    def f(keys: Keys, open_keys: OpenKeys) -> None:
+        pass
+
+    schema, sig = schema_of(f)
+    keys = schema["properties"]["keys"]
+    assert keys["properties"] == {"a": {"type": "integer"}, "b": {"type": "string", "description": "a label"}}
+    assert keys["required"] == ["a"]
+    open_keys = schema["properties"]["open_keys"]
+    assert open_keys["properties"]["a"] == {"enum": ["red", "blue"]}
+    assert open_keys["required"] == ["a"]
+    args = sig.arguments({"keys": {"a": 1}, "open_keys": {"a": "blue", "b": 2}})
+    assert args == {"keys": {"a": 1}, "open_keys": {"a": Color.BLUE, "b": 2}}
+
+
+@dataclass
+class Span:
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if self.lo > self.hi:
+            raise ValueError("lo must be <= hi")
+
+
+@dataclass
+class Trip:
+    span: Span
+
+
+class Lookup(pydantic.BaseModel):
+    key: str
+
+    @pydantic.field_validator("key")
+    @classmethod
+    def known(cls, value: str) -> str:
+        return {"a": "a"}[value]  # a KeyError, which pydantic does not turn into a ValidationError
+
+
+def test_an_exception_converting_arguments_refuses_them_naming_where() -> None:
+    def f(span: Span | None = None, trip: Optional[Trip] = None, lookup: Optional[Lookup] = None) -> None:
+        pass
+
+    _, sig = schema_of(f)
+    assert sig.arguments({"span": {"lo": 1, "hi": 2}})["span"] == Span(1, 2)
+    with pytest.raises(ArgumentsError) as info:
+        sig.arguments({"span": {"lo": 5, "hi": 1}})
+    assert str(info.value) == "span: lo must be <= hi"
+    with pytest.raises(ArgumentsError) as info:
+        sig.arguments({"trip": {"span": {"lo": 5, "hi": 1}}})
+    assert str(info.value) == "trip/span: lo must be <= hi"
+    assert sig.arguments({"lookup": {"key": "a"}})["lookup"] == Lookup(key="a")
+    with pytest.raises(ArgumentsError) as info:
+        sig.arguments({"lookup": {"key": "zz"}})
+    assert str(info.value) == "lookup: KeyError: 'zz'"
 
 
 def test_an_explicit_schema_is_registered_as_given_and_its_arguments_arrive_as_toolport_sent_them() -> None:

@@ -43,6 +43,21 @@ _PRIMITIVES: dict[Any, JsonSchema] = {
 }
 _MAX_DEPTH = 32  # Toolport's default limits.maxParametersDepth
 
+# A TypedDict's key qualifiers (`Required[int]`, `NotRequired[str]`, `ReadOnly[...]`), by name:
+# which keys are required comes from them or the class's totality; the schema and the value are the
+# inner type's. typing has them from 3.11 (ReadOnly from 3.13); typing_extensions spells its own.
+_QUALIFIER_NAMES = ("Required", "NotRequired", "ReadOnly")
+_QUALIFIER_MODULES: list[Any] = [typing]
+try:
+    import typing_extensions
+except ImportError:  # pragma: no cover - pydantic depends on it; without both only typing's count
+    pass
+else:
+    _QUALIFIER_MODULES.append(typing_extensions)
+_QUALIFIER_NAME: dict[Any, str] = {
+    q: n for m in _QUALIFIER_MODULES for n in _QUALIFIER_NAMES if (q := getattr(m, n, None)) is not None}
+_KEY_QUALIFIERS = tuple(_QUALIFIER_NAME)
+
 
 class SchemaError(TypeError):
     """A handler's signature cannot be turned into a JSON Schema (raised by the decorator)."""
@@ -58,6 +73,22 @@ def _is_pydantic_model(tp: Any) -> bool:
 
 def _is_typeddict(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+def _typeddict_key_required(tp: Any, key: str, hint: Any) -> bool:
+    """Whether a TypedDict's key is required: a `Required`/`NotRequired` on its resolved hint, else
+    the class's verdict. Python 3.11 reads the qualifier only from a real annotation, so under
+    `from __future__ import annotations` its __required_keys__ holds every key of a total class."""
+    while True:
+        origin = typing.get_origin(hint)
+        name = _QUALIFIER_NAME.get(origin) if origin is not None else None
+        if name == "Required":
+            return True
+        if name == "NotRequired":
+            return False
+        if origin is not typing.Annotated and name != "ReadOnly":
+            return key in tp.__required_keys__
+        hint = typing.get_args(hint)[0]
 
 
 class _Builder:
@@ -76,6 +107,8 @@ class _Builder:
             return dict(_PRIMITIVES[tp])
         origin = typing.get_origin(tp)
         args = typing.get_args(tp)
+        if origin in _KEY_QUALIFIERS:
+            return self.schema(args[0], depth)
         if origin is typing.Annotated:
             inner = self.schema(args[0], depth + 1)
             for meta in args[1:]:
@@ -124,7 +157,7 @@ class _Builder:
         if _is_typeddict(tp):
             hints = typing.get_type_hints(tp, include_extras=True)
             props = {k: self.schema(v, depth + 1) for k, v in hints.items()}
-            required = [k for k in hints if k in tp.__required_keys__]
+            required = [k for k, v in hints.items() if _typeddict_key_required(tp, k, v)]
             return _object(props, required, closed=True, title=tp.__name__)
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             hints = typing.get_type_hints(tp, include_extras=True)
@@ -268,7 +301,15 @@ class Signature:
         out: dict[str, Any] = {}
         for key, value in raw.items():
             tp = self.types.get(key)
-            out[key] = value if tp is None else _convert(value, tp, key)
+            if tp is None:
+                out[key] = value
+                continue
+            try:
+                out[key] = _convert(value, tp, key)
+            except (ArgumentsError, RecursionError):
+                raise
+            except Exception as err:  # user code on the way (an Enum's _missing_, …): the model's to fix
+                raise ArgumentsError(f"{key}: {_refusal(err)}") from err
         return out
 
 
@@ -307,18 +348,16 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if origin is typing.Annotated:
+    if origin is typing.Annotated or origin in _KEY_QUALIFIERS:
         return _convert(value, args[0], path)
     if origin is Union or origin is types.UnionType:
         # The first member whose schema the value fits decides (as anyOf did).
         for member in args:
             if member is _NONE_TYPE:
                 continue
-            try:
-                jsonschema.validate(value, _Builder(path).schema(member), cls=jsonschema.Draft202012Validator)
-            except (jsonschema.ValidationError, SchemaError):
-                continue
-            return _convert(value, member, path)
+            validator = _member_validator(member)
+            if validator is not None and validator.is_valid(value):
+                return _convert(value, member, path)
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -329,9 +368,15 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             return tp.model_validate(value)
         except pydantic.ValidationError as err:
             raise ArgumentsError(f"{path}: {err}") from err
+        except Exception as err:  # a validator raising what pydantic does not wrap (a KeyError, …)
+            raise ArgumentsError(f"{path}: {_refusal(err)}") from err
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp, include_extras=True)
-        return tp(**{k: _convert(v, hints.get(k, Any), f"{path}/{k}") for k, v in value.items()})
+        fields = {k: _convert(v, hints.get(k, Any), f"{path}/{k}") for k, v in value.items()}
+        try:
+            return tp(**fields)
+        except Exception as err:  # its __post_init__ refusing the values: the model's to fix
+            raise ArgumentsError(f"{path}: {_refusal(err)}") from err
     if _is_typeddict(tp):
         hints = typing.get_type_hints(tp, include_extras=True)
         return {k: _convert(v, hints.get(k, Any), f"{path}/{k}") for k, v in value.items()}
@@ -347,6 +392,46 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin in (dict, Mapping) and len(args) == 2:
         return {k: _convert(v, args[1], f"{path}/{k}") for k, v in value.items()}
     return value
+
+
+def _refusal(err: Exception) -> str:
+    """The model's text for an exception the conversion of arguments raised: a ValueError's or
+    an AssertionError's message (the usual way to refuse a value), else its type and message."""
+    text = str(err)
+    if isinstance(err, (ValueError, AssertionError)) and text:
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# Union members' validators, built once per member type: a call whose argument is a union is
+# converted by the first member its value fits, and building a member's schema and validator per
+# call would cost more than the call. Bounded; an unhashable member (an Annotated with a list in
+# it) is built each time.
+_MEMBER_VALIDATORS: dict[Any, Any] = {}
+_MAX_MEMBER_VALIDATORS = 1024
+
+
+def _member_validator(member: Any) -> Any:
+    """A validator of ``member``'s schema with its ``$defs`` (a pydantic model's nested models and
+    enums are ``$ref``s into them), or None for a type with no schema."""
+    try:
+        return _MEMBER_VALIDATORS[member]
+    except KeyError:
+        hashable = True
+    except TypeError:
+        hashable = False
+    builder = _Builder("a union member")
+    try:
+        schema = builder.schema(member)
+    except SchemaError:
+        validator = None
+    else:
+        if builder.defs:
+            schema = {**schema, "$defs": builder.defs}
+        validator = jsonschema.Draft202012Validator(schema)
+    if hashable and len(_MEMBER_VALIDATORS) < _MAX_MEMBER_VALIDATORS:
+        _MEMBER_VALIDATORS[member] = validator
+    return validator
 
 
 _LEAVE = object()  # to_json_value's work item that ends a container

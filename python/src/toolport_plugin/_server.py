@@ -121,6 +121,8 @@ class CallbackServer:
             app.router.add_route("*", r"/{tail:[\s\S]*}", self._handle)
             self._runner = _AppRunner(
                 app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
+                # Refused requests and the SDK's own failures go to the plugin's logger, not aiohttp's.
+                logger=self._log,
             )
             await self._runner.setup()
             try:
@@ -302,7 +304,11 @@ class _RequestHandler(RequestHandler):
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         # aiohttp's message quotes the request's bytes: only the exception's type is logged.
-        self.logger.debug("refused a request with %d (%s)", status, type(exc).__name__ if exc else "no details")
+        if status >= 500 and exc is not None:
+            # An exception escaping the SDK's own handler reaches here, not log_exception.
+            self.log_exception(exc_info=exc)
+        else:
+            self.logger.debug("refused a request with %d (%s)", status, type(exc).__name__ if exc else "no details")
         if request.writer.output_size > 0:
             raise ConnectionError("an answer was sent already")
         try:
