@@ -16,7 +16,7 @@ import type {
   ClearResult, FailedRole, HealthReport, RefusedRole, RegisterResult, UnregisterResult
 } from './schemas.js'
 import { Dispatcher } from './dispatch/dispatcher.js'
-import { OriginHealth } from './dispatch/origin-health.js'
+import { OriginHealth, originVerdict } from './dispatch/origin-health.js'
 import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { compileValidator, warmUpSchemaCompiler } from './dispatch/validators.js'
 import { errorResult, outcomeToResult, type ToolResult } from './dispatch/result.js'
@@ -239,8 +239,6 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       callback: request.callback_url,
       validator
     })
-    // A new registration at an origin means the plugin is back: count its failures afresh.
-    this.#health.reset(entry.origin)
     const accepted: Role[] = []
     const failed: FailedRole[] = []
     for (const role of targets) {
@@ -261,6 +259,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         })
         continue
       }
+      // A registration a role takes means the plugin is back: count its failures afresh, before
+      // the tool is there to be called. One that every role refused changes nothing, this neither.
+      if (accepted.length === 0) this.#health.reset(entry.origin)
       role.registry.set(entry)
       if (existing !== undefined) role.emitRemoved(existing, 'replaced')
       if (this.listenerCount('tool-registered') > 0) {
@@ -478,7 +479,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
   get closed (): boolean { return this.#closed }
 
   #recordHealth (entry: ToolEntry, outcome: CallOutcome, epoch: number): void {
-    if (!this.#health.record(entry.origin, outcome.kind, entry.isPlugin, epoch)) return
+    if (!this.#health.record(entry.origin, originVerdict(outcome), entry.isPlugin, epoch)) return
     this.#evict(entry.origin)
   }
 

@@ -14,7 +14,7 @@ import { readReply } from './reply.js'
 import type { ImageLimits } from './images.js'
 import type { ReplyBudget } from './reply-budget.js'
 import type { CancelSignal } from './cancel.js'
-import { classifyError, describeError } from './call-errors.js'
+import { classifyError, describeError, ENCODED_REPLY_CODE } from './call-errors.js'
 import { HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from '../workers/protocol.js'
 import type { CallOutcome, CallTask } from '../workers/protocol.js'
 
@@ -140,7 +140,7 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
       // encoded body would reach the model as binary noise: refuse it with a clear reason.
       const encoding = firstHeader(headers['content-encoding']).trim().toLowerCase()
       if (encoding !== '' && encoding !== 'identity') {
-        this.stop(OutcomeKind.protocol, 'TP_ENCODED_REPLY',
+        this.stop(OutcomeKind.protocol, ENCODED_REPLY_CODE,
           `the reply is compressed (content-encoding: ${encoding.slice(0, 40)}); reply uncompressed`)
         return
       }

@@ -84,7 +84,13 @@ const ERROR_TEXT: Partial<Record<Kind, RegExp>> = {
 // ---------------------------------------------------------------------------------------------
 // Plugins
 
-interface CallArgs { token: string, b: Behaviour }
+/**
+ * What a plugin also does, outside the property (its outcome kind, `protocol`, does not tell it
+ * from a broken reply, which the model could not replay): a whole 2xx reply, gzip-encoded.
+ */
+type ExtraBehaviour = 'gzip'
+
+interface CallArgs { token: string, b: Behaviour | ExtraBehaviour }
 
 class Plugin {
   readonly index: number
@@ -192,6 +198,7 @@ class Plugin {
     response.on('close', () => { for (const timer of timers) clearTimeout(timer); clearInterval(timers[0]) })
     switch (b) {
       case 'ok': json({ output: token, is_error: false }); return
+      case 'gzip': json({ output: token, is_error: false }, { 'content-encoding': 'gzip' }); return
       case 'tool_error': json({ error: 'nope', is_error: true }); return
       case 'close': json({ output: token, is_error: false }, { connection: 'close' }); return
       case 'status_5xx':
@@ -376,7 +383,8 @@ class Model {
   record (origin: number, kind: Kind, isPlugin: boolean, epoch: number):
   { origin: number, tools: string[], roles: string[] } | null {
     if (epoch !== this.epoch(origin)) return null
-    if (kind === 'ok' || kind === 'http') {
+    // Any HTTP reply resets, also one over maxResponseBytes (docs/protocol.md "Eviction").
+    if (kind === 'ok' || kind === 'http' || kind === 'too_large') {
       this.failures.set(origin, 0)
       return null
     }
@@ -774,6 +782,54 @@ test('R13: an HTTP error reply between connection failures resets the count (REA
   assert.deepEqual(outcomes, ['connect', 'http', 'connect'])
   assert.deepEqual(evicted, [])
   assert.deepEqual(tp.list('A').tools_by_role.A!.map((x) => x.name), ['p'])
+})
+
+for (const b of ['big_body', 'gzip'] as const) {
+  test(`R13: a reply ${b === 'gzip' ? 'refused as compressed' : 'over maxResponseBytes'} between connection failures resets the count: it is an HTTP reply (docs/protocol.md "Eviction")`, async (t) => {
+    // Refused, that reply, refused: with a threshold of 2 nothing is evicted. Before, both replies
+    // left the count as it was, and a plugin that was up was evicted.
+    const plugin = await startPlugin(t, 0, false)
+    const { tp } = await startToolport(t, { roles: ['A'], evictionThreshold: 2, dispatch: { mode: 'inline', maxResponseBytes: MAX_RESPONSE_BYTES } })
+    assert.equal((await tp.register({ name: 'p', callback_url: `${plugin.origin}/p`, source: 'plugin:p', parameters: { type: 'object' } })).ok, true)
+    const results: ToolResult[] = []
+    const outcomes: string[] = []
+    tp.on('call-finished', (event) => outcomes.push(event.outcome))
+    const evicted: unknown[] = []
+    tp.on('origin-evicted', (event) => evicted.push(event))
+    for (const isDown of [true, false, true]) {
+      await (isDown ? plugin.down() : plugin.up())
+      results.push(await within(tp.callTool('A', { name: 'p', arguments: { token: `r${outcomes.length}`, b } }), 'a call', GUARD_MS))
+    }
+    assert.deepEqual(outcomes, ['connect', b === 'gzip' ? 'protocol' : 'too_large', 'connect'])
+    assert.match(results[1]!.error ?? '', b === 'gzip' ? /reply is compressed/ : ERROR_TEXT.too_large!)
+    assert.deepEqual(evicted, [])
+    assert.deepEqual(tp.list('A').tools_by_role.A!.map((x) => x.name), ['p'])
+  })
+}
+
+test('R13: a registration every role refused does not reset its origin\'s count (docs/protocol.md "Eviction")', async (t) => {
+  // Refused, refused, a registration at the origin that no role takes (the name is a local tool's),
+  // refused: with a threshold of 3 the third failure evicts. Before, the refused registration
+  // reset the count and the dead plugin's tool stayed.
+  const plugin = await startPlugin(t, 0, false)
+  const { tp } = await startToolport(t, { roles: ['A'], evictionThreshold: 3, dispatch: { mode: 'inline' } })
+  await tp.roles.get('A').registerLocalTool({ name: 'local', handler: () => 'local' })
+  assert.equal((await tp.register({ name: 'p', callback_url: `${plugin.origin}/p`, source: 'plugin:p', parameters: { type: 'object' } })).ok, true)
+  await plugin.down()
+  const outcomes: string[] = []
+  tp.on('call-finished', (event) => outcomes.push(event.outcome))
+  const evicted: OriginEvictedEvent[] = []
+  tp.on('origin-evicted', (event) => evicted.push(event))
+  const call = async (): Promise<ToolResult> => await within(tp.callTool('A', { name: 'p', arguments: { token: 't', b: 'ok' } }), 'a call', GUARD_MS)
+  await call()
+  await call()
+  const refused = await tp.register({ name: 'local', callback_url: `${plugin.origin}/local`, source: 'plugin:q', parameters: { type: 'object' } })
+  assert.equal(refused.ok, false)
+  assert.deepEqual(refused.failed_roles.map((f) => f.role), ['A'])
+  await call()
+  assert.deepEqual(outcomes, ['connect', 'connect', 'connect'])
+  assert.deepEqual(evicted.map((e) => e.tools), [['p']])
+  assert.deepEqual(tp.list('A').tools_by_role.A!.map((x) => x.name), ['local'])
 })
 
 // ---------------------------------------------------------------------------------------------

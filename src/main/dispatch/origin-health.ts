@@ -1,16 +1,32 @@
 // Consecutive connection-level failures per callback origin (docs/protocol.md R13, "Eviction").
 //
 // Only calls to `plugin:` tools count. A connection-level failure (the connection could not be
-// established) increments; any HTTP response from the origin and any new registration there
-// reset. Read timeouts, broken replies and tool-level errors neither count nor reset. Reaching the
-// threshold returns true once.
+// established) increments; any HTTP response from the origin (also one over maxResponseBytes, or
+// a 2xx refused for its Content-Encoding) and any new registration there reset. Read timeouts,
+// broken replies and replies dropped for the reply-byte budget neither count nor reset. Reaching
+// the threshold returns true once.
 //
 // Each origin has an epoch that a reset or an eviction advances; a call records its outcome
 // against the epoch it was dispatched in, so failures of calls sent before a re-registration (or
 // before an eviction) can never count against the tools registered after it. Epochs come from one
 // counter for all origins, so an origin forgotten and registered again never reuses an epoch that
 // calls still queued from before hold.
-import type { OutcomeKind } from '../../workers/protocol.js'
+import type { CallOutcome } from '../../workers/protocol.js'
+import { ENCODED_REPLY_CODE } from '../../shared/call-errors.js'
+
+/** What a call's outcome says of its origin (docs/protocol.md "Eviction"). */
+export type OriginVerdict = 'unreachable' | 'answered' | 'neither'
+
+/** The verdict on a call's origin from its outcome. */
+export function originVerdict (outcome: Pick<CallOutcome, 'kind' | 'message'>): OriginVerdict {
+  switch (outcome.kind) {
+    case 'connect': return 'unreachable'
+    case 'ok': case 'http': case 'too_large': return 'answered'
+    // The one `protocol` outcome with a whole HTTP reply head behind it: a compressed 2xx.
+    case 'protocol': return outcome.message.startsWith(ENCODED_REPLY_CODE) ? 'answered' : 'neither'
+    default: return 'neither'
+  }
+}
 
 interface OriginState {
   failures: number
@@ -32,10 +48,10 @@ export class OriginHealth {
     return this.#origins.get(origin)?.epoch ?? 0
   }
 
-  /** Records a call's outcome; true when the origin has just reached the eviction threshold. */
-  record (origin: string, kind: OutcomeKind, countsForEviction: boolean, epoch: number): boolean {
+  /** Records a call's verdict; true when the origin has just reached the eviction threshold. */
+  record (origin: string, verdict: OriginVerdict, countsForEviction: boolean, epoch: number): boolean {
     const state = this.#origins.get(origin)
-    if (kind === 'connect') {
+    if (verdict === 'unreachable') {
       if (!countsForEviction) return false
       if (state === undefined) {
         if (epoch !== 0) return false
@@ -54,7 +70,7 @@ export class OriginHealth {
       state.epoch = ++this.#lastEpoch
       return true
     }
-    if ((kind === 'ok' || kind === 'http') && state !== undefined && state.epoch === epoch) state.failures = 0
+    if (verdict === 'answered' && state !== undefined && state.epoch === epoch) state.failures = 0
     return false
   }
 
