@@ -147,6 +147,26 @@ test('API errors: an unknown route or method is 404 TP_ERR_ROUTE_NOT_FOUND', asy
   assertError(await inject(tp, 'POST', '/api/tools', {}), 404, 'TP_ERR_ROUTE_NOT_FOUND')
 })
 
+test('API errors: an unknown route is 404 TP_ERR_ROUTE_NOT_FOUND whatever its body: none, not JSON, bad JSON, too large or too deep', async (t) => {
+  // fastify reads a body before its not-found handler runs; what it makes of the body must not
+  // answer for the route (it answered 415, 400 or 413).
+  const tp = await createTestToolport(t, { roles: ['A'], console: false, limits: { maxBodyBytes: 1024, maxJsonDepth: 8 } })
+  const deep = '['.repeat(20) + ']'.repeat(20)
+  for (const [payload, type] of [['', undefined], ['x', 'text/plain'], ['a=1', 'application/x-www-form-urlencoded'],
+    ['{bad', 'application/json'], [JSON.stringify({ a: 'x'.repeat(4096) }), 'application/json'], [deep, 'application/json']] as const) {
+    for (const url of ['/api/nothing', '/api/tools/nope']) {
+      assertError(await raw(tp, payload, type, url), 404, 'TP_ERR_ROUTE_NOT_FOUND')
+    }
+  }
+  const put = await tp.app.inject({ method: 'PUT', url: '/api/tools', payload: 'x', headers: { 'content-type': 'text/plain' } })
+  assert.equal(put.statusCode, 404)
+  assert.equal(JSON.parse(put.body).code, 'TP_ERR_ROUTE_NOT_FOUND')
+  // A route that exists still judges its body.
+  assertError(await raw(tp, 'x', 'text/plain'), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+  assertError(await raw(tp, '{bad', 'application/json'), 400, 'TP_ERR_BAD_JSON')
+  assertError(await raw(tp, deep, 'application/json'), 413, 'TP_ERR_JSON_TOO_DEEP')
+})
+
 test('API errors: only 422 carries details, as a list of { path, code, message }', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const notFound = await inject(tp, 'GET', '/api/tools?role=Nobody')

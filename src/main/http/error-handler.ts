@@ -22,7 +22,11 @@ export interface ErrorBody {
 
 /** fastify's setErrorHandler: answers with the mapped error. */
 export function handleError (this: unknown, err: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
-  const mapped = toToolportError(err, request)
+  let mapped = toToolportError(err, request)
+  // fastify reads the body of a request no route matches before its not-found handler runs: a
+  // body it cannot read there (not JSON, too large or deep, of another media type) must not hide
+  // that the route does not exist. The guard's refusals (401, 403) still come first.
+  if (request.is404 && UNREAD_BODY_STATUSES.has(mapped.statusCode)) mapped = notFound(request)
   if (mapped.statusCode >= 500) {
     // Code and message only: raw error objects may carry callback bodies or arguments.
     request.log.error({ code: (err as { code?: unknown }).code, message: err.message }, 'request failed')
@@ -47,10 +51,16 @@ function closeAfter (request: FastifyRequest, reply: FastifyReply): void {
   if (session !== undefined) reply.raw.once('finish', () => { if (!session.closed) session.close() })
 }
 
+/** The answers to a body that could not be read: bad JSON, too large or deep, not JSON. */
+const UNREAD_BODY_STATUSES: ReadonlySet<number> = new Set([400, 413, 415])
+
+function notFound (request: FastifyRequest): ToolportError {
+  return new RouteNotFoundError(`${request.method} ${request.url.split('?')[0]}`) as ToolportError
+}
+
 /** fastify's setNotFoundHandler. */
 export function handleNotFound (request: FastifyRequest, reply: FastifyReply): void {
-  const err = new RouteNotFoundError(`${request.method} ${request.url.split('?')[0]}`) as ToolportError
-  reply.code(404).type('application/json').send(errorBody(err))
+  reply.code(404).type('application/json').send(errorBody(notFound(request)))
 }
 
 /**
