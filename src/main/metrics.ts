@@ -9,6 +9,7 @@ import type { EventEmitter } from 'node:events'
 import type { ToolportEvents } from './events.js'
 import type { OutcomeKind } from '../workers/protocol.js'
 import { LocalCounter, LocalHistogram } from './local-metrics.js'
+import { kFromRemovedRole } from './symbols.js'
 
 /** What the metrics read when scraped. */
 export interface MetricsSource {
@@ -20,8 +21,6 @@ export interface MetricsSource {
   bufferedReplyBytes: () => number
   replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
-  /** Whether a role exists now: a call that ends after its role was removed is not labelled by role. */
-  hasRole: (role: string) => boolean
   /** How many distinct tool names `toolport_calls_total` may label (beyond: `(other)`). */
   maxToolLabels: () => number
 }
@@ -126,9 +125,10 @@ export class Metrics {
     source.events.on('call-finished', (event) => {
       const outcome = event.outcome
       // The whole call's duration is not labelled by role; the role-labelled count of a role
-      // removed while the call ran would bring the role's series back for good.
+      // removed while the call ran would bring the role's series back for good, or count it under
+      // a new role of the same name.
       callSeconds.observe(outcome, event.durationMs / 1000)
-      if (!source.hasRole(event.role)) return
+      if ((event as unknown as Record<symbol, unknown>)[kFromRemovedRole] === true) return
       // A name that matches no tool (no source) is the model's free text: unbounded, so not a label.
       let tool = event.source === '' || event.source === undefined ? '(unknown)' : event.name
       if (tool !== '(unknown)' && !toolLabels.has(tool)) {

@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kCloseRoles, kDispatchMode, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
+import { kCloseRoles, kDispatchMode, kFromRemovedRole, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
@@ -126,7 +126,6 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         bufferedReplyBytes: () => this.#dispatcher.bufferedReplyBytes,
         replyBudgetBytes: () => this.options.dispatch.maxBufferedReplyBytes,
         registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size]),
-        hasRole: (role) => this.roles.has(role),
         maxToolLabels: () => this.options.limits.maxToolsPerRole * Math.max(1, this.roles.size)
       })
       : null
@@ -527,6 +526,8 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       // name that matches no tool (its source is '') is the model's free text, so it is not
       // logged either.
       this.log.debug(source === '' ? { ...event, name: undefined } : event, 'tool call finished')
+      // Off the public type: only the metrics read it.
+      if (this.roles.find(role.name) !== role) (event as Record<symbol, unknown>)[kFromRemovedRole] = true
       this.emit('call-finished', event)
     }
     return result

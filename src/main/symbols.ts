@@ -25,6 +25,12 @@ export const kSyncCount = Symbol('toolport.syncCount')
 export const kRoleClosed = Symbol('toolport.roleClosed')
 /** `Role[kRoleRemoved]()`: the role left its runtime; a reference kept to it takes nothing more. */
 export const kRoleRemoved = Symbol('toolport.roleRemoved')
+/**
+ * `event[kFromRemovedRole]`: set (true) on a `call-finished` event whose call began in a role that
+ * was removed before it ended, also when a role of that name exists again: its per-role series
+ * (metrics) must not count it under the new role.
+ */
+export const kFromRemovedRole = Symbol('toolport.fromRemovedRole')
 /** `RoleManager[kCloseRoles]()`: the runtime closed; every role's sync ends and no role is added. */
 export const kCloseRoles = Symbol('toolport.closeRoles')
 /**

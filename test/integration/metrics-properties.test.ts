@@ -1242,6 +1242,32 @@ test('regression: roles that come and go (one per conversation) leave no series 
   assert.equal(count?.value, ROLES + 1)
 })
 
+test('regression: a call still running when its role was removed and added again is not counted under the new role (src/main/metrics.ts: labels are "roles that exist")', async (t) => {
+  const plugin = await startPlugin(t)
+  const { tp, url } = await startToolport(t, { roles: ['R', 'again'] })
+  const reply = await httpJson(`${url}/api/tools/register`, 'POST', { name: 'known', role: 'again', callback_url: `${plugin.origin}/cb`, parameters: PARAMS })
+  assert.equal(reply.statusCode, 200, JSON.stringify(reply.body))
+  const heldToken = `t${++tokenSeq}`
+  const held = tp.callTool('again', { name: 'known', arguments: { b: 'hold', t: heldToken } })
+  await waitFor('the held call reaches the plugin', () => plugin.held.has(heldToken))
+  assert.equal(tp.roles.remove('again'), true)
+  tp.roles.add('again')
+  plugin.release(heldToken)
+  assert.equal((await held).is_error, false)
+  const exposition = strict((await scrape(url)).body, 'after the late call')
+  const calls = exposition.samples.filter((s) => s.name === 'toolport_calls_total' && s.labels.role === 'again')
+  assert.deepEqual(calls, [], 'the new role "again" made no call')
+  // It is still a call: the duration histogram, not by role, counts it.
+  const count = exposition.samples.find((s) => s.name === 'toolport_call_duration_seconds_count' && s.labels.outcome === 'ok')
+  assert.equal(count?.value, 1)
+  // The new role's own calls are counted under it.
+  const own = await httpJson(`${url}/api/tools/register`, 'POST', { name: 'known', role: 'again', callback_url: `${plugin.origin}/cb`, parameters: PARAMS })
+  assert.equal(own.statusCode, 200)
+  assert.equal((await tp.callTool('again', { name: 'known', arguments: { b: 'ok', t: `t${++tokenSeq}` } })).is_error, false)
+  const after = strict((await scrape(url)).body, 'after its own call')
+  assert.deepEqual(after.samples.filter((s) => s.name === 'toolport_calls_total' && s.labels.role === 'again').map((s) => s.value), [1])
+})
+
 // ---------------------------------------------------------------------------------------------
 // After close(), and a host's app
 
