@@ -36,7 +36,7 @@ import {
   type RequestId, type ServerNotification, type ServerRequest
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
-import { MCP_SERVER_INFO, mcpInstructions, rpcError } from './sessions/mcp-info.js'
+import { checkedRequest, MCP_SERVER_INFO, mcpInstructions, readJsonRpcBody, rpcError } from './sessions/mcp-info.js'
 import { RoleNotFoundError } from './errors.js'
 import { roleNameProblem } from './config.js'
 import { errorText, isPlainObject, noop } from '../shared/util.js'
@@ -100,12 +100,16 @@ const MAX_STDIN_LINE_BYTES = STDIO_DEFAULT_MAX_BUFFER_SIZE
  * read (64 KiB at most) that brought the newline.
  */
 const MAX_STDOUT_LINE_BYTES = STDIO_DEFAULT_MAX_BUFFER_SIZE - 64 * 1024
-/** The most messages in one JSON-RPC batch: as many as /mcp/:role takes (the MCP SDK's limit). */
-const MAX_BATCH_MESSAGES = 100
 /** JSON-RPC 2.0 error codes (JSON-RPC 2.0 §5.1), as the MCP SDK names them. */
 const RPC_PARSE_ERROR = ErrorCode.ParseError
 const RPC_INVALID_REQUEST = ErrorCode.InvalidRequest
 const RPC_INTERNAL_ERROR = ErrorCode.InternalError
+
+/** `value` as a JSON-RPC message, or undefined when it is none. */
+function parseMessage (value: unknown): JSONRPCMessage | undefined {
+  const parsed = JSONRPCMessageSchema.safeParse(value)
+  return parsed.success ? parsed.data : undefined
+}
 
 /**
  * Whether `message` is an `initialize` request: its method is looked at first, so a `tools/call`
@@ -225,9 +229,9 @@ class StdioBridge implements Bridge {
       instructions: mcpInstructions(options.role)
     })
     // An upstream JSON-RPC error is answered as Toolport sent it (throwForwardable).
-    this.#server.setRequestHandler(ListToolsRequestSchema, async (request) =>
+    this.#server.setRequestHandler(checkedRequest(ListToolsRequestSchema), async (request) =>
       await this.#listTools(request).catch(throwForwardable))
-    this.#server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
+    this.#server.setRequestHandler(checkedRequest(CallToolRequestSchema), async (request, extra) =>
       await this.#callTool(request, extra).catch(throwForwardable))
     this.#server.onclose = () => { this.close().catch(noop) }
   }
@@ -530,7 +534,7 @@ class StdioBridge implements Bridge {
  * message or a batch of them; what is not gets a JSON-RPC error with id null (JSON-RPC 2.0 §5), as
  * /mcp/:role answers such a body (docs/protocol.md "MCP endpoint"):
  * - not JSON: -32700; JSON that is not a JSON-RPC message, an empty batch, a batch of more than
- *   MAX_BATCH_MESSAGES or with an initialize among others: -32600;
+ *   MAX_BATCH_MESSAGES (mcp-info.ts) or with an initialize among others: -32600;
  * - a line over MAX_STDIN_LINE_BYTES: -32600, and its bytes are skipped up to its end;
  * - a second initialize: -32600 "Server already initialized", with its id;
  * - a batch's messages are handled one by one, each request answered on its own line.
@@ -693,25 +697,10 @@ class StdioLineTransport implements Transport {
       this.#refuse(RPC_PARSE_ERROR, `Parse error: the line is not JSON: ${errorText(err)}`)
       return
     }
-    if (!Array.isArray(value)) {
-      const parsed = JSONRPCMessageSchema.safeParse(value)
-      if (parsed.success) this.#deliver(parsed.data)
-      else this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: not a JSON-RPC 2.0 message')
+    const messages = readJsonRpcBody(value, parseMessage, isInitialize)
+    if (typeof messages === 'string') {
+      this.#refuse(RPC_INVALID_REQUEST, messages)
       return
-    }
-    // A batch (JSON-RPC 2.0 §6), taken as /mcp/:role takes one.
-    if (value.length === 0) return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: an empty batch')
-    if (value.length > MAX_BATCH_MESSAGES) {
-      return this.#refuse(RPC_INVALID_REQUEST, `Invalid Request: Batch must not exceed ${MAX_BATCH_MESSAGES} messages`)
-    }
-    const messages: JSONRPCMessage[] = []
-    for (const item of value) {
-      const parsed = JSONRPCMessageSchema.safeParse(item)
-      if (!parsed.success) return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: a batch member is not a JSON-RPC 2.0 message')
-      messages.push(parsed.data)
-    }
-    if (messages.length > 1 && messages.some(isInitialize)) {
-      return this.#refuse(RPC_INVALID_REQUEST, 'Invalid Request: Only one initialization request is allowed')
     }
     for (const message of messages) this.#deliver(message)
   }

@@ -873,14 +873,20 @@ async function runFuzz (world: FuzzWorld, items: Item[], cuts: number[]): Promis
 
     // Each item, compared with what /mcp/<role> answers to the same bytes.
     let expectedNullErrors = 0
+    /** The codes of the null-id errors of non-batch lines, in order. */
+    const expectedNullCodes: number[] = []
     for (const [i, item] of items.entries()) {
       const { bytes: body, ids } = lines[i]!
       const what = `item ${i} ${item.kind} ${body.toString('utf8').slice(0, 160)}`
       const direct = await session.post(body)
       if (item.kind === 'not-json' || item.kind === 'not-a-message') {
-        // /mcp/<role> answers a JSON-RPC error with id null (-32700); so must the bridge.
+        // /mcp/<role> answers a JSON-RPC error with id null: -32700 for what is not JSON, -32600
+        // for JSON that is no JSON-RPC message (JSON-RPC 2.0 §5.1); so must the bridge.
         assert.equal(direct.messages[0]?.id, null, `${what}: /mcp answered ${JSON.stringify(direct.messages)}`)
+        assert.equal(direct.messages[0]?.error?.code, item.kind === 'not-json' ? -32700 : -32600,
+          `${what}: /mcp answered ${JSON.stringify(direct.messages)}`)
         expectedNullErrors++
+        expectedNullCodes.push(item.kind === 'not-json' ? -32700 : -32600)
         continue
       }
       if (item.kind === 'batch') {
@@ -904,6 +910,9 @@ async function runFuzz (world: FuzzWorld, items: Item[], cuts: number[]): Promis
     assert.equal(nullErrors.length, expectedNullErrors,
       `every line that is not a readable JSON-RPC request gets one JSON-RPC error with id null (JSON-RPC 2.0 §5.1; /mcp/${ROLE} answers -32700), got ${JSON.stringify(nullErrors).slice(0, 300)}`)
     for (const error of nullErrors) assert.ok([-32700, -32600].includes(error.error.code), `an error code of JSON-RPC 2.0 §5.1: ${JSON.stringify(error)}`)
+    // Refused batches are -32600 too: the non-batch lines' codes, in order, are the bridge's.
+    assert.deepEqual(nullErrors.map((e) => e.error.code).filter((code) => code === -32700),
+      expectedNullCodes.filter((code) => code === -32700), 'the bridge answers -32700 exactly where /mcp does')
     // Nothing answers a notification or a response, and nothing is answered twice.
     const ids = new Set(lines.flatMap((l) => l.ids).concat(['init', 'fence']))
     const stray = bridge.messages.filter((m) => m.id !== null && !ids.has(m.id) && m.method === undefined)
@@ -922,7 +931,7 @@ async function runFuzz (world: FuzzWorld, items: Item[], cuts: number[]): Promis
   }
 }
 
-test('toolport mcp, stdin fuzz property: each request line is answered once, as /mcp/<role> answers the same bytes; a line that is not a JSON-RPC request gets a JSON-RPC error with id null; notifications and stray responses get nothing; stdout is JSON-RPC only; the bridge keeps serving and exits 0 on EOF (README bridge paragraph: "stdout carries the protocol"; docs/protocol.md "MCP endpoint": -32700)', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
+test('toolport mcp, stdin fuzz property: each request line is answered once, as /mcp/<role> answers the same bytes; a line that is not a JSON-RPC request gets a JSON-RPC error with id null; notifications and stray responses get nothing; stdout is JSON-RPC only; the bridge keeps serving and exits 0 on EOF (README bridge paragraph: "stdout carries the protocol"; docs/protocol.md "MCP endpoint": -32700, -32600)', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
   const plugin = await startCallbackServer()
   t.after(() => plugin.close())
   const tp = await startTp(0)
@@ -1210,7 +1219,7 @@ test('toolport mcp: a line over 10 MiB on stdin is answered with an error and th
   assert.ok(answer?.error !== undefined || answer?.result?.isError === true, `the huge request is answered with an error: ${JSON.stringify(answer)?.slice(0, 300)}`)
 })
 
-test('toolport mcp: a line that is not JSON, or JSON that is not a JSON-RPC message, is answered with a JSON-RPC error with id null, as /mcp/<role> answers it (-32700), and the bridge keeps serving (JSON-RPC 2.0 §5.1; docs/protocol.md "MCP endpoint")', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
+test('toolport mcp: a line that is not JSON (-32700), or JSON that is not a JSON-RPC message (-32600), is answered with a JSON-RPC error with id null, as /mcp/<role> answers it, and the bridge keeps serving (JSON-RPC 2.0 §5.1; docs/protocol.md "MCP endpoint")', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
   const tp = await startTp(0)
   t.after(() => tp.tp.close())
   const bridge = rawBridge(t, ['--role', ROLE, '--url', tp.url])
@@ -1223,7 +1232,7 @@ test('toolport mcp: a line that is not JSON, or JSON that is not a JSON-RPC mess
   const codes = nullIdErrors(bridge.messages).map((m) => m.error.code)
   assert.equal(codes.length, 2, `one error with id null per bad line: ${JSON.stringify(bridge.messages.slice(1))}`)
   assert.equal(codes[0], -32700, 'not JSON: Parse error')
-  assert.ok([-32600, -32700].includes(codes[1]), 'JSON, not a JSON-RPC message: Invalid Request (or Parse error, as /mcp answers)')
+  assert.equal(codes[1], -32600, 'JSON, not a JSON-RPC message: Invalid Request, as /mcp answers it')
 })
 
 test('toolport mcp: a JSON-RPC batch on stdin is answered (each request, as /mcp/<role> answers a batch) or refused with a JSON-RPC error, never left unanswered (JSON-RPC 2.0 §6; MCP 2025-03-26, which the bridge negotiates, requires batches)', { timeout: FAILING_TIMEOUT_MS }, async (t) => {

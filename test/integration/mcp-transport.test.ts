@@ -11,6 +11,7 @@ import { Client as UndiciClient, request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { ErrorCode, McpError, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
+import { z } from 'zod'
 import type { Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
@@ -228,6 +229,55 @@ test('a body that is not JSON on /mcp answers a JSON-RPC -32700 error object; on
     assert.equal(json.id, null)
     assert.equal(json.error.code, code)
     assert.equal(json.error.data.code, tpCode)
+  }
+})
+
+test('a body that is JSON but no JSON-RPC on /mcp answers 400 with -32600 Invalid Request and id null, as the bridge answers such a line (JSON-RPC 2.0 §5.1)', async (t) => {
+  const { url } = await startToolport(t, { roles: ['Lanlan'] })
+  const client = new Client({ name: 'probe', version: '1.0.0' })
+  const transport = new StreamableHTTPClientTransport(new URL(`${url}/mcp/Lanlan`))
+  await client.connect(transport)
+  t.after(() => client.close())
+  const headers = {
+    'content-type': 'application/json',
+    accept: 'application/json, text/event-stream',
+    'mcp-session-id': transport.sessionId!,
+    'mcp-protocol-version': transport.protocolVersion!
+  }
+  const ping = { jsonrpc: '2.0', id: 'p', method: 'ping' }
+  for (const [body, message] of [
+    [{ jsonrpc: '2.0', id: 5 }, 'not a JSON-RPC 2.0 message'],
+    [{ jsonrpc: '2.0', id: 5, method: 'ping', params: [] }, 'not a JSON-RPC 2.0 message'],
+    [{ jsonrpc: '1.0', id: 5, method: 'ping' }, 'not a JSON-RPC 2.0 message'],
+    [42, 'not a JSON-RPC 2.0 message'],
+    [[], 'an empty batch'],
+    [[ping, { id: 6 }], 'a batch member is not a JSON-RPC 2.0 message']
+  ] as const) {
+    const reply = await httpRequest(`${url}/mcp/Lanlan`, { method: 'POST', headers, body: JSON.stringify(body) })
+    assert.equal(reply.statusCode, 400, JSON.stringify(body))
+    assert.deepEqual(await reply.body.json(), { jsonrpc: '2.0', error: { code: -32600, message: `Invalid Request: ${message}` }, id: null })
+  }
+  // The session is unharmed.
+  assert.deepEqual(await client.ping(), {})
+})
+
+test('tools/call and tools/list with params their schema refuses are -32602 Invalid params naming the field, not -32603 (JSON-RPC 2.0 §5.1)', async (t) => {
+  const { url } = await startToolport(t, { roles: ['Lanlan'] })
+  const client = new Client({ name: 'probe', version: '1.0.0' })
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${url}/mcp/Lanlan`)))
+  t.after(() => client.close())
+  for (const [method, params, field] of [
+    ['tools/call', { name: 'x', arguments: [1] }, 'params.arguments'],
+    ['tools/call', { name: 'x', arguments: null }, 'params.arguments'],
+    ['tools/call', { name: 7 }, 'params.name'],
+    ['tools/call', {}, 'params.name'],
+    ['tools/list', { cursor: 4 }, 'params.cursor']
+  ] as const) {
+    const error = await client.request({ method, params } as never, z.object({}).loose()).catch((err: unknown) => err)
+    assert.ok(error instanceof McpError, `${method} ${JSON.stringify(params)}: ${String(error)}`)
+    assert.equal(error.code, ErrorCode.InvalidParams, `${method} ${JSON.stringify(params)}: ${error.message}`)
+    assert.match(error.message, new RegExp(`Invalid params: ${field.replace('.', '\\.')}: `))
+    assert.doesNotMatch(error.message, /\n/, 'one line, not zod\'s issue dump')
   }
 })
 

@@ -12,6 +12,7 @@ import type { Runtime } from '../runtime.js'
 import { RoleNotFoundError, isToolportError } from '../errors.js'
 import { McpSessions, type McpSession, type McpSessionsOptions } from '../sessions/mcp.js'
 import { loadMcpSdk } from '../sessions/mcp-sdk.js'
+import { readJsonRpcBody } from '../sessions/mcp-info.js'
 import { kOnClose } from '../symbols.js'
 import { errorText } from '../../shared/util.js'
 import { handleError } from './error-handler.js'
@@ -153,6 +154,19 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     const sessionId = typeof header === 'string' && header !== '' ? header : undefined
     // A removed role's sessions ended with it (McpSessions, on `role-removed`).
     if (!runtime.roles.has(role)) throw new RoleNotFoundError(role)
+    if (request.method === 'POST') {
+      // JSON that is no JSON-RPC body is -32600, as the bridge answers such a line; the SDK
+      // answers it -32700 "Parse error" (and takes `[]` as a batch of nothing, answered 202).
+      const { types } = await loadMcpSdk()
+      const messages = readJsonRpcBody(request.body, (value) => {
+        const parsed = types.JSONRPCMessageSchema.safeParse(value)
+        return parsed.success ? parsed.data : undefined
+      }, types.isInitializeRequest)
+      if (typeof messages === 'string') {
+        sendRpcError(reply, 400, RPC_INVALID_REQUEST, messages)
+        return
+      }
+    }
     let session: McpSession | null | undefined
     if (sessionId === undefined) {
       if (request.method !== 'POST' || !(await loadMcpSdk()).types.isInitializeRequest(request.body)) {

@@ -38,7 +38,7 @@ import type { ToolDefinition } from '../roles/tool-registry.js'
 import { kRefuseCall } from '../symbols.js'
 import { errorResult, type ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
-import { MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
+import { checkedRequest, MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
 import { loadMcpSdk, mcpSdk } from './mcp-sdk.js'
 import { jsonDepth } from '../schemas.js'
 import { toolDefinitions } from './definitions.js'
@@ -381,8 +381,9 @@ export class McpSession implements ModelSession {
       capabilities: { tools: { listChanged: true } },
       instructions: mcpInstructions(role)
     })
-    this.#server.setRequestHandler(types.ListToolsRequestSchema, (request) => this.#listTools(request))
-    this.#server.setRequestHandler(types.CallToolRequestSchema, (request, extra) => this.#callTool(request, extra))
+    this.#server.setRequestHandler(checkedRequest(types.ListToolsRequestSchema), (request) => this.#listTools(request))
+    this.#server.setRequestHandler(checkedRequest(types.CallToolRequestSchema),
+      (request, extra) => this.#callTool(request, extra))
     this.#server.onclose = () => this.#onClosed()
     this.#server.onerror = (err) => {
       // Protocol noise (a client's 406, a bad message) is the client's problem: debug only, and
