@@ -4,6 +4,9 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile, execFileSync } from 'node:child_process'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { httpJson, startToolport } from '../helpers.js'
 import { startCallbackServer } from '../fixtures/callback-server.js'
@@ -59,4 +62,39 @@ test('the MCP Python SDK client initializes, lists, calls a plugin tool and clos
   // Ended by the client's DELETE on close, not by a timeout 30 s later: nothing lingers.
   assert.doesNotMatch(stderr, /Session termination failed/)
   assert.deepEqual(tp.roles.get('Lanlan').sessions(), [], 'the session left its role when the client closed')
+})
+
+test('the MCP Python SDK client, with its default 1 MiB bound on one event, lists 1.3 MB of tools and receives an 800 KB object output (README "MCP": pages, structuredContent)', { skip: missing === '' ? false : missing, timeout: 90_000 }, async (t) => {
+  const { url } = await startToolport(t, { roles: ['Lanlan'] })
+  const plugin = await startCallbackServer()
+  t.after(() => plugin.close())
+  const description = 'd'.repeat(16_000)
+  const names: string[] = []
+  for (let i = 0; i < 80; i++) {
+    const name = `tool_${String(i).padStart(2, '0')}`
+    names.push(name)
+    const registered = await httpJson(`${url}/api/tools/register`, 'POST', { name, description, callback_url: `${plugin.url}/echo` })
+    assert.equal(registered.statusCode, 200)
+  }
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-mcp-python-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const argumentsFile = join(dir, 'arguments.json')
+  await writeFile(argumentsFile, JSON.stringify({ s: 'x'.repeat(400_000) }))
+  const { code, stdout, stderr } = await runPython([`${url}/mcp/Lanlan`, 'tool_00', `@${argumentsFile}`])
+  assert.equal(code, 0, `python exited ${String(code)}:\n${stderr.slice(-2000)}`)
+  const seen = JSON.parse(stdout.trim().split('\n').at(-1) as string) as {
+    tools: string[],
+    pages: number,
+    is_error: boolean,
+    text: string[],
+    text_lengths: number[]
+  }
+  assert.deepEqual(seen.tools, names)
+  assert.ok(seen.pages > 1, `1.3 MB of tools come in pages (${seen.pages})`)
+  assert.equal(seen.is_error, false)
+  // The echo route answers the call's body, which holds the arguments twice (`arguments` and
+  // `raw_arguments`): an output of 800 KB, sent as text only (with structuredContent, 1.6 MB).
+  assert.equal(seen.text_lengths.length, 1)
+  assert.ok(seen.text_lengths[0]! > 800_000, `the whole output arrived (${seen.text_lengths[0]} characters)`)
+  assert.ok(seen.text[0]!.startsWith('{'), seen.text[0])
 })

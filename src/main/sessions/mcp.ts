@@ -92,8 +92,18 @@ export interface McpSessionsEvents {
 /** Defaults of the options that are not in the runtime's `mcp` options (config.ts has the others). */
 const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
 
-/** A `tools/list` page holds about this many bytes of JSON at most (and at least one tool). */
-const LIST_PAGE_BYTES = 4 * 1024 * 1024
+/**
+ * A `tools/list` page holds at most this many bytes of JSON (and at least one tool). Each answer is
+ * one event of a stream, and clients bound an event: the MCP Python SDK's default is 1 MiB.
+ */
+const LIST_PAGE_BYTES = 768 * 1024
+
+/**
+ * An object output whose text is longer than this is sent as text only, without the same output
+ * again as `structuredContent` (no tool here declares an `outputSchema`, so the text is what
+ * clients read): the two would double the event, past the bound clients set on one (above).
+ */
+const MAX_STRUCTURED_TEXT_CHARS = 256 * 1024
 
 /**
  * JSON-RPC "internal error": the answer to a call whose session ended under it. Never -32000,
@@ -660,7 +670,8 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
   const out: CallToolResult = { content, isError: result.is_error }
   // A top-level `__proto__` key would not survive: the SDK re-validates the result, and zod's
   // rebuilt object turns that key into a prototype. The text carries it.
-  if (!result.is_error && isPlainObject(result.output) && !Object.hasOwn(result.output, '__proto__')) {
+  if (!result.is_error && isPlainObject(result.output) && !Object.hasOwn(result.output, '__proto__') &&
+    result.text.length <= MAX_STRUCTURED_TEXT_CHARS) {
     out.structuredContent = result.output
   }
   return out
@@ -683,11 +694,11 @@ function sendableResult (result: CallToolResult): CallToolResult {
 
 const definitionBytes = new WeakMap<object, number>()
 
-/** About how many bytes of JSON one listed tool is (memoised: listed tools are frozen). */
+/** How many bytes of JSON (UTF-8) one listed tool is (memoised: listed tools are frozen). */
 export function bytesOf (tool: object): number {
   let bytes = definitionBytes.get(tool)
   if (bytes === undefined) {
-    bytes = JSON.stringify(tool).length
+    bytes = Buffer.byteLength(JSON.stringify(tool))
     definitionBytes.set(tool, bytes)
   }
   return bytes
