@@ -16,7 +16,7 @@ import type { Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
 import { startCallbackServer, type CallbackServer } from '../fixtures/callback-server.js'
-import { createTestToolport, httpJson, startHttp2Host, startToolport, type Http2Reply } from '../helpers.js'
+import { createTestToolport, httpJson, startHttp2Host, startToolport, waitFor, type Http2Reply } from '../helpers.js'
 
 const LATEST = '2025-11-25'
 
@@ -259,6 +259,49 @@ test('a body that is JSON but no JSON-RPC on /mcp answers 400 with -32600 Invali
   }
   // The session is unharmed.
   assert.deepEqual(await client.ping(), {})
+})
+
+test('a request whose id a request in flight of the session holds is refused (-32600), and the first one keeps its own answer (JSON-RPC 2.0 §4: ids of requests in flight differ)', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+  const plugin = await startCallbackServer()
+  t.after(() => plugin.close())
+  assert.equal((await tp.register({ name: 'slow', callback_url: `${plugin.url}/sleep/400` })).ok, true)
+  assert.equal((await tp.register({ name: 'fast', callback_url: `${plugin.url}/echo` })).ok, true)
+  const client = new Client({ name: 'probe', version: '1.0.0' })
+  const transport = new StreamableHTTPClientTransport(new URL(`${url}/mcp/Lanlan`))
+  await client.connect(transport)
+  t.after(() => client.close())
+  const headers = { 'mcp-session-id': transport.sessionId!, 'mcp-protocol-version': transport.protocolVersion! }
+  const call = (name: string, text: string): object =>
+    ({ jsonrpc: '2.0', id: 'dup', method: 'tools/call', params: { name, arguments: { text } } })
+  const first = await openStream(`${url}/mcp/Lanlan`, 'POST', headers, call('slow', 'first'))
+  assert.equal(first.statusCode, 200)
+  await waitFor('the first call at its plugin', () => plugin.requests.length === 1)
+  for (const body of [call('fast', 'second'), [{ jsonrpc: '2.0', id: 'other', method: 'ping' }, call('fast', 'third')]]) {
+    const refused = await httpRequest(`${url}/mcp/Lanlan`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+      body: JSON.stringify(body)
+    })
+    assert.equal(refused.statusCode, 400)
+    const answer = await refused.body.json() as { error: { code: number, message: string }, id: null }
+    assert.equal(answer.error.code, -32600)
+    assert.match(answer.error.message, /"dup" is in use by a request in flight/)
+    assert.equal(answer.id, null)
+  }
+  // The first request's stream gets its own answer, then ends.
+  let result: { id: string, result: CallToolResult } | undefined
+  for await (const event of first.events) {
+    if (event.data === '') continue
+    result = JSON.parse(event.data)
+  }
+  assert.equal(result?.id, 'dup')
+  assert.match(String((result?.result.content[0] as { text: string }).text), /first/)
+  assert.equal(plugin.requests.length, 1, 'the refused calls never reached a plugin')
+  // The id is free again once answered.
+  const again = await openStream(`${url}/mcp/Lanlan`, 'POST', headers, call('fast', 'fourth'))
+  assert.equal(again.statusCode, 200)
+  for await (const event of again.events) if (event.data !== '') assert.equal(JSON.parse(event.data).id, 'dup')
 })
 
 test('tools/call and tools/list with params their schema refuses are -32602 Invalid params naming the field, not -32603 (JSON-RPC 2.0 §5.1)', async (t) => {

@@ -403,6 +403,17 @@ export class McpSession implements ModelSession {
     }
   }
 
+  /** The id of a request in `body` (one message or a batch) that a request in flight holds, if any. */
+  #idInFlight (body: unknown): RequestId | undefined {
+    const inFlight = this.#books?.requests
+    if (inFlight === undefined || inFlight.size === 0) return undefined
+    for (const message of Array.isArray(body) ? body as unknown[] : [body]) {
+      const { id, method } = message as { id?: RequestId, method?: unknown }
+      if (typeof method === 'string' && id !== undefined && inFlight.has(id)) return id
+    }
+    return undefined
+  }
+
   get isInitialized (): boolean { return this.#isInitialized }
   get isClosed (): boolean { return this.#isClosed }
   /** `tools/call` requests running now. */
@@ -424,6 +435,19 @@ export class McpSession implements ModelSession {
    * response has ended; for a GET, when the event stream closes.
    */
   async handle (request: IncomingMessage, response: ServerResponse, body: unknown): Promise<void> {
+    if (request.method === 'POST') {
+      const reused = this.#idInFlight(body)
+      if (reused !== undefined) {
+        // JSON-RPC ids of requests in flight must differ; the transport routes answers by id, so a
+        // second request with one would take the first one's answer and leave its stream open.
+        response.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({
+          jsonrpc: '2.0',
+          error: { code: -32600, message: `Invalid Request: the id ${JSON.stringify(reused)} is in use by a request in flight in this session` },
+          id: null
+        }))
+        return
+      }
+    }
     const header = request.headers['last-event-id']
     const lastEventId = request.method === 'GET' && typeof header === 'string' ? header : ''
     const isResume = lastEventId !== ''
