@@ -134,17 +134,28 @@ test('close() ends a role\'s sync that is still waiting on a live session: the s
   assert.ok(signals.every((s) => s.aborted), 'no push to the session is left waiting')
 })
 
-test('property: createRealtimeSession refuses a bad `toolport`, `role` or `attach` with TP_ERR_CONFIG naming it, and attaches nothing and sends nothing (README "The OpenAI-Realtime adapter": "A bad option … throws TP_ERR_CONFIG when the adapter is made"; Options: attach, default true)', async (t) => {
+test('property: createRealtimeSession refuses a bad `toolport`, `role`, `attach`, `dialect`, `ackTimeoutMs`, `autoRespond` or `rateLimit` (null too) with TP_ERR_CONFIG naming it, and attaches nothing and sends nothing (README "The OpenAI-Realtime adapter": "A bad option … throws TP_ERR_CONFIG when the adapter is made"; Options: attach, default true)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const notBoolean = fc.oneof(fc.string(), fc.integer(), fc.constant(null), fc.constant('false'), fc.constant(0),
     fc.object(), fc.array(fc.anything(), { maxLength: 2 }))
   const notRuntime = fc.oneof(fc.constant(undefined), fc.constant(null), fc.string(), fc.integer(), fc.object(),
     fc.constant({ roles: {} }))
   const notRoleName = fc.oneof(fc.constant(undefined), fc.constant(null), fc.integer(), fc.object(), fc.constant(['A']))
+  // null is a value, not a missing key: refused like any other wrong one (a config file writes it).
+  const notDialect = fc.oneof(fc.constant(null), fc.string().filter((s) => s !== 'flat' && s !== 'nested'),
+    fc.integer(), fc.object())
+  const notAckTimeout = fc.oneof(fc.constant(null), fc.constant(Number.NaN), fc.integer({ max: 0 }), fc.string(),
+    fc.object())
+  const notRateLimit = fc.oneof(fc.constant(null), fc.constant(true), fc.string(), fc.integer(),
+    fc.constant({ maxCalls: null }), fc.constant({ windowMs: null }), fc.constant({ maxCalls: 0 }))
   const badOptions = fc.oneof(
     notBoolean.map((attach) => ({ field: 'attach', options: { attach } })),
     notRuntime.map((toolport) => ({ field: 'toolport', options: { toolport } })),
-    notRoleName.map((role) => ({ field: 'role', options: { role } }))
+    notRoleName.map((role) => ({ field: 'role', options: { role } })),
+    notDialect.map((dialect) => ({ field: 'dialect', options: { dialect } })),
+    notAckTimeout.map((ackTimeoutMs) => ({ field: 'ackTimeoutMs', options: { ackTimeoutMs } })),
+    notBoolean.map((autoRespond) => ({ field: 'autoRespond', options: { autoRespond } })),
+    notRateLimit.map((rateLimit) => ({ field: 'rateLimit', options: { rateLimit } }))
   )
   await checkProperty(fc.asyncProperty(badOptions, async ({ field, options }) => {
     const sent: RealtimeClientEvent[] = []

@@ -103,19 +103,20 @@ function checkRealtimeOptions (options: RealtimeSessionOptions): {
   if (options.attach !== undefined && typeof options.attach !== 'boolean') bad('attach must be a boolean', options.attach)
   if (typeof options.send !== 'function') bad('send must be a function', options.send)
   if (options.id !== undefined && (typeof options.id !== 'string' || options.id === '')) bad('id must be a non-empty string', options.id)
-  const dialect = options.dialect ?? 'flat'
+  // A missing key takes its default; null is a value, refused like any other wrong one.
+  const dialect = options.dialect === undefined ? 'flat' : options.dialect
   if (dialect !== 'flat' && dialect !== 'nested') bad("dialect must be 'flat' or 'nested'", dialect)
-  const ack = options.ackTimeoutMs ?? 5_000
+  const ack = options.ackTimeoutMs === undefined ? 5_000 : options.ackTimeoutMs
   // Infinity reads as "wait as long as a timer can".
   if (typeof ack !== 'number' || Number.isNaN(ack) || ack < 1) bad('ackTimeoutMs must be a number of milliseconds ≥ 1', ack)
-  const autoRespond = options.autoRespond ?? true
+  const autoRespond = options.autoRespond === undefined ? true : options.autoRespond
   if (typeof autoRespond !== 'boolean') bad('autoRespond must be a boolean', autoRespond)
   if (options.sessionFields !== undefined && !isPlainObject(options.sessionFields)) {
     bad('sessionFields must be an object', options.sessionFields)
   }
   let rateLimit: RealtimeRateLimit | null = null
   if (options.rateLimit !== false) {
-    const given: unknown = options.rateLimit ?? DEFAULT_RATE_LIMIT
+    const given: unknown = options.rateLimit === undefined ? DEFAULT_RATE_LIMIT : options.rateLimit
     if (!isPlainObject(given)) bad('rateLimit must be false or { maxCalls, windowMs }', given)
     const { maxCalls = DEFAULT_RATE_LIMIT.maxCalls, windowMs = DEFAULT_RATE_LIMIT.windowMs } =
       given as Partial<RealtimeRateLimit>
@@ -151,9 +152,14 @@ export function createRealtimeSession (options: RealtimeSessionOptions): Realtim
 interface PendingUpdate {
   eventId: string
   names: string[]
+  /** The tools sent, as toolsSignature makes them (null: too deep to compare). */
+  signature: string | null
   resolve: () => void
   reject: (err: Error) => void
 }
+
+/** Updates given up on (timed out, aborted) whose late acknowledgement is still remembered. */
+const ABANDONED_UPDATES = 8
 
 interface ResponseState {
   id: string
@@ -191,6 +197,10 @@ class RealtimeAdapter implements RealtimeSession {
   readonly #rateLimit: RealtimeRateLimit | null
   readonly #sessionFields: Record<string, unknown>
   readonly #updates: PendingUpdate[] = []
+  /** The provider has acknowledged an update echoing its very tools (see #onSessionUpdated). */
+  #echoesExactly = false
+  /** The newest ABANDONED_UPDATES updates given up on without an answer, oldest first. */
+  readonly #abandoned: Array<{ eventId: string, signature: string }> = []
   readonly #calls = new Map<string, RunningCall>()
   readonly #seenCalls = new Set<string>()
   readonly #responses = new Map<string, ResponseState>()
@@ -251,14 +261,22 @@ class RealtimeAdapter implements RealtimeSession {
       const update: PendingUpdate = {
         eventId,
         names: tools.map((t) => t.name),
+        signature: toolsSignature(payload),
         resolve: () => settle(null),
-        reject: (err) => settle(err)
+        reject: (err) => settle(err, true)
       }
-      const settle = (err: Error | null): void => {
+      // `answered`: the provider answered this update (an `error` naming it, or its close).
+      const settle = (err: Error | null, answered = false): void => {
         clearTimeout(timer)
         signal.removeEventListener('abort', onAbort)
         const at = this.#updates.indexOf(update)
         if (at !== -1) this.#updates.splice(at, 1)
+        if (err !== null && !answered && update.signature !== null) {
+          // Given up on, yet its session.updated may still come, late: it must not be taken for
+          // the acknowledgement of a later update of the same tool names.
+          this.#abandoned.push({ eventId, signature: update.signature })
+          if (this.#abandoned.length > ABANDONED_UPDATES) this.#abandoned.shift()
+        }
         if (err === null) resolve()
         else reject(err)
       }
@@ -333,17 +351,36 @@ class RealtimeAdapter implements RealtimeSession {
   }
 
   #onSessionUpdated (event: Record<string, unknown>): void {
-    if (this.#updates.length === 0) return
+    if (this.#updates.length === 0 && this.#abandoned.length === 0) return
     const tools = obj(event.session)?.tools
     if (!Array.isArray(tools)) {
       // No tool list to match on: updates are acknowledged in the order they were sent.
       this.#updates[0]?.resolve()
       return
     }
+    // The update whose very tools it echoes; else the late answer to one given up on (not taken
+    // for a later update's); else, for a provider that echoes tools reshaped, the first update of
+    // the same tool names. One whose tools match none of ours answers someone else's update (the
+    // host's). Once the provider has echoed an update's tools exactly, it is known to: names
+    // alone no longer count (a host's own update, acknowledged with the tools in place, would
+    // otherwise pass for ours of the same names).
+    const signature = toolsSignature(tools)
+    if (signature !== null) {
+      const exact = this.#updates.find((u) => u.signature === signature)
+      if (exact !== undefined) {
+        this.#echoesExactly = true
+        exact.resolve()
+        return
+      }
+      const late = this.#abandoned.findIndex((u) => u.signature === signature)
+      if (late !== -1) {
+        this.#abandoned.splice(late, 1)
+        return
+      }
+    }
+    if (this.#echoesExactly) return
     const names = tools.map(toolName).sort()
-    // A session.updated whose tools match none of ours answers someone else's update (the host's).
-    const match = this.#updates.find((u) => sameNames(u.names, names))
-    match?.resolve()
+    this.#updates.find((u) => sameNames(u.names, names))?.resolve()
   }
 
   #onError (event: Record<string, unknown>): void {
@@ -351,7 +388,12 @@ class RealtimeAdapter implements RealtimeSession {
     const eventId = str(error?.event_id)
     if (eventId === undefined) return
     const update = this.#updates.find((u) => u.eventId === eventId)
-    if (update === undefined) return
+    if (update === undefined) {
+      // The provider's answer to an update given up on: it will not acknowledge that one now.
+      const late = this.#abandoned.findIndex((u) => u.eventId === eventId)
+      if (late !== -1) this.#abandoned.splice(late, 1)
+      return
+    }
     const code = str(error?.code)
     const message = str(error?.message) ?? 'unknown error'
     update.reject(new Error(`session.update rejected${code === undefined ? '' : ` (${code})`}: ${message}`))
@@ -590,6 +632,45 @@ function str (value: unknown): string | undefined {
 function toolName (tool: unknown): string {
   const t = obj(tool)
   return str(t?.name) ?? str(obj(t?.function)?.name) ?? ''
+}
+
+/** Nesting past which two tool lists are not compared by their whole shape (names still are). */
+const MAX_SIGNATURE_DEPTH = 256
+
+/**
+ * A tools list as one text independent of key order and tool order, so that what a provider
+ * echoes in `session.updated` compares with what was sent; null when nested past
+ * MAX_SIGNATURE_DEPTH.
+ */
+function toolsSignature (tools: readonly unknown[]): string | null {
+  const keys: string[] = []
+  for (const tool of tools) {
+    const key = canonicalJson(tool, 0)
+    if (key === null) return null
+    keys.push(key)
+  }
+  return keys.sort().join('\n')
+}
+
+function canonicalJson (value: unknown, depth: number): string | null {
+  if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null'
+  if (depth > MAX_SIGNATURE_DEPTH) return null
+  const parts: string[] = []
+  if (Array.isArray(value)) {
+    for (const item of value) {
+      const part = canonicalJson(item, depth + 1)
+      if (part === null) return null
+      parts.push(part)
+    }
+    return `[${parts.join(',')}]`
+  }
+  const object = value as Record<string, unknown>
+  for (const key of Object.keys(object).sort()) {
+    const part = canonicalJson(object[key], depth + 1)
+    if (part === null) return null
+    parts.push(`${JSON.stringify(key)}:${part}`)
+  }
+  return `{${parts.join(',')}}`
 }
 
 function sameNames (ours: readonly string[], sortedTheirs: readonly string[]): boolean {
