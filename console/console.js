@@ -360,7 +360,7 @@ function drawCharts () {
   const { stats } = lastStats
   const series = selectedSeries === 'all'
     ? stats.all
-    : stats.tools.find((s) => `${s.role}/${s.tool}` === selectedSeries) ?? stats.all
+    : stats.tools.find((s) => seriesKey(s) === selectedSeries) ?? stats.all
   const start = firstShown(stats.all, stats.window_seconds)
   for (const kind of ['rate', 'latency']) {
     const target = $(kind === 'rate' ? 'chart-rate' : 'chart-latency')
@@ -383,13 +383,21 @@ function resetCharts () {
   drawCharts()
 }
 
+/**
+ * A role/tool series' option value: both names may hold a `/` (role `a` with tool `b/c`, role `a/b`
+ * with tool `c`), so the value is their JSON pair; the option shows `role/tool`.
+ */
+function seriesKey (series) {
+  return JSON.stringify([series.role, series.tool])
+}
+
 function renderSeriesSelect (stats) {
   const select = $('series-select')
-  const keys = ['all', ...stats.tools.map((s) => `${s.role}/${s.tool}`)]
+  const keys = ['all', ...stats.tools.map(seriesKey)]
+  const labels = ['all calls', ...stats.tools.map((s) => `${s.role}/${s.tool}`)]
   const current = [...select.options].map((o) => o.value)
   if (current.join('\n') === keys.join('\n')) return
-  select.replaceChildren(...keys.map((key) => h('option', { value: key, selected: key === selectedSeries },
-    key === 'all' ? 'all calls' : key)))
+  select.replaceChildren(...keys.map((key, i) => h('option', { value: key, selected: key === selectedSeries }, labels[i])))
   if (!keys.includes(selectedSeries)) selectedSeries = 'all'
 }
 

@@ -12,7 +12,11 @@ export function setupPlayground ({ api, h }) {
   let roles = []
   /** Property name → { type, read(): value | undefined, write(value) } of the current form. */
   let fields = new Map()
-  let schemaKey = ''
+  /** The role and tool whose form is shown, and the description and schema it was built from. */
+  let shownKey = ''
+  let shownDefinition = ''
+  /** Reads of a definition started so far: an answer to an older one is dropped. */
+  let reads = 0
 
   function update (nextRoles) {
     roles = nextRoles
@@ -21,10 +25,11 @@ export function setupPlayground ({ api, h }) {
     if ([...roleSelect.options].map((o) => o.value).join('\n') !== names.join('\n')) {
       roleSelect.replaceChildren(...names.map((name) => h('option', { value: name, selected: name === role }, name)))
     }
-    fillTools()
+    // After a registry change: the tool shown may have been registered again with another schema.
+    fillTools(true)
   }
 
-  function fillTools () {
+  function fillTools (reread = false) {
     const role = roles.find((r) => r.name === roleSelect.value)
     const tools = role === undefined ? [] : role.tools.map((t) => t.name)
     const current = toolSelect.value
@@ -32,23 +37,34 @@ export function setupPlayground ({ api, h }) {
       toolSelect.replaceChildren(...tools.map((name) => h('option', { value: name, selected: name === current }, name)))
     }
     $('pg-call').disabled = tools.length === 0
-    loadSchema().catch(() => {})
+    loadSchema(reread === true).catch(() => {})
   }
 
-  async function loadSchema () {
+  /**
+   * Builds the form of the selected tool from its definition; `reread` reads it again even when
+   * that tool's form is shown, and rebuilds only if its description or schema changed (what was
+   * typed stays otherwise). A read that fails leaves the key unshown, so the next one tries again.
+   */
+  async function loadSchema (reread = false) {
     const role = roleSelect.value
     const name = toolSelect.value
     const key = `${role}\0${name}`
-    if (key === schemaKey) return
-    schemaKey = key
+    if (key === shownKey && !reread) return
+    const read = ++reads
     if (role === '' || name === '') {
+      shownKey = key
+      shownDefinition = ''
       buildForm({ type: 'object', properties: {} })
       $('pg-description').textContent = ''
       return
     }
     const { status, body } = await api(`/api/tools/definitions?role=${encodeURIComponent(role)}&format=mcp`)
-    if (status !== 200 || schemaKey !== key) return
+    if (status !== 200 || read !== reads) return
     const tool = body.tools.find((t) => t.name === name)
+    const definition = JSON.stringify([tool?.description ?? '', tool?.inputSchema ?? null])
+    if (key === shownKey && definition === shownDefinition) return
+    shownKey = key
+    shownDefinition = definition
     $('pg-description').textContent = tool?.description ?? ''
     buildForm(tool?.inputSchema ?? { type: 'object', properties: {} })
   }
@@ -209,7 +225,7 @@ export function setupPlayground ({ api, h }) {
     $(id).textContent = text ?? ''
   }
 
-  roleSelect.addEventListener('change', fillTools)
+  roleSelect.addEventListener('change', () => { fillTools() })
   toolSelect.addEventListener('change', () => { loadSchema().catch(() => {}) })
   raw.addEventListener('input', syncFormFromRaw)
   $('playground').addEventListener('submit', call)

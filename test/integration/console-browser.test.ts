@@ -124,6 +124,52 @@ describe('the console in chromium', { skip }, () => {
     assert.deepEqual(errors, [])
   })
 
+  test('the playground\'s form follows a tool registered again with another schema and description', async (t) => {
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    const register = async (description: string, properties: Record<string, unknown>): Promise<void> => {
+      const result = await tp.register({
+        name: 'weather',
+        description,
+        callback_url: 'http://127.0.0.1:9333/weather',
+        parameters: { type: 'object', properties }
+      })
+      assert.equal(result.ok, true)
+    }
+    await register('by city', { city: { type: 'string' } })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('#pg-form input[name="city"]', { timeout: 5000 })
+    assert.equal(await page.$eval('#pg-description', (el) => el.textContent), 'by city')
+    await register('by coordinates', { lat: { type: 'number' }, lon: { type: 'number' } })
+    await page.waitForSelector('#pg-form input[name="lat"]', { timeout: 5000 })
+    assert.equal(await page.$('#pg-form input[name="city"]'), null, 'the old field is gone')
+    assert.equal(await page.$eval('#pg-description', (el) => el.textContent), 'by coordinates')
+    // An unrelated registry change keeps what was typed.
+    await page.type('#pg-form input[name="lat"]', '38.7')
+    await tp.register({ name: 'other', callback_url: 'http://127.0.0.1:9333/other' })
+    await page.waitForSelector('#pg-tool option[value="other"]', { timeout: 5000 })
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    assert.equal(await page.$eval('#pg-form input[name="lat"]', (el) => (el as unknown as { value: string }).value), '38.7')
+    assert.deepEqual(errors, [])
+  })
+
+  test('the chart picker tells apart role/tool series that spell alike (role "a" with tool "b/c", role "a/b" with tool "c")', async (t) => {
+    const callback = await startCallbackServer()
+    t.after(() => callback.close())
+    const { tp, url } = await startToolport(t, { roles: ['a', 'a/b'] })
+    assert.equal((await tp.register({ name: 'b/c', role: 'a', callback_url: `${callback.url}/echo` })).ok, true)
+    assert.equal((await tp.register({ name: 'c', role: 'a/b', callback_url: `${callback.url}/echo` })).ok, true)
+    assert.equal((await tp.callTool('a', { name: 'b/c', arguments: {} })).is_error, false)
+    assert.equal((await tp.callTool('a/b', { name: 'c', arguments: {} })).is_error, false)
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForFunction('document.querySelectorAll("#series-select option").length === 3', { timeout: 5000 })
+    const options = await page.evaluate('[...document.querySelectorAll("#series-select option")].map((o) => [o.value, o.textContent])') as Array<[string, string]>
+    assert.deepEqual(options.map(([, label]) => label), ['all calls', 'a/b/c', 'a/b/c'])
+    const values = options.map(([value]) => value)
+    assert.equal(new Set(values).size, 3, `distinct values: ${JSON.stringify(values)}`)
+    assert.deepEqual(values.slice(1).map((v) => JSON.parse(v)).sort(), [['a', 'b/c'], ['a/b', 'c']])
+    assert.deepEqual(errors, [])
+  })
+
   test('R13: a plugin killed and called three times shows as evicted', async (t) => {
     const callback = await startCallbackServer()
     const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
