@@ -876,6 +876,11 @@ function isConnectFailure (err: unknown): boolean {
 
 function describe (err: unknown): string {
   if (!(err instanceof Error)) return String(err)
+  // The SDK client's schema check of an answer: a server that is not Toolport (nor MCP). Its
+  // message is the whole issue dump, a hundred lines and more per retry.
+  if (Array.isArray((err as { issues?: unknown }).issues)) {
+    return 'it answered something that is not a JSON-RPC message (is this the URL of a Toolport?)'
+  }
   const code = (err as { code?: unknown }).code ?? (err.cause as { code?: unknown } | undefined)?.code
   return typeof code === 'string' ? `${err.message} (${code})` : err.message
 }

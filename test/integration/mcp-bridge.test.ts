@@ -137,6 +137,24 @@ test('bridge: a bridge started before Toolport lists nothing, answers calls with
   assert.equal(tp.roles.get('Lanlan').sessions().length, 1)
 })
 
+test('bridge: a --url whose server answers JSON that is no MCP is said in one line per attempt, not the answer check\'s whole issue dump', async (t) => {
+  const { createServer } = await import('node:http')
+  const server = createServer((request, response) => {
+    request.resume()
+    request.on('end', () => { response.writeHead(200, { 'content-type': 'application/json' }).end('{"hello":1}') })
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  t.after(() => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()) }))
+  const { port } = server.address() as { port: number }
+  const { client, stderr } = await bridge(t, 'Lanlan', `http://127.0.0.1:${port}`)
+  const early = await client.callTool({ name: 'anything', arguments: {} }) as CallToolResult
+  assert.equal(early.isError, true)
+  await waitFor('the bridge saying why', () => /not a JSON-RPC message/.test(stderr()))
+  const lines = stderr().trimEnd().split('\n')
+  for (const line of lines) assert.ok(line.length < 300 && !line.includes('"code"'), `a diagnostic line: ${line.slice(0, 300)}`)
+  assert.match(lines[0] ?? '', /is this the URL of a Toolport\?/)
+})
+
 test('bridge, R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
   const { url } = await startTp(t)
   const { code, stdout, stderr } = await runMainCollecting(t, ['mcp', '--role', 'Nobody', '--url', url])
