@@ -14,8 +14,8 @@ import { readReply } from './reply.js'
 import type { ImageLimits } from './images.js'
 import type { ReplyBudget } from './reply-budget.js'
 import type { CancelSignal } from './cancel.js'
-import { classifyError, describeError, ENCODED_REPLY_CODE } from './call-errors.js'
-import { HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from '../workers/protocol.js'
+import { classifyError, describeError } from './call-errors.js'
+import { ENCODED_REPLY_CODE, HTTP_ERROR_SNIPPET_CHARS, OutcomeKind } from '../workers/protocol.js'
 import type { CallOutcome, CallTask } from '../workers/protocol.js'
 
 // BOM-stripping, non-fatal UTF-8 decoding, as the WHATWG `decode` does; invalid bytes become

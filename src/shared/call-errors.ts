@@ -24,12 +24,6 @@ const CLOSED_CODES = new Set(['UND_ERR_DESTROYED', 'UND_ERR_CLOSED'])
 
 const MAX_MESSAGE_CHARS = 200
 
-/**
- * The code of a 2xx reply refused for its `Content-Encoding` (an outcome `protocol` whose message
- * starts with it): unlike a broken reply, the origin did answer over HTTP (origin health resets).
- */
-export const ENCODED_REPLY_CODE = 'TP_ENCODED_REPLY'
-
 function errorCode (err: unknown): string {
   // Prefer the stable `code`; fall back to the class name (undici's HTTPParserError may lack one).
   const code = (err as { code?: unknown } | null)?.code

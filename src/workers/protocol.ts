@@ -39,6 +39,12 @@ export const OutcomeKind = {
 } as const
 export type OutcomeKind = typeof OutcomeKind[keyof typeof OutcomeKind]
 
+/**
+ * The code of a 2xx reply refused for its `Content-Encoding` (an outcome `protocol` whose message
+ * starts with it): unlike a broken reply, the origin did answer over HTTP (origin health resets).
+ */
+export const ENCODED_REPLY_CODE = 'TP_ENCODED_REPLY'
+
 /** One callback call, built once on the main thread. Every field is always set (one shape). */
 export interface CallTask {
   /** Dispatcher-local id that pairs the outcome with its caller. */

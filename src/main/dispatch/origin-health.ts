@@ -11,8 +11,7 @@
 // before an eviction) can never count against the tools registered after it. Epochs come from one
 // counter for all origins, so an origin forgotten and registered again never reuses an epoch that
 // calls still queued from before hold.
-import type { CallOutcome } from '../../workers/protocol.js'
-import { ENCODED_REPLY_CODE } from '../../shared/call-errors.js'
+import { ENCODED_REPLY_CODE, type CallOutcome } from '../../workers/protocol.js'
 
 /** What a call's outcome says of its origin (docs/protocol.md "Eviction"). */
 export type OriginVerdict = 'unreachable' | 'answered' | 'neither'
