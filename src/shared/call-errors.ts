@@ -17,6 +17,8 @@ const PROTOCOL_CODES = new Set([
   // The reply's headers passed undici's header size limit (16 KiB by default).
   'UND_ERR_HEADERS_OVERFLOW'
 ])
+// This process ran out of what a connection needs: descriptors (per process, per system), buffers.
+const OWN_SHORTAGE_CODES = new Set(['EMFILE', 'ENFILE', 'ENOBUFS', 'ENOMEM'])
 // undici's own per-request timers; we set both to the remaining budget, so they are the deadline.
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT'])
 // The pool was destroyed under the call: only `close()` does that.
@@ -49,8 +51,11 @@ function messageOf (err: unknown): string {
 }
 
 export function classifyError (err: unknown): OutcomeKind {
-  if (isConnectError(err)) return OutcomeKind.connect
   const code = errorCode(err)
+  // Toolport's own shortage (out of file descriptors or buffers): the plugin was not called and
+  // is not to blame, so it is `busy` (try again), never a connection failure towards eviction.
+  if (OWN_SHORTAGE_CODES.has(code)) return OutcomeKind.busy
+  if (isConnectError(err)) return OutcomeKind.connect
   if (CONNECT_CODES.has(code) || code.startsWith('ERR_TLS_') || code.startsWith('ERR_SSL_')) {
     return OutcomeKind.connect
   }

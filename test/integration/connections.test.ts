@@ -4,6 +4,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
 import { once } from 'node:events'
+import { readdirSync } from 'node:fs'
 import { connect, type Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import { request } from 'undici'
@@ -236,4 +237,34 @@ test('token mode: under pressure the token holder\'s idle keep-alive socket outl
   assert.ok(held.filter((h) => h.isClosed).length >= 40)
   assert.equal(ownClosed, false, 'the token holder\'s socket was shed')
   assert.match(await ask(), /^HTTP\/1\.1 200 /)
+})
+
+test('pipelined requests for static files whose socket closes before their turn leave no file open, and pipelining past 32 closes the socket (SECURITY.md: no local client exhausts the server)', async (t) => {
+  const { url } = await startToolport(t, { roles: ['A'] })
+  const { port } = new URL(url)
+  const fds = (): number => readdirSync('/proc/self/fd').length
+  const baseline = fds()
+  for (const count of [20, 400]) {
+    const socket = connect({ host: '127.0.0.1', port: Number(port) })
+    await once(socket, 'connect')
+    socket.pause() // read nothing: the answers queue behind the first
+    socket.write(`GET /ui/console.js HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n\r\n`.repeat(count))
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    socket.destroy()
+    await waitFor(`the files of ${count} pipelined requests closed (${baseline} descriptors before)`, () => fds() <= baseline, 5000)
+  }
+  // A client that pipelines a few and reads them gets every answer.
+  const socket = connect({ host: '127.0.0.1', port: Number(port) })
+  let text = ''
+  socket.setEncoding('utf8').on('data', (chunk: string) => { text += chunk })
+  socket.write(`GET /api/health HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n\r\n`.repeat(8))
+  await waitFor('8 answers', () => text.split('HTTP/1.1 200').length - 1 === 8)
+  socket.destroy() // both its ends are in this process: counted among its descriptors
+  // Past 32 waiting at once, the socket is closed.
+  const deep = connect({ host: '127.0.0.1', port: Number(port) })
+  deep.resume() // read (and drop) what comes, so the close is seen
+  deep.write(`GET /ui/console.js HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n\r\n`.repeat(40))
+  const closed = await Promise.race([once(deep, 'close').then(() => true), new Promise((resolve) => setTimeout(resolve, 5000, false))])
+  assert.equal(closed, true, 'the socket pipelining 40 requests was closed')
+  await waitFor('the files of a closed deep pipeline', () => fds() <= baseline, 5000)
 })

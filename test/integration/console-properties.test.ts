@@ -907,6 +907,8 @@ describe('the console in chromium: properties', { skip }, () => {
       '/ui/vendor/eventsource-parser.js/../../package.json', '/ui/vendor/uplot//etc/passwd', '/ui/console.js%00']) {
       const { status, body } = await raw(path)
       assert.ok(status >= 400 && status < 500, `${path}: ${status}`)
+      // 403 is the guard's (docs/protocol.md "Errors of the API itself"): a path to no file is none.
+      assert.notEqual(status, 403, `${path}: ${body.slice(0, 200)}`)
       assert.ok(!body.includes('"dependencies"') && !body.includes('root:'), `${path} leaked a file: ${body.slice(0, 100)}`)
     }
   })

@@ -9,10 +9,11 @@
 //   127/8 address, `[::1]` or an allowed name; port ignored, case-insensitive) → 403
 //   TP_ERR_HOST_FORBIDDEN; Origin (own origin on the port the request arrived on, exactly
 //   `http://` + Host, or allow-listed; without Origin, Sec-Fetch-Site cross-site/same-site is
-//   refused) → 403 TP_ERR_ORIGIN_FORBIDDEN; the bearer token in token mode → 401; JSON only for
-//   POST/PUT/PATCH → 415. Then the body (413 too deep, 400 not JSON), the plugin key in ownership
-//   mode (401 TP_ERR_PLUGIN_KEY_REQUIRED, 403 TP_ERR_NOT_OWNER), the fields (422 with `details`
-//   naming each field), the role (404), the `parameters` schema (422 with `details[0].code`);
+//   refused) → 403 TP_ERR_ORIGIN_FORBIDDEN; the bearer token in token mode → 401; a route that does
+//   not exist → 404 whatever its body; JSON only for POST/PUT/PATCH → 415. Then the body (413 too
+//   deep, 400 not JSON), the plugin key in ownership mode (401 TP_ERR_PLUGIN_KEY_REQUIRED, 403
+//   TP_ERR_NOT_OWNER), the fields (422 with `details` naming each field), the role (404), the
+//   `parameters` schema (422 with `details[0].code`);
 // - callback URLs (R2): judged on the WHATWG-parsed form: http/https, no userinfo (not even an
 //   empty one), a canonical host that is `localhost`, a 127/8 dotted quad, `[::1]` or
 //   `[::ffff:127.x.y.z]`, port not 0; the canonical href is stored and listed;
@@ -411,13 +412,15 @@ function expectGuard (r: GuardRequest, port: number, owner: string | null): Expe
   if (!hostAllowed(r.hosts, allowList)) return { status: 403, code: 'TP_ERR_HOST_FORBIDDEN' }
   if (!originAllowed(r.origins, r.hosts, r.sfs, port, allowList)) return { status: 403, code: 'TP_ERR_ORIGIN_FORBIDDEN' }
   if (r.server === 'locked' && !tokenPresented(r.authorization)) return { status: 401, code: 'TP_ERR_UNAUTHORIZED' }
-  const hasBody = r.route === 'register' || r.route === 'unregister' || r.route === 'put'
+  // A route that does not exist is 404 whatever its body (README "Errors": TP_ERR_ROUTE_NOT_FOUND).
+  if (r.route === 'put') return { status: 404, code: 'TP_ERR_ROUTE_NOT_FOUND' }
+  const hasBody = r.route === 'register' || r.route === 'unregister'
   if (hasBody && (r.contentType === null || !JSON_TYPES.includes(r.contentType))) {
     return { status: 415, code: 'TP_ERR_UNSUPPORTED_MEDIA_TYPE' }
   }
   switch (r.route) {
     case 'list': case 'health': return { status: 200 }
-    case 'unknown': case 'preflight': case 'put': return { status: 404, code: 'TP_ERR_ROUTE_NOT_FOUND' }
+    case 'unknown': case 'preflight': return { status: 404, code: 'TP_ERR_ROUTE_NOT_FOUND' }
     case 'unregister':
       if (r.server === 'locked' && !keyWellFormed(r.keys)) return { status: 401, code: 'TP_ERR_PLUGIN_KEY_REQUIRED' }
       return { status: 200 }

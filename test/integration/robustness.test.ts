@@ -2,11 +2,18 @@
 // signal, concurrent failures at one origin, and shutdown with local calls still running.
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
+import { execFileSync, spawn, spawnSync } from 'node:child_process'
 import { once } from 'node:events'
+import { readdirSync } from 'node:fs'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { Client } from 'undici'
 import { createToolport, type Toolport, type ToolDefinition } from '../../src/main/index.js'
 import type { ToolportOptions } from '../../src/main/config.js'
-import { closedPort } from '../fixtures/callback-server.js'
-import { createTestToolport } from '../helpers.js'
+import { closedPort, startCallbackServer } from '../fixtures/callback-server.js'
+import { createTestToolport, toolportCliArgs } from '../helpers.js'
 import { kOriginFailures } from '../../src/main/symbols.js'
 
 const CALLBACK = 'http://127.0.0.1:9/x'
@@ -135,4 +142,58 @@ test('R18: GET /api/tools is never stale: replaced tools, local tools, and a rol
   for (const name of ['x', 'y', 'z', 'w']) await tp.register({ name, callback_url: CALLBACK, role: 'Lanlan' })
   assert.deepEqual(await names(), ['x', 'y', 'z', 'w'])
   assert.deepEqual(await names('/api/tools'), ['x', 'y', 'z', 'w'])
+})
+
+/** The smallest file descriptor number `pid` does not use: the next one the kernel gives it. */
+function lowestFreeFd (pid: number): number {
+  const used = new Set(readdirSync(`/proc/${pid}/fd`).map(Number))
+  let fd = 0
+  while (used.has(fd)) fd++
+  return fd
+}
+
+const prlimitMissing = spawnSync('prlimit', ['--version']).status === 0 ? false : 'prlimit (util-linux) is not installed'
+
+test('R13: a callback connection Toolport cannot open for want of its own file descriptors (EMFILE) is busy, never a connection failure towards eviction', { skip: prlimitMissing }, async (t) => {
+  const plugin = await startCallbackServer()
+  t.after(() => plugin.close())
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-emfile-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const config = join(dir, 'config.json')
+  await writeFile(config, JSON.stringify({ evictionThreshold: 1 }))
+  const child = spawn(process.execPath, [...toolportCliArgs(), 'serve', '--inline', '--port', '0', '--config', config,
+    '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'inherit'] })
+  t.after(() => { child.kill('SIGKILL') })
+  const [line] = await once(createInterface({ input: child.stdout }), 'line') as [string]
+  const url = /listening on (http:\/\/\S+)/.exec(line)?.[1]
+  assert.ok(url !== undefined, line)
+  // One keep-alive connection, opened now: the API stays reachable once no new fd can be had.
+  const api = new Client(url, { pipelining: 1 })
+  t.after(() => api.close())
+  const post = async (path: string, body: unknown): Promise<any> => {
+    const res = await api.request({ method: 'POST', path, headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+    return await res.body.json()
+  }
+  const registered = await post('/api/tools/register', { name: 'p', callback_url: `${plugin.url}/echo`, source: 'plugin:p' })
+  assert.equal(registered.ok, true, JSON.stringify(registered))
+  const pid = child.pid!
+  const hard = /(\d+|unlimited)\s*$/.exec(execFileSync('prlimit', ['--pid', String(pid), '--nofile', '--noheadings', '--output=HARD'], { encoding: 'utf8' }).trim())?.[1] ?? 'unlimited'
+  const setSoft = (soft: number | string): void => { execFileSync('prlimit', ['--pid', String(pid), `--nofile=${soft}:${hard}`]) }
+  setSoft(lowestFreeFd(pid))
+  let results: any[]
+  try {
+    results = [await post('/api/tools/call', { role: 'default', name: 'p', arguments: {} }), await post('/api/tools/call', { role: 'default', name: 'p', arguments: {} })]
+  } finally {
+    setSoft(hard)
+  }
+  for (const result of results) {
+    assert.equal(result.is_error, true, JSON.stringify(result))
+    assert.match(result.error, /was not called: Toolport is busy \(.*EMFILE/, result.error)
+  }
+  assert.equal(plugin.requests.length, 0)
+  const res = await api.request({ method: 'GET', path: '/api/tools' })
+  const listed = await res.body.json() as { tools_by_role: Record<string, Array<{ name: string }>> }
+  assert.deepEqual(listed.tools_by_role.default!.map((tool) => tool.name), ['p'], 'not evicted')
+  // With descriptors again, the same tool answers.
+  assert.equal((await post('/api/tools/call', { role: 'default', name: 'p', arguments: {} })).is_error, false)
 })

@@ -29,6 +29,14 @@ export interface ConnectionPressureOptions {
 interface SocketState {
   /** Requests received and not yet answered on this socket (pipelining allows more than one). */
   busy: number
+  /**
+   * Responses of pipelined requests waiting behind the one being answered. When the socket
+   * closes, Node ends the response it is writing but never these: a file each one streams (the
+   * console's, the docs') would stay open for good. They are ended with the socket.
+   */
+  queued: Set<ServerResponse> | null
+  /** The response of the last request that arrived with no other waiting (Node writes it first). */
+  first: ServerResponse | null
   /** When the socket was accepted, or last finished a response (performance.now()). */
   idleSince: number
   /** Token mode: the socket presented the valid token. */
@@ -36,6 +44,9 @@ interface SocketState {
 }
 
 const kState = Symbol('toolport.connectionState')
+
+/** Requests one socket may have waiting for their answers at once; past it the socket is closed. */
+const MAX_PIPELINED = 32
 
 /** Watches an HTTP server's sockets and sheds idle ones under pressure. */
 export class ConnectionPressure {
@@ -69,9 +80,13 @@ export class ConnectionPressure {
   }
 
   #onConnection (socket: Socket): void {
-    const state: SocketState = { busy: 0, idleSince: performance.now(), isTrusted: false }
+    const state: SocketState = { busy: 0, queued: null, first: null, idleSince: performance.now(), isTrusted: false }
     this.#sockets.set(socket, state)
-    socket.once('close', () => { this.#sockets.delete(socket) })
+    socket.once('close', () => {
+      this.#sockets.delete(socket)
+      if (state.first !== null) endWithSocket(state.first)
+      if (state.queued !== null) for (const response of [...state.queued]) endWithSocket(response)
+    })
     // This socket is the newest, hence the last an idle-shed would choose.
     if (this.#sockets.size > this.#threshold) this.#shedOne(socket)
     if (this.isUnderPressure) this.#startSweeper()
@@ -83,6 +98,16 @@ export class ConnectionPressure {
     state.busy++
     ;(response as ServerResponse & { [kState]?: SocketState })[kState] = state
     response.once('close', onResponseClose)
+    if (state.busy === 1) {
+      state.first = response
+      return
+    }
+    (state.queued ??= new Set()).add(response)
+    // No client here pipelines this deep (browsers and undici do not pipeline at all): each
+    // request queued holds its answer, and a file for a static one, until its turn. Node still
+    // parses what the socket already read, so later requests come here too: queued, and ended
+    // with the socket.
+    if (state.busy > MAX_PIPELINED) request.socket.destroy()
   }
 
   /** Closes the longest-idle socket, untrusted ones first; never `keep` or one with a request in flight. */
@@ -149,4 +174,24 @@ function onResponseClose (this: ServerResponse & { [kState]?: SocketState }): vo
   if (state === undefined) return
   state.busy--
   state.idleSince = performance.now()
+  state.queued?.delete(this)
+}
+
+/**
+ * Ends a response whose socket closed before it was written: a pipelined one waiting its turn,
+ * which Node never ends, is destroyed and told `close` (as Node tells the response it was
+ * writing), so whoever streams into it (fastify's send of a file) destroys its source; and a
+ * stream piped into any of them later (a static file found after the client left) is closed at
+ * once instead of waiting for good.
+ */
+function endWithSocket (response: ServerResponse): void {
+  if (response.writableFinished) return
+  response.once('pipe', onPipeAfterClose)
+  if (response.destroyed) return // the response Node was writing: Node told it already
+  response.destroy()
+  response.emit('close')
+}
+
+function onPipeAfterClose (source: NodeJS.ReadableStream): void {
+  (source as NodeJS.ReadableStream & { destroy: () => void }).destroy()
 }

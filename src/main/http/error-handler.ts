@@ -25,8 +25,9 @@ export function handleError (this: unknown, err: FastifyError, request: FastifyR
   let mapped = toToolportError(err, request)
   // fastify reads the body of a request no route matches before its not-found handler runs: a
   // body it cannot read there (not JSON, too large or deep, of another media type) must not hide
-  // that the route does not exist. The guard's refusals (401, 403) still come first.
-  if (request.is404 && UNREAD_BODY_STATUSES.has(mapped.statusCode)) mapped = notFound(request)
+  // that the route does not exist. The guard's refusals (401, 403) still come first, and so does
+  // a request that cannot be routed at all (a bad %-escape: 400).
+  if (request.is404 && UNREAD_BODY_CODES.has(mapped.code)) mapped = notFound(request)
   if (mapped.statusCode >= 500) {
     // Code and message only: raw error objects may carry callback bodies or arguments.
     request.log.error({ code: (err as { code?: unknown }).code, message: err.message }, 'request failed')
@@ -52,7 +53,9 @@ function closeAfter (request: FastifyRequest, reply: FastifyReply): void {
 }
 
 /** The answers to a body that could not be read: bad JSON, too large or deep, not JSON. */
-const UNREAD_BODY_STATUSES: ReadonlySet<number> = new Set([400, 413, 415])
+const UNREAD_BODY_CODES: ReadonlySet<string> = new Set([
+  'TP_ERR_BAD_JSON', 'TP_ERR_JSON_TOO_DEEP', 'TP_ERR_BODY_TOO_LARGE', 'TP_ERR_UNSUPPORTED_MEDIA_TYPE'
+])
 
 function notFound (request: FastifyRequest): ToolportError {
   return new RouteNotFoundError(`${request.method} ${request.url.split('?')[0]}`) as ToolportError
@@ -148,6 +151,9 @@ function toToolportError (err: FastifyError, request: FastifyRequest): ToolportE
   }
   if (err instanceof SyntaxError) return new BadJsonError(err.message) as ToolportError
   const status = err.statusCode ?? 500
+  // A static file's path that leaves its folder (`/ui/../api/tools`): @fastify/send says 403,
+  // which the API keeps for the guard's refusals (docs/protocol.md); no such file is served here.
+  if (status === 403) return notFound(request)
   if (status >= 400 && status < 500) {
     const mapped = new BadRequestError(err.message) as ToolportError
     mapped.statusCode = status
