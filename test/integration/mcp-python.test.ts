@@ -64,7 +64,7 @@ test('the MCP Python SDK client initializes, lists, calls a plugin tool and clos
   assert.deepEqual(tp.roles.get('Lanlan').sessions(), [], 'the session left its role when the client closed')
 })
 
-test('the MCP Python SDK client, with its default 1 MiB bound on one event, lists 1.3 MB of tools and receives an 800 KB object output (README "MCP": pages, structuredContent)', { skip: missing === '' ? false : missing, timeout: 90_000 }, async (t) => {
+test('the MCP Python SDK client, with its default 1 MiB bound on one event, lists 1.3 MB of tools and receives object outputs of 800 KB (ASCII) and 600 KB (CJK, UTF-8) (README "MCP": pages, structuredContent)', { skip: missing === '' ? false : missing, timeout: 90_000 }, async (t) => {
   const { url } = await startToolport(t, { roles: ['Lanlan'] })
   const plugin = await startCallbackServer()
   t.after(() => plugin.close())
@@ -78,23 +78,26 @@ test('the MCP Python SDK client, with its default 1 MiB bound on one event, list
   }
   const dir = await mkdtemp(join(tmpdir(), 'toolport-mcp-python-'))
   t.after(() => rm(dir, { recursive: true, force: true }))
-  const argumentsFile = join(dir, 'arguments.json')
-  await writeFile(argumentsFile, JSON.stringify({ s: 'x'.repeat(400_000) }))
-  const { code, stdout, stderr } = await runPython([`${url}/mcp/Lanlan`, 'tool_00', `@${argumentsFile}`])
-  assert.equal(code, 0, `python exited ${String(code)}:\n${stderr.slice(-2000)}`)
-  const seen = JSON.parse(stdout.trim().split('\n').at(-1) as string) as {
-    tools: string[],
-    pages: number,
-    is_error: boolean,
-    text: string[],
-    text_lengths: number[]
-  }
-  assert.deepEqual(seen.tools, names)
-  assert.ok(seen.pages > 1, `1.3 MB of tools come in pages (${seen.pages})`)
-  assert.equal(seen.is_error, false)
   // The echo route answers the call's body, which holds the arguments twice (`arguments` and
-  // `raw_arguments`): an output of 800 KB, sent as text only (with structuredContent, 1.6 MB).
-  assert.equal(seen.text_lengths.length, 1)
-  assert.ok(seen.text_lengths[0]! > 800_000, `the whole output arrived (${seen.text_lengths[0]} characters)`)
-  assert.ok(seen.text[0]!.startsWith('{'), seen.text[0])
+  // `raw_arguments`): 800 KB of ASCII, or 600 KB of UTF-8 in 200 K UTF-16 units of CJK text,
+  // either one sent as text only (with structuredContent too, over 1 MiB).
+  for (const [what, s, least] of [['ASCII', 'x'.repeat(400_000), 800_000], ['CJK', '中'.repeat(100_000), 200_000]] as const) {
+    const argumentsFile = join(dir, 'arguments.json')
+    await writeFile(argumentsFile, JSON.stringify({ s }))
+    const { code, stdout, stderr } = await runPython([`${url}/mcp/Lanlan`, 'tool_00', `@${argumentsFile}`])
+    assert.equal(code, 0, `${what}: python exited ${String(code)}:\n${stderr.slice(-2000)}`)
+    const seen = JSON.parse(stdout.trim().split('\n').at(-1) as string) as {
+      tools: string[],
+      pages: number,
+      is_error: boolean,
+      text: string[],
+      text_lengths: number[]
+    }
+    assert.deepEqual(seen.tools, names)
+    assert.ok(seen.pages > 1, `1.3 MB of tools come in pages (${seen.pages})`)
+    assert.equal(seen.is_error, false)
+    assert.equal(seen.text_lengths.length, 1)
+    assert.ok(seen.text_lengths[0]! > least, `${what}: the whole output arrived (${seen.text_lengths[0]} characters)`)
+    assert.ok(seen.text[0]!.startsWith('{'), seen.text[0])
+  }
 })

@@ -302,6 +302,15 @@ test('a request whose id a request in flight of the session holds is refused (-3
   const again = await openStream(`${url}/mcp/Lanlan`, 'POST', headers, call('fast', 'fourth'))
   assert.equal(again.statusCode, 200)
   for await (const event of again.events) if (event.data !== '') assert.equal(JSON.parse(event.data).id, 'dup')
+  // Nor may two requests of one batch share an id: one of the two answers would be lost.
+  const twins = await httpRequest(`${url}/mcp/Lanlan`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+    body: JSON.stringify([call('fast', 'fifth'), call('fast', 'sixth')])
+  })
+  assert.equal(twins.statusCode, 400)
+  assert.match((await twins.body.json() as { error: { message: string } }).error.message, /"dup" is in use/)
+  assert.equal(plugin.requests.length, 2, 'neither twin reached a plugin')
 })
 
 test('tools/call and tools/list with params their schema refuses are -32602 Invalid params naming the field, not -32603 (JSON-RPC 2.0 §5.1)', async (t) => {

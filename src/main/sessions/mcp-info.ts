@@ -29,7 +29,9 @@ const RPC_INVALID_PARAMS = -32602
  * SDK parses each request with the handler's schema before the handler runs, and answers a
  * failed parse -32603 "Internal error" with zod's whole issue dump. The returned schema accepts
  * any params of the method and runs `schema`'s check itself, throwing the JSON-RPC error, which
- * the SDK answers as it is; what reaches the handler is the request `schema` accepted.
+ * the SDK answers as it is. What reaches the handler is the request as it came (with any keys
+ * `schema` would strip), once `schema` has accepted it: the SDK's request schemas that this is
+ * used with have no defaults or transforms.
  */
 export function checkedRequest<S extends z.ZodObject<{ method: z.ZodLiteral<string> }>> (schema: S): S {
   const method = schema.shape.method.value

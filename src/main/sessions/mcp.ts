@@ -99,11 +99,11 @@ const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
 const LIST_PAGE_BYTES = 768 * 1024
 
 /**
- * An object output whose text is longer than this is sent as text only, without the same output
- * again as `structuredContent` (no tool here declares an `outputSchema`, so the text is what
- * clients read): the two would double the event, past the bound clients set on one (above).
+ * An object output whose text is longer than this (UTF-8) is sent as text only, without the same
+ * output again as `structuredContent` (no tool here declares an `outputSchema`, so the text is
+ * what clients read): the two would double the event, past the bound clients set on one (above).
  */
-const MAX_STRUCTURED_TEXT_CHARS = 256 * 1024
+const MAX_STRUCTURED_TEXT_BYTES = 256 * 1024
 
 /**
  * JSON-RPC "internal error": the answer to a call whose session ended under it. Never -32000,
@@ -403,13 +403,21 @@ export class McpSession implements ModelSession {
     }
   }
 
-  /** The id of a request in `body` (one message or a batch) that a request in flight holds, if any. */
+  /**
+   * The id of a request in `body` (one message or a batch) that a request in flight holds, or
+   * that another request of the same batch has, if any.
+   */
   #idInFlight (body: unknown): RequestId | undefined {
     const inFlight = this.#books?.requests
-    if (inFlight === undefined || inFlight.size === 0) return undefined
-    for (const message of Array.isArray(body) ? body as unknown[] : [body]) {
+    if (inFlight === undefined) return undefined
+    const isBatch = Array.isArray(body)
+    if (!isBatch && inFlight.size === 0) return undefined
+    const seen = isBatch ? new Set<RequestId>() : null
+    for (const message of isBatch ? body as unknown[] : [body]) {
       const { id, method } = message as { id?: RequestId, method?: unknown }
-      if (typeof method === 'string' && id !== undefined && inFlight.has(id)) return id
+      if (typeof method !== 'string' || id === undefined) continue
+      if (inFlight.has(id) || seen?.has(id) === true) return id
+      seen?.add(id)
     }
     return undefined
   }
@@ -442,7 +450,7 @@ export class McpSession implements ModelSession {
         // second request with one would take the first one's answer and leave its stream open.
         response.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({
           jsonrpc: '2.0',
-          error: { code: -32600, message: `Invalid Request: the id ${JSON.stringify(reused)} is in use by a request in flight in this session` },
+          error: { code: -32600, message: `Invalid Request: the id ${JSON.stringify(reused)} is in use by a request in flight in this session or its batch` },
           id: null
         }))
         return
@@ -694,8 +702,7 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
   const out: CallToolResult = { content, isError: result.is_error }
   // A top-level `__proto__` key would not survive: the SDK re-validates the result, and zod's
   // rebuilt object turns that key into a prototype. The text carries it.
-  if (!result.is_error && isPlainObject(result.output) && !Object.hasOwn(result.output, '__proto__') &&
-    result.text.length <= MAX_STRUCTURED_TEXT_CHARS) {
+  if (!result.is_error && isPlainObject(result.output) && !Object.hasOwn(result.output, '__proto__')) {
     out.structuredContent = result.output
   }
   return out
@@ -710,10 +717,22 @@ const MAX_STRUCTURED_DEPTH = 4096
  * as `POST /api/tools/call` does.
  */
 function sendableResult (result: CallToolResult): CallToolResult {
-  if (result.structuredContent === undefined ||
-    jsonDepth(result.structuredContent, MAX_STRUCTURED_DEPTH) <= MAX_STRUCTURED_DEPTH) return result
-  return toCallToolResult(errorResult(
-    `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`))
+  if (result.structuredContent === undefined) return result
+  if (jsonDepth(result.structuredContent, MAX_STRUCTURED_DEPTH) > MAX_STRUCTURED_DEPTH) {
+    return toCallToolResult(errorResult(
+      `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`))
+  }
+  const text = (result.content[0] as { text: string }).text
+  if (isLongerThan(text, MAX_STRUCTURED_TEXT_BYTES)) delete result.structuredContent
+  return result
+}
+
+/** Whether `text` is longer than `bytes` in UTF-8 (counted only when its length cannot tell). */
+function isLongerThan (text: string, bytes: number): boolean {
+  // A UTF-16 unit is 1 to 3 UTF-8 bytes (a surrogate pair is 4 for 2 units).
+  if (text.length > bytes) return true
+  if (text.length * 3 <= bytes) return false
+  return Buffer.byteLength(text) > bytes
 }
 
 const definitionBytes = new WeakMap<object, number>()
