@@ -299,25 +299,17 @@ test('Realtime: the late session.updated of an update given up on is not taken f
   assert.match(second.failed_roles[0]?.error ?? '', /invalid_value/)
 })
 
-test('Realtime: once the provider echoes tools as sent, a host\'s own update acknowledged with the tools in place does not pass for a pending update of the same tool names', async (t) => {
-  const { tp, provider, ws } = await setup(t, { ackTimeoutMs: 300 }, [ECHO])
-  let held: Json | null = null
+test('Realtime: a provider that reshapes the tools it echoes (adds a field to each) still acknowledges every update, from a role without tools on', async (t) => {
+  const { tp, provider } = await setup(t, { ackTimeoutMs: 2000 })
   provider.updateReply = (event) => {
-    if (event.event_id === 'host_voice') {
-      // The host's own update: the provider acknowledges with the whole session, tools in place.
-      provider.play({ type: 'session.updated', session: { object: 'realtime.session', voice: 'alloy', tools: provider.sent('session.update')[0]!.session.tools } })
-      return 'silent'
-    }
-    held = event
+    const tools = (event.session.tools as Json[]).map((tool) => ({ ...tool, strict: false }))
+    provider.play({ type: 'session.updated', session: { object: 'realtime.session', ...event.session, tools } })
     return 'silent'
   }
-  const pending = tp.register({ ...ECHO, callback_url: 'http://127.0.0.1:9333/echo', description: 'changed', role: 'Lanlan' })
-  await provider.waitFor('session.update', 2)
-  ws.send(JSON.stringify({ type: 'session.update', event_id: 'host_voice', session: { voice: 'alloy' } }))
-  const result = await pending
-  assert.equal(result.ok, false, `the host's acknowledgement resolved our update: ${JSON.stringify(result)}`)
-  assert.match(result.failed_roles[0]?.error ?? '', /no session\.updated/)
-  assert.notEqual(held, null)
+  for (const description of ['v1', 'v2', 'v3']) {
+    const result = await tp.register({ ...ECHO, callback_url: 'http://127.0.0.1:9333/echo', description, role: 'Lanlan' })
+    assert.deepEqual(result.failed_roles, [], description)
+  }
 })
 
 test('Realtime: parallel function calls in one response each run once, send their function_call_output, then one response.create', async (t) => {

@@ -152,8 +152,8 @@ export function createRealtimeSession (options: RealtimeSessionOptions): Realtim
 interface PendingUpdate {
   eventId: string
   names: string[]
-  /** The tools sent, as toolsSignature makes them (null: too deep to compare). */
-  signature: string | null
+  /** The tools sent (frozen: the role's definitions in the session's dialect). */
+  tools: readonly unknown[]
   resolve: () => void
   reject: (err: Error) => void
 }
@@ -197,10 +197,8 @@ class RealtimeAdapter implements RealtimeSession {
   readonly #rateLimit: RealtimeRateLimit | null
   readonly #sessionFields: Record<string, unknown>
   readonly #updates: PendingUpdate[] = []
-  /** The provider has acknowledged an update echoing its very tools (see #onSessionUpdated). */
-  #echoesExactly = false
   /** The newest ABANDONED_UPDATES updates given up on without an answer, oldest first. */
-  readonly #abandoned: Array<{ eventId: string, signature: string }> = []
+  readonly #abandoned: Array<{ eventId: string, names: string[], tools: readonly unknown[] }> = []
   readonly #calls = new Map<string, RunningCall>()
   readonly #seenCalls = new Set<string>()
   readonly #responses = new Map<string, ResponseState>()
@@ -261,20 +259,21 @@ class RealtimeAdapter implements RealtimeSession {
       const update: PendingUpdate = {
         eventId,
         names: tools.map((t) => t.name),
-        signature: toolsSignature(payload),
+        tools: payload,
         resolve: () => settle(null),
         reject: (err) => settle(err, true)
       }
-      // `answered`: the provider answered this update (an `error` naming it, or its close).
+      // `answered`: no late answer can come (the provider answered it with an `error`, it was
+      // never sent, or the session closed).
       const settle = (err: Error | null, answered = false): void => {
         clearTimeout(timer)
         signal.removeEventListener('abort', onAbort)
         const at = this.#updates.indexOf(update)
         if (at !== -1) this.#updates.splice(at, 1)
-        if (err !== null && !answered && update.signature !== null) {
+        if (err !== null && !answered) {
           // Given up on, yet its session.updated may still come, late: it must not be taken for
           // the acknowledgement of a later update of the same tool names.
-          this.#abandoned.push({ eventId, signature: update.signature })
+          this.#abandoned.push({ eventId, names: update.names, tools: payload })
           if (this.#abandoned.length > ABANDONED_UPDATES) this.#abandoned.shift()
         }
         if (err === null) resolve()
@@ -287,7 +286,9 @@ class RealtimeAdapter implements RealtimeSession {
         event_id: eventId,
         session: { ...this.#sessionFields, tools: payload }
       }
-      this.#sendEvent(event).catch((err: unknown) => settle(new Error(`session.update could not be sent: ${errorText(err)}`)))
+      // Never sent: no answer will come for it, late or not.
+      this.#sendEvent(event).catch((err: unknown) =>
+        settle(new Error(`session.update could not be sent: ${errorText(err)}`), true))
     })
   }
 
@@ -358,29 +359,29 @@ class RealtimeAdapter implements RealtimeSession {
       this.#updates[0]?.resolve()
       return
     }
-    // The update whose very tools it echoes; else the late answer to one given up on (not taken
-    // for a later update's); else, for a provider that echoes tools reshaped, the first update of
-    // the same tool names. One whose tools match none of ours answers someone else's update (the
-    // host's). Once the provider has echoed an update's tools exactly, it is known to: names
-    // alone no longer count (a host's own update, acknowledged with the tools in place, would
-    // otherwise pass for ours of the same names).
-    const signature = toolsSignature(tools)
-    if (signature !== null) {
-      const exact = this.#updates.find((u) => u.signature === signature)
+    // The first update waiting of the same tool names. When several updates of these names wait
+    // for an answer (one given up on among them, whose answer may still come late), the one whose
+    // very tools it echoes: a late answer is then used up by the update it answers, not taken for
+    // a later one's. A provider that reshapes what it echoes matches none: names decide.
+    const names = tools.map(toolName).sort()
+    const pending = this.#updates.filter((u) => sameNames(u.names, names))
+    const late = this.#abandoned.filter((u) => sameNames(u.names, names))
+    if (pending.length + late.length > 1) {
+      const exact = pending.find((u) => sameTools(tools, u.tools))
       if (exact !== undefined) {
-        this.#echoesExactly = true
         exact.resolve()
         return
       }
-      const late = this.#abandoned.findIndex((u) => u.signature === signature)
-      if (late !== -1) {
-        this.#abandoned.splice(late, 1)
+      const answered = late.find((u) => sameTools(tools, u.tools))
+      if (answered !== undefined) {
+        this.#abandoned.splice(this.#abandoned.indexOf(answered), 1)
         return
       }
+    } else if (pending.length === 0 && late.length === 1) {
+      this.#abandoned.splice(this.#abandoned.indexOf(late[0]!), 1)
+      return
     }
-    if (this.#echoesExactly) return
-    const names = tools.map(toolName).sort()
-    this.#updates.find((u) => sameNames(u.names, names))?.resolve()
+    pending[0]?.resolve()
   }
 
   #onError (event: Record<string, unknown>): void {
@@ -634,43 +635,47 @@ function toolName (tool: unknown): string {
   return str(t?.name) ?? str(obj(t?.function)?.name) ?? ''
 }
 
-/** Nesting past which two tool lists are not compared by their whole shape (names still are). */
-const MAX_SIGNATURE_DEPTH = 256
-
 /**
- * A tools list as one text independent of key order and tool order, so that what a provider
- * echoes in `session.updated` compares with what was sent; null when nested past
- * MAX_SIGNATURE_DEPTH.
+ * Whether `echoed` (a provider's `session.updated` tools) are the tools `sent`, whatever the order
+ * of the tools and of their keys: compared value by value, stopping at the first difference.
  */
-function toolsSignature (tools: readonly unknown[]): string | null {
-  const keys: string[] = []
-  for (const tool of tools) {
-    const key = canonicalJson(tool, 0)
-    if (key === null) return null
-    keys.push(key)
-  }
-  return keys.sort().join('\n')
+function sameTools (echoed: readonly unknown[], sent: readonly unknown[]): boolean {
+  if (echoed.length !== sent.length) return false
+  const byName = sentByName(sent)
+  return echoed.every((tool) => {
+    const ours = byName.get(toolName(tool))
+    return ours !== undefined && sameJson(tool, ours, 0)
+  })
 }
 
-function canonicalJson (value: unknown, depth: number): string | null {
-  if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null'
-  if (depth > MAX_SIGNATURE_DEPTH) return null
-  const parts: string[] = []
-  if (Array.isArray(value)) {
-    for (const item of value) {
-      const part = canonicalJson(item, depth + 1)
-      if (part === null) return null
-      parts.push(part)
-    }
-    return `[${parts.join(',')}]`
+/** Sent tools by name, once per list (every session of a role is sent the same frozen list). */
+const sentNames = new WeakMap<readonly unknown[], Map<string, unknown>>()
+
+function sentByName (sent: readonly unknown[]): Map<string, unknown> {
+  let byName = sentNames.get(sent)
+  if (byName === undefined) {
+    byName = new Map(sent.map((tool) => [toolName(tool), tool]))
+    sentNames.set(sent, byName)
   }
-  const object = value as Record<string, unknown>
-  for (const key of Object.keys(object).sort()) {
-    const part = canonicalJson(object[key], depth + 1)
-    if (part === null) return null
-    parts.push(`${JSON.stringify(key)}:${part}`)
+  return byName
+}
+
+/** Nesting past which two values are taken to differ (a provider's echo is untrusted input). */
+const MAX_COMPARE_DEPTH = 256
+
+function sameJson (a: unknown, b: unknown, depth: number): boolean {
+  if (a === b) return true
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null || depth > MAX_COMPARE_DEPTH) return false
+  if (Array.isArray(a) !== Array.isArray(b)) return false
+  if (Array.isArray(a)) {
+    const other = b as unknown[]
+    return a.length === other.length && a.every((item, i) => sameJson(item, other[i], depth + 1))
   }
-  return `{${parts.join(',')}}`
+  const x = a as Record<string, unknown>
+  const y = b as Record<string, unknown>
+  const keys = Object.keys(x)
+  if (keys.length !== Object.keys(y).length) return false
+  return keys.every((key) => Object.hasOwn(y, key) && sameJson(x[key], y[key], depth + 1))
 }
 
 function sameNames (ours: readonly string[], sortedTheirs: readonly string[]): boolean {
