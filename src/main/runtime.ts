@@ -279,6 +279,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     // find it free.
     if (owner !== null && accepted.length > 0) this.#owners.claim(request.source, owner)
     const affected = await syncAll(accepted, failed)
+    // close() ended the syncs it waited on: Toolport is going away, not refusing the tool. The
+    // answer a request to a closed runtime gets (503), so that a plugin registers again with the
+    // next Toolport instead of taking this for a refusal.
+    if (affected.length === 0 && accepted.length > 0 && this.#closed) throw new ClosedError()
     const result: RegisterResult = {
       ok: affected.length > 0,
       registered: entry.name,

@@ -400,6 +400,25 @@ test('attachSession, replaceSessions and callTool refuse what is not a session o
   assert.equal((await tp.callTool('A', { name: 'ok' })).is_error, false)
 })
 
+test('a register whose syncs close() ended is TP_ERR_CLOSED (503), as a register after close() is, not an ok: false a plugin takes for a refusal (README "Public exports": close())', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
+  const signals: AbortSignal[] = []
+  tp.roles.get('A').attachSession({
+    id: 'silent-model',
+    syncTools: async (_tools, signal) => {
+      signals.push(signal)
+      await new Promise<void>((_resolve, reject) => { signal.addEventListener('abort', () => { reject(signal.reason) }, { once: true }) })
+    }
+  })
+  await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
+  const registration = tp.register({ name: 'late', callback_url: 'http://127.0.0.1:9/late', source: 'plugin:late' })
+  await waitFor('the tool to enter the registry', () => tp.roles.get('A').tools().length === 1, HANG_GUARD_MS)
+  await within(tp.close(), 'close()', HANG_GUARD_MS)
+  await assert.rejects(within(registration, 'the registration', HANG_GUARD_MS),
+    (err: unknown) => (err as { code?: string, statusCode?: number }).code === 'TP_ERR_CLOSED' &&
+      (err as { statusCode?: number }).statusCode === 503)
+})
+
 test('removing a role drops its sessions and ends its sync still waiting on one: the session\'s signal aborts and the registration waiting on it settles, done as a role without sessions syncs, not at syncTimeoutMs (docs/protocol.md "Sync")', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
   const { signals, registration } = await registrationWaitingOnSilentSession(tp.roles.get('A'))
