@@ -273,31 +273,34 @@ test('Realtime: a session.update left unanswered fails the sync after ackTimeout
   assert.match(result.failed_roles[0]?.error ?? '', /no session\.updated/)
 })
 
-test('Realtime: the late session.updated of an update given up on is not taken for the next update of the same tool names, which the provider then rejects (README "Tool sync")', async (t) => {
-  const { tp, provider } = await setup(t, { ackTimeoutMs: 100 }, [ECHO])
-  let given: Json | null = null
-  provider.updateReply = (event) => {
-    if (given === null) {
-      // The first: left unanswered until the adapter has given up on it.
-      given = event
+for (const reshapes of [false, true]) {
+  test(`Realtime: the late session.updated of an update given up on is not taken for the next update of the same tool names, which the provider then rejects${reshapes ? ', also from a provider that reshapes what it echoes' : ''} (README "Tool sync")`, async (t) => {
+    const { tp, provider } = await setup(t, { ackTimeoutMs: 100 }, [ECHO])
+    let given: Json | null = null
+    provider.updateReply = (event) => {
+      if (given === null) {
+        // The first: left unanswered until the adapter has given up on it.
+        given = event
+        return 'silent'
+      }
+      // The second (same tool names, another description): the first one's late acknowledgement
+      // comes first, then the provider rejects the second. One socket: they arrive in this order.
+      const tools = (given.session.tools as Json[]).map((tool) => reshapes ? { ...tool, strict: false } : tool)
+      provider.play({ type: 'session.updated', session: { object: 'realtime.session', ...given.session, tools } })
+      provider.play({
+        type: 'error',
+        error: { type: 'invalid_request_error', code: 'invalid_value', message: 'Invalid tool schema.', event_id: event.event_id }
+      })
       return 'silent'
     }
-    // The second (same tool names, another description): the first one's late acknowledgement
-    // comes first, then the provider rejects the second. One socket: they arrive in this order.
-    provider.play({ type: 'session.updated', session: { object: 'realtime.session', ...given.session } })
-    provider.play({
-      type: 'error',
-      error: { type: 'invalid_request_error', code: 'invalid_value', message: 'Invalid tool schema.', event_id: event.event_id }
-    })
-    return 'silent'
-  }
-  const echo = { ...ECHO, callback_url: 'http://127.0.0.1:9333/echo', role: 'Lanlan' }
-  const first = await tp.register({ ...echo, description: 'v2' })
-  assert.match(first.failed_roles[0]?.error ?? '', /no session\.updated/)
-  const second = await tp.register({ ...echo, description: 'v3' })
-  assert.equal(second.ok, false, JSON.stringify(second))
-  assert.match(second.failed_roles[0]?.error ?? '', /invalid_value/)
-})
+    const echo = { ...ECHO, callback_url: 'http://127.0.0.1:9333/echo', role: 'Lanlan' }
+    const first = await tp.register({ ...echo, description: 'v2' })
+    assert.match(first.failed_roles[0]?.error ?? '', /no session\.updated/)
+    const second = await tp.register({ ...echo, description: 'v3' })
+    assert.equal(second.ok, false, JSON.stringify(second))
+    assert.match(second.failed_roles[0]?.error ?? '', /invalid_value/)
+  })
+}
 
 test('Realtime: a provider that reshapes the tools it echoes (adds a field to each) still acknowledges every update, from a role without tools on', async (t) => {
   const { tp, provider } = await setup(t, { ackTimeoutMs: 2000 })
@@ -310,6 +313,27 @@ test('Realtime: a provider that reshapes the tools it echoes (adds a field to ea
     const result = await tp.register({ ...ECHO, callback_url: 'http://127.0.0.1:9333/echo', description, role: 'Lanlan' })
     assert.deepEqual(result.failed_roles, [], description)
   }
+})
+
+test('Realtime: a host\'s own update, acknowledged with the tools in place, does not pass for a pending update of the same tool names that changes them', async (t) => {
+  const { tp, provider, ws } = await setup(t, { ackTimeoutMs: 300 }, [ECHO])
+  let held: Json | null = null
+  provider.updateReply = (event) => {
+    if (event.event_id === 'host_voice') {
+      // The host's own update: the provider acknowledges with the whole session, tools in place.
+      provider.play({ type: 'session.updated', session: { object: 'realtime.session', voice: 'alloy', tools: provider.sent('session.update')[0]!.session.tools } })
+      return 'silent'
+    }
+    held = event
+    return 'silent'
+  }
+  const pending = tp.register({ ...ECHO, callback_url: 'http://127.0.0.1:9333/echo', description: 'changed', role: 'Lanlan' })
+  await provider.waitFor('session.update', 2)
+  ws.send(JSON.stringify({ type: 'session.update', event_id: 'host_voice', session: { voice: 'alloy' } }))
+  const result = await pending
+  assert.equal(result.ok, false, `the host's acknowledgement resolved our update: ${JSON.stringify(result)}`)
+  assert.match(result.failed_roles[0]?.error ?? '', /no session\.updated/)
+  assert.notEqual(held, null)
 })
 
 test('Realtime: parallel function calls in one response each run once, send their function_call_output, then one response.create', async (t) => {

@@ -197,6 +197,8 @@ class RealtimeAdapter implements RealtimeSession {
   readonly #rateLimit: RealtimeRateLimit | null
   readonly #sessionFields: Record<string, unknown>
   readonly #updates: PendingUpdate[] = []
+  /** The tools of the update acknowledged last: what the provider has in place. */
+  #inPlace: readonly unknown[] | null = null
   /** The newest ABANDONED_UPDATES updates given up on without an answer, oldest first. */
   readonly #abandoned: Array<{ eventId: string, names: string[], tools: readonly unknown[] }> = []
   readonly #calls = new Map<string, RunningCall>()
@@ -276,8 +278,12 @@ class RealtimeAdapter implements RealtimeSession {
           this.#abandoned.push({ eventId, names: update.names, tools: payload })
           if (this.#abandoned.length > ABANDONED_UPDATES) this.#abandoned.shift()
         }
-        if (err === null) resolve()
-        else reject(err)
+        if (err === null) {
+          this.#inPlace = payload
+          resolve()
+        } else {
+          reject(err)
+        }
       }
       signal.addEventListener('abort', onAbort, { once: true })
       this.#updates.push(update)
@@ -359,29 +365,28 @@ class RealtimeAdapter implements RealtimeSession {
       this.#updates[0]?.resolve()
       return
     }
-    // The first update waiting of the same tool names. When several updates of these names wait
-    // for an answer (one given up on among them, whose answer may still come late), the one whose
-    // very tools it echoes: a late answer is then used up by the update it answers, not taken for
-    // a later one's. A provider that reshapes what it echoes matches none: names decide.
+    // Only updates of the same tool names can be what it answers. The one whose very tools it
+    // echoes decides; else (a provider that reshapes what it echoes, or an answer to someone
+    // else's update) answers come in the order updates were sent: one given up on first (at most
+    // one update of a session waits at a time, and those given up on were sent before it); else
+    // the update waiting, unless what it echoes is the tools already in place while that update
+    // changes them (a host's own session.update, acknowledged with the whole session).
     const names = tools.map(toolName).sort()
-    const pending = this.#updates.filter((u) => sameNames(u.names, names))
+    const waiting = this.#updates.find((u) => sameNames(u.names, names))
     const late = this.#abandoned.filter((u) => sameNames(u.names, names))
-    if (pending.length + late.length > 1) {
-      const exact = pending.find((u) => sameTools(tools, u.tools))
-      if (exact !== undefined) {
-        exact.resolve()
-        return
-      }
-      const answered = late.find((u) => sameTools(tools, u.tools))
-      if (answered !== undefined) {
-        this.#abandoned.splice(this.#abandoned.indexOf(answered), 1)
-        return
-      }
-    } else if (pending.length === 0 && late.length === 1) {
-      this.#abandoned.splice(this.#abandoned.indexOf(late[0]!), 1)
+    if (waiting !== undefined && sameTools(tools, waiting.tools)) {
+      waiting.resolve()
       return
     }
-    pending[0]?.resolve()
+    const answered = late.find((u) => sameTools(tools, u.tools)) ?? late[0]
+    if (answered !== undefined) {
+      this.#abandoned.splice(this.#abandoned.indexOf(answered), 1)
+      return
+    }
+    if (waiting === undefined) return
+    const inPlace = this.#inPlace
+    if (inPlace !== null && sameTools(tools, inPlace) && !sameTools(waiting.tools, inPlace)) return
+    waiting.resolve()
   }
 
   #onError (event: Record<string, unknown>): void {
