@@ -17,8 +17,11 @@ const PROTOCOL_CODES = new Set([
   // The reply's headers passed undici's header size limit (16 KiB by default).
   'UND_ERR_HEADERS_OVERFLOW'
 ])
-// This process ran out of what a connection needs: descriptors (per process, per system), buffers.
-const OWN_SHORTAGE_CODES = new Set(['EMFILE', 'ENFILE', 'ENOBUFS', 'ENOMEM'])
+// This process ran out of descriptors (per process, per system): only opening a socket needs one.
+const NO_DESCRIPTOR_CODES = new Set(['EMFILE', 'ENFILE'])
+// Out of buffers or memory: a shortage of ours when opening the connection; on a connection
+// already used, the request may have been sent (then it is a broken reply, `protocol`).
+const NO_BUFFER_CODES = new Set(['ENOBUFS', 'ENOMEM'])
 // undici's own per-request timers; we set both to the remaining budget, so they are the deadline.
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT'])
 // The pool was destroyed under the call: only `close()` does that.
@@ -50,11 +53,26 @@ function messageOf (err: unknown): string {
   return (typeof raw === 'string' ? raw : String(err)).replace(/\s+/g, ' ')
 }
 
-export function classifyError (err: unknown): OutcomeKind {
+/**
+ * Whether a call failed for want of Toolport's own resources before its connection existed. A
+ * happy-eyeballs failure (`localhost` → 127.0.0.1 and ::1) is one error per attempt: any attempt
+ * short of them counts, whatever the first attempt's code.
+ */
+function isOwnShortage (err: unknown): boolean {
   const code = errorCode(err)
-  // Toolport's own shortage (out of file descriptors or buffers): the plugin was not called and
-  // is not to blame, so it is `busy` (try again), never a connection failure towards eviction.
-  if (OWN_SHORTAGE_CODES.has(code)) return OutcomeKind.busy
+  if (NO_DESCRIPTOR_CODES.has(code) || (NO_BUFFER_CODES.has(code) && isConnectError(err))) return true
+  const attempts = (err as { errors?: unknown } | null)?.errors
+  // Only net's connect fails with one error per attempt (an AggregateError): all before a connection.
+  return Array.isArray(attempts) &&
+    attempts.some((attempt) => NO_DESCRIPTOR_CODES.has(errorCode(attempt)) || NO_BUFFER_CODES.has(errorCode(attempt)))
+}
+
+export function classifyError (err: unknown): OutcomeKind {
+  // Toolport's own shortage while opening the connection (out of file descriptors or buffers):
+  // the plugin was not called and is not to blame, so it is `busy` (try again), never a
+  // connection failure towards eviction.
+  if (isOwnShortage(err)) return OutcomeKind.busy
+  const code = errorCode(err)
   if (isConnectError(err)) return OutcomeKind.connect
   if (CONNECT_CODES.has(code) || code.startsWith('ERR_TLS_') || code.startsWith('ERR_SSL_')) {
     return OutcomeKind.connect

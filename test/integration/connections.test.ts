@@ -5,6 +5,7 @@ import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
 import { once } from 'node:events'
 import { readdirSync } from 'node:fs'
+import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect, type Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import { request } from 'undici'
@@ -267,4 +268,24 @@ test('pipelined requests for static files whose socket closes before their turn 
   const closed = await Promise.race([once(deep, 'close').then(() => true), new Promise((resolve) => setTimeout(resolve, 5000, false))])
   assert.equal(closed, true, 'the socket pipelining 40 requests was closed')
   await waitFor('the files of a closed deep pipeline', () => fds() <= baseline, 5000)
+})
+
+test('a response being written when its client leaves is told `close` once (the event stream\'s), not a second time by the pipelining cleanup', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A'] })
+  const { port } = new URL(url)
+  const closes: number[] = []
+  tp.app.server.on('request', (request: IncomingMessage, response: ServerResponse) => {
+    if (!(request.url ?? '').startsWith('/api/events')) return
+    const at = closes.push(0) - 1
+    response.on('close', () => { closes[at]!++ })
+  })
+  const socket = connect({ host: '127.0.0.1', port: Number(port) })
+  let text = ''
+  socket.setEncoding('utf8').on('data', (chunk: string) => { text += chunk })
+  socket.write(`GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n\r\n`)
+  await waitFor('the event stream\'s first event', () => text.includes('event: hello'))
+  socket.destroy()
+  await waitFor('the event stream closed', () => closes[0] === 1)
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  assert.deepEqual(closes, [1])
 })

@@ -175,6 +175,7 @@ function onResponseClose (this: ServerResponse & { [kState]?: SocketState }): vo
   state.busy--
   state.idleSince = performance.now()
   state.queued?.delete(this)
+  if (state.first === this) state.first = null
 }
 
 /**
@@ -187,7 +188,8 @@ function onResponseClose (this: ServerResponse & { [kState]?: SocketState }): vo
 function endWithSocket (response: ServerResponse): void {
   if (response.writableFinished) return
   response.once('pipe', onPipeAfterClose)
-  if (response.destroyed) return // the response Node was writing: Node told it already
+  // The response Node was writing (it has the socket): Node tells it `close` itself.
+  if (response.socket !== null) return
   response.destroy()
   response.emit('close')
 }
