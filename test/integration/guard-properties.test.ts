@@ -640,7 +640,7 @@ function field ([accepted, refused]: FieldValues): fc.Arbitrary<string | undefin
 }
 
 /** `parameters` variants with what the docs say of each. */
-const PARAMETERS: Array<{ text: string | undefined, verdict: 'ok' | 'type' | 'too_deep' | 'too_big' | 'unsupported_dialect' | 'invalid_schema' }> = [
+const PARAMETERS: Array<{ text: string | undefined, verdict: 'ok' | 'type' | 'too_deep' | 'too_big' | 'non_finite' | 'unsupported_dialect' | 'invalid_schema' }> = [
   { text: undefined, verdict: 'ok' },
   { text: '{"type":"object"}', verdict: 'ok' },
   { text: '{"type":"object","properties":{"q":{"type":"string"}}}', verdict: 'ok' },
@@ -655,7 +655,8 @@ const PARAMETERS: Array<{ text: string | undefined, verdict: 'ok' | 'type' | 'to
   { text: '{"$schema":42}', verdict: 'unsupported_dialect' },
   { text: '{"type":"nope"}', verdict: 'invalid_schema' },
   { text: '{"$ref":"https://example.com/schema.json"}', verdict: 'invalid_schema' },
-  { text: '{"type":"number","maximum":1e400}', verdict: 'invalid_schema' }
+  // Judged with the size limits, before the role: JSON would turn the number into null.
+  { text: '{"type":"number","maximum":1e400}', verdict: 'non_finite' }
 ]
 
 /** docs/protocol.md "Register": a number > 0 and ≤ 300, or a numeric (decimal) string of one. */
@@ -767,7 +768,10 @@ test('registration (property): every field, every callback URL spelling, duplica
       if (problems.size === 0) {
         // The configurable limits (SECURITY.md "Limits"), then the role, then the schema.
         if ((description as string | undefined ?? '').length > 16_384) problems.add('description')
-        if (parameters.verdict === 'too_deep' || parameters.verdict === 'too_big') problems.add('parameters')
+        if (parameters.verdict === 'too_deep' || parameters.verdict === 'too_big' || parameters.verdict === 'non_finite') {
+          problems.add('parameters')
+          if (parameters.verdict === 'non_finite' && !problems.has('description')) schemaCode = 'invalid_schema'
+        }
       }
       if (problems.size === 0) {
         targetRoles = role === undefined || role === null ? ['A', 'B'] : [role as string]

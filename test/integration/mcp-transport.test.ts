@@ -608,26 +608,29 @@ test('a huge tools/list is sent in pages the client follows with nextCursor; a b
     err.code === ErrorCode.InvalidParams)
 })
 
-test('a reply nested 200 000 deep answers that MCP call with a tool error instead of vanishing', async (t) => {
+test('a reply nested deeper than 4096 levels (200 000: 1.4 MB; 5 000: 35 KB) answers that MCP call with its text, without structuredContent, instead of vanishing', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
-  const depth = 200_000
-  const body = '{"a":'.repeat(depth) + '1' + '}'.repeat(depth)
+  const nested = (depth: number): string => '{"a":'.repeat(depth) + '1' + '}'.repeat(depth)
   const { createServer } = await import('node:http')
   const plugin = createServer((req, res) => {
     req.resume()
-    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(body))
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(nested(Number((req.url ?? '').slice(1)))))
   })
   await new Promise<void>((resolve) => plugin.listen(0, '127.0.0.1', resolve))
   t.after(() => new Promise<void>((resolve) => { plugin.closeAllConnections(); plugin.close(() => resolve()) }))
   const address = plugin.address()
   const port = typeof address === 'object' && address !== null ? address.port : 0
-  await tp.register({ name: 'deep', callback_url: `http://127.0.0.1:${port}/deep` })
   await tp.roles.get('Lanlan').registerLocalTool({ name: 'ok', handler: async () => 'fine' })
   const client = await sdkClient(t, `${url}/mcp/Lanlan`)
-  const result = await client.callTool({ name: 'deep', arguments: {} }, undefined,
-    { timeout: 20_000 }) as CallToolResult
-  assert.equal(result.isError, true)
-  assert.match((result.content[0] as { text: string }).text, /nested more than \d+ levels/)
+  for (const depth of [200_000, 5_000]) {
+    await tp.register({ name: `deep_${depth}`, callback_url: `http://127.0.0.1:${port}/${depth}` })
+    const result = await client.callTool({ name: `deep_${depth}`, arguments: {} }, undefined,
+      { timeout: 20_000 }) as CallToolResult
+    // Its text carries it, as POST /api/tools/call answers it; never as structuredContent.
+    assert.equal(result.isError, false, String(depth))
+    assert.equal(result.structuredContent, undefined, String(depth))
+    assert.equal((result.content[0] as { text: string }).text, nested(depth))
+  }
   // The session goes on.
   const next = await client.callTool({ name: 'ok', arguments: {} }) as CallToolResult
   assert.deepEqual(next.content, [{ type: 'text', text: 'fine' }])

@@ -36,7 +36,7 @@ import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { kRefuseCall } from '../symbols.js'
-import { errorResult, type ToolResult } from '../dispatch/result.js'
+import type { ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop } from '../../shared/util.js'
 import { checkedRequest, MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
 import { loadMcpSdk, mcpSdk } from './mcp-sdk.js'
@@ -712,18 +712,18 @@ export function toCallToolResult (result: ToolResult): CallToolResult {
 const MAX_STRUCTURED_DEPTH = 4096
 
 /**
- * A result the transport can encode. A structure too deep for JSON.stringify (a reply nested
- * 200 000 levels) would make the response vanish: such a result answers a tool error instead,
- * as `POST /api/tools/call` does.
+ * A result the transport can encode and clients can take: the output is in the text too, so it is
+ * left out of `structuredContent` when there it would double a long answer (past
+ * MAX_STRUCTURED_TEXT_BYTES) or nest too deep for JSON.stringify (a reply nested 200 000 levels
+ * would make the response vanish). `POST /api/tools/call` answers such outputs as their text too.
  */
 function sendableResult (result: CallToolResult): CallToolResult {
   if (result.structuredContent === undefined) return result
-  if (jsonDepth(result.structuredContent, MAX_STRUCTURED_DEPTH) > MAX_STRUCTURED_DEPTH) {
-    return toCallToolResult(errorResult(
-      `the tool's output is nested more than ${MAX_STRUCTURED_DEPTH} levels deep and cannot be sent`))
-  }
   const text = (result.content[0] as { text: string }).text
-  if (isLongerThan(text, MAX_STRUCTURED_TEXT_BYTES)) delete result.structuredContent
+  if (isLongerThan(text, MAX_STRUCTURED_TEXT_BYTES) ||
+    jsonDepth(result.structuredContent, MAX_STRUCTURED_DEPTH) > MAX_STRUCTURED_DEPTH) {
+    delete result.structuredContent
+  }
   return result
 }
 
