@@ -38,8 +38,12 @@ const TOOL = 'reply_probe'
 const MAX_RESPONSE_BYTES = 48 * 1024
 const MAX_IMAGES = 2
 const MAX_IMAGE_BYTES = 2 * 1024 * 1024
-/** MCP: "an output nested more than 4096 levels deep answers a tool error instead". */
+/**
+ * MCP (README "MCP: one endpoint per role"): no `structuredContent` for an output nested more than
+ * 4096 levels deep, nor for one whose text passes 256 KiB: the text carries it.
+ */
 const MAX_STRUCTURED_DEPTH = 4096
+const MAX_STRUCTURED_TEXT_BYTES = 256 * 1024
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
 function runs (n: number): number {
@@ -593,24 +597,26 @@ function checkTextOnly (actual: string, result: ToolResult, where: string): void
 }
 
 function checkMcp (answer: any, result: ToolResult, where: string): void {
-  const structuredTooDeep = !result.is_error && isPlainObject(result.output) &&
-    depthOf(result.output) > MAX_STRUCTURED_DEPTH
-  if (structuredTooDeep) {
-    assert.equal(answer.isError, true, `${where}: an output nested > ${MAX_STRUCTURED_DEPTH} deep is a tool error`)
-    assert.equal(answer.structuredContent, undefined)
-    return
-  }
   assert.equal(answer.isError, result.is_error, `${where}: isError`)
   const content = answer.content as Array<Record<string, unknown>>
   assert.ok(Array.isArray(content) && content.length >= 1, `${where}: content`)
   assertSame(content[0], { type: 'text', text: result.text }, `${where}: the first content item is the text`)
   const images = (result.images ?? []).map((image) => ({ type: 'image', data: image.data_base64, mimeType: image.mime_type }))
   assertSame(content.slice(1), images, `${where}: image items after the text`)
-  if (!result.is_error && isPlainObject(result.output) && !hasOwn(result.output, '__proto__')) {
+  const isObject = !result.is_error && isPlainObject(result.output)
+  const isTooDeep = isObject && depthOf(result.output) > MAX_STRUCTURED_DEPTH
+  const isTooLong = isObject && Buffer.byteLength(result.text) > MAX_STRUCTURED_TEXT_BYTES
+  if (isObject && !hasOwn(result.output as object, '__proto__') && !isTooDeep && !isTooLong) {
     // JSON-RPC carries JSON: the output as JSON encodes it (1e400 is null there, -0 is 0).
     assertSame(answer.structuredContent, JSON.parse(JSON.stringify(result.output)), `${where}: structuredContent is the object output`)
   } else {
-    const why = result.is_error ? 'an error' : isPlainObject(result.output) ? 'an output with a top-level "__proto__" key' : 'a non-object output'
+    const why = result.is_error
+      ? 'an error'
+      : !isObject
+          ? 'a non-object output'
+          : isTooDeep
+            ? `an output nested > ${MAX_STRUCTURED_DEPTH} deep`
+            : isTooLong ? 'an output whose text passes 256 KiB' : 'an output with a top-level "__proto__" key'
     assert.equal(answer.structuredContent, undefined, `${where}: no structuredContent for ${why}`)
   }
 }
