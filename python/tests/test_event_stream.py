@@ -32,10 +32,15 @@ class StandIn:
         self.types: list[str] = []
         self.url = ""
         self.rejects_filter = False
+        #: Answer every stream request 503 TP_ERR_STREAM_FULL (all subscriber slots taken).
+        self.stream_full = False
+        self.lists = 0
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         if self.rejects_filter and "types" in request.query:
             return web.json_response({"ok": False, "code": "TP_ERR_VALIDATION"}, status=422)
+        if self.stream_full:
+            return web.json_response({"ok": False, "code": "TP_ERR_STREAM_FULL"}, status=503)
         self.types = request.query.get("types", "").split(",")
         res = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await res.prepare(request)
@@ -49,6 +54,7 @@ class StandIn:
         return res
 
     async def list_tools(self, request: web.Request) -> web.Response:
+        self.lists += 1
         return web.json_response({"ok": True, "tools_by_role": {"default": self.tools}})
 
     async def register(self, request: web.Request) -> web.Response:
@@ -134,3 +140,55 @@ async def test_a_stream_that_refuses_the_filter_is_followed_unfiltered(stand_in:
     async with plugin:
         await until(lambda: plugin.watch_mode == "events", "the stream followed")
         assert stand_in.types == [""]
+
+
+async def test_unfiltered_events_that_do_not_name_the_plugin_run_no_check(stand_in: StandIn) -> None:
+    """README "Python plugin SDK" → Keeping registrations alive: `unregistered` and `cleared` of its
+    origin or source run a check (as in the TypeScript SDK). Without the filter every event comes:
+    a busy Toolport's hundreds of `call` events a second must not each list the registry."""
+    stand_in.rejects_filter = True
+    plugin = Plugin("quiet", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        await until(lambda: plugin.watch_mode == "events", "the stream followed")
+        await until(lambda: stand_in.queue is not None, "the stream open")
+        await asyncio.sleep(0.3)  # the connection's own check
+        assert stand_in.queue is not None
+        before = stand_in.lists
+        other = {"origin": "http://127.0.0.1:1", "source": "plugin:other", "tools": [{"role": "default", "name": "x"}],
+                 "roles": ["default"]}
+        for i in range(100):
+            call = {"role": "default", "tool": "x", "source": "plugin:other", "outcome": "ok", "is_error": False,
+                    "duration_ms": 1, "bytes": 2}
+            await stand_in.queue.put(f"event: call\ndata: {json.dumps(call)}\n\n")
+        for kind in ("registered", "unregistered", "cleared"):
+            await stand_in.queue.put(f"event: {kind}\ndata: {json.dumps(other)}\n\n")
+        await stand_in.queue.put("event: sync\ndata: {\"role\": \"default\", \"ok\": true}\n\n")
+        await asyncio.sleep(0.5)
+        assert stand_in.lists == before, f"{stand_in.lists - before} checks for events about others"
+        # One that names its source runs a check.
+        ours = {**other, "source": plugin.source}
+        await stand_in.queue.put(f"event: unregistered\ndata: {json.dumps(ours)}\n\n")
+        await until(lambda: stand_in.lists == before + 1, "a check for its own source's unregister")
+
+
+async def test_with_the_stream_refused_it_checks_every_poll_interval(stand_in: StandIn) -> None:
+    """README "Python plugin SDK": "Without the stream it checks every `poll_interval`", also when
+    the stream is refused with an answer worth retrying (503 TP_ERR_STREAM_FULL), as the TypeScript
+    SDK does: not every `resync_interval`."""
+    stand_in.stream_full = True
+    plugin = Plugin("polled", toolport_url=stand_in.url, poll_interval=0.3, resync_interval=60)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    async with plugin:
+        assert plugin.watch_mode == "polling"
+        before = stand_in.registrations
+        stand_in.tools = []  # someone unregistered it
+        await until(lambda: stand_in.registrations > before, "registered again by a poll", timeout=5)

@@ -310,11 +310,27 @@ def test_a_token_shorter_than_toolports_shortest_is_refused() -> None:
     Plugin("parity", token="x" * 32)
 
 
-def test_a_token_file_holding_other_characters_is_refused(tmp_path: Any) -> None:
+def test_a_token_file_holding_other_characters_is_refused_naming_the_file(tmp_path: Any) -> None:
     path = tmp_path / "token"
     path.write_text("tök" + "x" * 40 + "\n", encoding="utf-8")
     err = options_error(lambda: Plugin("parity", token_file=str(path)))
-    assert [d["path"] for d in err.details] == ["token"]
+    assert [d["path"] for d in err.details] == ["token_file"]
+    assert str(path) in err.message and "visible ASCII" in err.message
+
+
+def test_an_empty_token_file_is_refused_as_empty_naming_it_and_where_its_name_came_from(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "token"
+    path.write_text("\n", encoding="utf-8")
+    err = options_error(lambda: Plugin("parity", token_file=str(path)))
+    assert [d["path"] for d in err.details] == ["token_file"]
+    assert f"{str(path)!r} is empty" in err.message
+    monkeypatch.setenv("TOOLPORT_TOKEN_FILE", str(path))
+    err = options_error(lambda: Plugin("parity"))
+    assert "(from TOOLPORT_TOKEN_FILE) is empty" in err.message
+    missing = tmp_path / "missing"
+    err = options_error(lambda: Plugin("parity", token_file=str(missing)))
+    assert f"{str(missing)!r} cannot be read" in err.message
 
 
 @pytest.mark.parametrize("suffix", ["/?via=sdk", "#api", "/?a=1#b"])

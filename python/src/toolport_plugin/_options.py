@@ -75,19 +75,31 @@ def check_options(
         bad("use_events", "must be True or False")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         bad("max_body_bytes", "must be a positive integer")
+    from_env = not token_file and token is None and bool(os.environ.get("TOOLPORT_TOKEN_FILE"))
     token_file = token_file or (os.environ.get("TOOLPORT_TOKEN_FILE") if token is None else None)
+    # A token read from a file is judged as that file's content, naming the file (and where its
+    # name came from), not as a `token` the program never passed.
+    token_path = "token"
+    what = "must be"
     if token is None and token_file:
+        where = f"{token_file!r}{' (from TOOLPORT_TOKEN_FILE)' if from_env else ''}"
+        token_path = "token_file"
+        what = f"{where} must hold a token of"
         try:
             with open(token_file, encoding="utf-8") as f:
                 token = f.read().strip()
         except (OSError, UnicodeDecodeError) as err:
-            bad("token_file", f"cannot be read: {getattr(err, 'strerror', None) or err}")
+            bad("token_file", f"{where} cannot be read: {getattr(err, 'strerror', None) or err}")
+        else:
+            if token == "":
+                bad("token_file", f"{where} is empty: it must hold the token")
+                token = None
     if token is not None and (not isinstance(token, str) or _VISIBLE_ASCII.fullmatch(token) is None):
-        bad("token", "must be visible ASCII characters only (0x21-0x7E), as Toolport's security.token is: "
-                     "no space, line break or other character")
+        bad(token_path, f"{what} visible ASCII characters only (0x21-0x7E), as Toolport's security.token is: "
+                        "no space, line break or other character")
     elif token is not None and len(token) < _MIN_TOKEN_CHARS:
         # Toolport refuses a shorter security.token: this one could never be accepted.
-        bad("token", f"must be at least {_MIN_TOKEN_CHARS} characters, as Toolport's security.token is")
+        bad(token_path, f"{what} at least {_MIN_TOKEN_CHARS} characters, as Toolport's security.token is")
     if plugin_key is not None and (not isinstance(plugin_key, str) or not 32 <= len(plugin_key) <= 512
                                    or _VISIBLE_ASCII.fullmatch(plugin_key) is None):
         bad("plugin_key", "must be 32-512 visible ASCII characters (e.g. secrets.token_urlsafe(32))")

@@ -90,6 +90,8 @@ class _Watch:
     follower: asyncio.Task[None] | None = None
     #: True while the event stream is open.
     streaming: bool = False
+    #: Set when the stream ends: the check loop times its wait again (no check).
+    retime: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Plugin:
@@ -508,6 +510,10 @@ class Plugin:
                                                                          f"{type(err).__name__}: {err}"), logging.WARNING)
                     finally:
                         self._watch.streaming = False
+                        # The check loop waits resync_interval while the stream is up: without
+                        # it, poll_interval (README "Python plugin SDK" → Keeping registrations
+                        # alive). It times its wait again, without a check.
+                        self._watch.retime.set()
             except NoEventStream as err:
                 if err.status in (400, 422) and types is not None:
                     types = None  # a filter this Toolport does not take: follow every event instead
@@ -539,7 +545,13 @@ class Plugin:
             if data.get("origin") == self._server.origin or ours:
                 self._log.info("Toolport evicted this plugin's origin %s; registering again", data.get("origin"))
                 self._watch.wake.set()
-        else:  # unregistered, cleared, role-added: one of ours may be gone, or a role may lack them
+        elif event in ("unregistered", "cleared"):
+            # Only what names this plugin's origin or source can have removed one of its tools (as
+            # the TypeScript SDK judges): without the `types` filter every event comes here, and a
+            # busy Toolport streams hundreds of `call` events a second.
+            if data.get("origin") == self._server.origin or data.get("source") == self.source:
+                self._watch.wake.set()
+        elif event == "role-added":  # a role that lacks its tools: a new one, or one added back
             self._watch.wake.set()
 
     async def _check_loop(self) -> None:
@@ -547,14 +559,20 @@ class Plugin:
         while self._state == "running":
             if watch.failures > 0:
                 delay = self._backoff(watch.failures)
-            elif watch.use_events:
+            elif watch.use_events and watch.streaming:
                 delay = self._resync_interval
             else:
                 delay = self._poll_interval * (0.8 + 0.4 * random.random())
+            waits = {asyncio.ensure_future(watch.wake.wait()), asyncio.ensure_future(watch.retime.wait())}
             try:
-                await asyncio.wait_for(watch.wake.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if watch.retime.is_set() and not watch.wake.is_set():
+                watch.retime.clear()
+                continue  # the stream went: wait again, for poll_interval
+            watch.retime.clear()
             watch.wake.clear()
             if self._state != "running":
                 return
