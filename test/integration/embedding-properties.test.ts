@@ -6,6 +6,7 @@ import assert from 'node:assert/strict'
 import { inspect } from 'node:util'
 import fastify from 'fastify'
 import fc from 'fast-check'
+import { z } from 'zod'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import {
@@ -441,4 +442,52 @@ test('a Realtime adapter made with attach: false and attached after its role was
   await new Promise((resolve) => setImmediate(resolve))
   assert.deepEqual(sent, [])
   adapter.close()
+})
+
+test('a host\'s own hook answering 401, 403, 404 or 503 with its own body on Toolport\'s routes keeps its answer, not a 500 from Toolport\'s error schemas (README "Public exports": toolportPlugin)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  for (const status of [401, 403, 404, 503]) {
+    const host = fastify()
+    t.after(() => host.close())
+    host.addHook('onRequest', async (request, reply) => {
+      if (request.headers.authorization !== 'Bearer host-secret') return await reply.code(status).send({ error: 'login required' })
+    })
+    host.get('/host/me', async () => ({ me: 1 }))
+    await host.register(toolportPlugin, { runtime: tp })
+    for (const url of ['/host/me', '/api/health', '/api/tools', '/api/tools/definitions?role=A', '/metrics']) {
+      const reply = await host.inject({ url })
+      assert.equal(reply.statusCode, status, `${status} ${url}: ${reply.body}`)
+      assert.deepEqual(JSON.parse(reply.body), { error: 'login required' }, `${status} ${url}`)
+    }
+    // With the host's credential, Toolport's own answers, its errors in their documented shape.
+    const authorized = { authorization: 'Bearer host-secret' }
+    assert.equal((await host.inject({ url: '/api/health', headers: authorized })).statusCode, 200)
+    const missing = await host.inject({ url: '/api/tools?role=Nobody', headers: authorized })
+    assert.equal(missing.statusCode, 404)
+    assert.equal(JSON.parse(missing.body).code, 'TP_ERR_ROLE_NOT_FOUND')
+  }
+})
+
+test('a host app whose root serializer compiler takes only its own schemas (a zod type provider) leaves Toolport\'s answers as documented (README "Public exports": toolportPlugin)', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const host = fastify()
+  t.after(() => host.close())
+  // As fastify-type-provider-zod's serializerCompiler: anything but a zod schema is an error.
+  host.setSerializerCompiler(({ schema }) => {
+    const zod = schema as { safeParse?: unknown, parse?: (data: unknown) => unknown }
+    if (typeof zod.safeParse !== 'function' || zod.parse === undefined) throw new Error('Invalid schema passed: expected a zod schema')
+    const parse = zod.parse.bind(zod)
+    return (data) => JSON.stringify(parse(data))
+  })
+  host.get('/host/z', { schema: { response: { 200: z.object({ a: z.number() }) } } }, async () => ({ a: 1, b: 2 }))
+  await host.register(toolportPlugin, { runtime: tp })
+  assert.equal((await host.inject({ url: '/host/z' })).body, '{"a":1}')
+  const health = await host.inject({ url: '/api/health' })
+  assert.equal(health.statusCode, 200, health.body)
+  assert.equal(JSON.parse(health.body).status, 'ready')
+  const missing = await host.inject({ url: '/api/tools?role=Nobody' })
+  assert.equal(missing.statusCode, 404, missing.body)
+  assert.equal(JSON.parse(missing.body).code, 'TP_ERR_ROLE_NOT_FOUND')
+  const listed = await host.inject({ url: '/api/tools' })
+  assert.deepEqual(JSON.parse(listed.body).tools_by_role, { A: [] })
 })

@@ -74,11 +74,30 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean)
     buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(handleError)
   app.setValidatorCompiler(noValidation)
+  app.setSerializerCompiler(serializerOf)
   registerToolRoutes(app, runtime)
   registerOperationRoutes(app, runtime)
   registerDefinitionRoutes(app, runtime)
   registerMcpRoutes(app, runtime)
   registerEventRoutes(app, runtime)
+}
+
+const compileSerializer = buildLazySerializer({}, undefined)
+
+/**
+ * The serializers of Toolport's routes, whatever the host's app sets (a zod type provider's
+ * compiler would refuse their JSON schemas): fast-json-stringify from their response schemas, but
+ * for error statuses. Those schemas document Toolport's own error body; a host's hook may answer
+ * such a status with a body of its own (its 401 login page, its 404), which the schema's writer
+ * would refuse (a 500). Toolport's error bodies are plain objects: JSON.stringify writes them.
+ */
+function serializerOf (route: Parameters<Parameters<FastifyInstance['setSerializerCompiler']>[0]>[0]): (data: unknown) => string {
+  if (/^[45]/.test(String(route.httpStatus))) return stringify
+  return compileSerializer(route as never) as (data: unknown) => string
+}
+
+function stringify (data: unknown): string {
+  return JSON.stringify(data)
 }
 
 /** Routes that still answer once the runtime is closed: what they report stays true. */
