@@ -546,10 +546,12 @@ class Plugin:
                 self._log.info("Toolport evicted this plugin's origin %s; registering again", data.get("origin"))
                 self._watch.wake.set()
         elif event in ("unregistered", "cleared"):
-            # Only what names this plugin's origin or source can have removed one of its tools (as
-            # the TypeScript SDK judges): without the `types` filter every event comes here, and a
-            # busy Toolport streams hundreds of `call` events a second.
-            if data.get("origin") == self._server.origin or data.get("source") == self.source:
+            # Only a removal of its origin's or source's tools, or of a name it declares (another
+            # source that held it stopped: the name is free for this plugin again), concerns it;
+            # without the `types` filter every event comes here, `call` events by the hundred.
+            tools = data.get("tools") if isinstance(data.get("tools"), list) else []
+            named = any(isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] in self._tools for t in tools)
+            if named or data.get("origin") == self._server.origin or data.get("source") == self.source:
                 self._watch.wake.set()
         elif event == "role-added":  # a role that lacks its tools: a new one, or one added back
             self._watch.wake.set()
