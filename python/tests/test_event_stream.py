@@ -192,3 +192,22 @@ async def test_with_the_stream_refused_it_checks_every_poll_interval(stand_in: S
         before = stand_in.registrations
         stand_in.tools = []  # someone unregistered it
         await until(lambda: stand_in.registrations > before, "registered again by a poll", timeout=5)
+
+
+async def test_role_added_checks_for_a_plugin_of_every_role_or_for_its_own_role_only(stand_in: StandIn) -> None:
+    """README "Python plugin SDK" → Keeping registrations alive: `role-added` runs a check where the
+    new role can lack the plugin's tools; a one-role plugin does not list the registry for every
+    role made per conversation."""
+    one = Plugin("one-role", toolport_url=stand_in.url, role="default", poll_interval=60, resync_interval=60)
+    one.tool(lambda: "ok", name="one")
+    async with one:
+        await until(lambda: one.watch_mode == "events" and stand_in.queue is not None, "the stream followed")
+        await asyncio.sleep(0.3)  # the connection's own check
+        assert stand_in.queue is not None
+        before = stand_in.lists
+        for i in range(20):
+            await stand_in.queue.put(f"event: role-added\ndata: {json.dumps({'role': f'conversation-{i}'})}\n\n")
+        await asyncio.sleep(0.5)
+        assert stand_in.lists == before, f"{stand_in.lists - before} checks for other roles"
+        await stand_in.queue.put(f"event: role-added\ndata: {json.dumps({'role': 'default'})}\n\n")
+        await until(lambda: stand_in.lists == before + 1, "a check for its own role added back")

@@ -82,7 +82,7 @@ def check_options(
     token_path = "token"
     what = "must be"
     if token is None and token_file:
-        where = f"{token_file!r}{' (from TOOLPORT_TOKEN_FILE)' if from_env else ''}"
+        where = f"{str(token_file)!r}{' (from TOOLPORT_TOKEN_FILE)' if from_env else ''}"
         token_path = "token_file"
         what = f"{where} must hold a token of"
         try:

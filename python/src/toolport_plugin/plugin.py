@@ -553,7 +553,9 @@ class Plugin:
             named = any(isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] in self._tools for t in tools)
             if named or data.get("origin") == self._server.origin or data.get("source") == self.source:
                 self._watch.wake.set()
-        elif event == "role-added":  # a role that lacks its tools: a new one, or one added back
+        elif event == "role-added" and (self.role is None or data.get("role") == self.role):
+            # A role that lacks its tools: a new one (for a plugin of every role), or its own
+            # role added back. Other roles are none of a one-role plugin's business.
             self._watch.wake.set()
 
     async def _check_loop(self) -> None:
