@@ -64,8 +64,8 @@ export class RoleSync {
   #running: Promise<SyncOutcome> | null = null
   #next: Promise<SyncOutcome> | null = null
   #count = 0
-  /** Set by `close()`, with why: no sync starts any more. */
-  #closedBecause: string | null = null
+  /** Set by `close()`: no sync starts any more. */
+  #isClosed = false
   /** Ends the sync that runs now (its pushes aborted), for `close()` and `dropSessions()`. */
   #stopRunning: ((why: 'closed' | 'dropped') => void) | null = null
 
@@ -83,7 +83,7 @@ export class RoleSync {
    * timer is cleared), and no later sync pushes to the sessions or starts a timer.
    */
   close (): void {
-    this.#closedBecause = CLOSED_ERROR
+    this.#isClosed = true
     this.#stopRunning?.('closed')
   }
 
@@ -125,7 +125,7 @@ export class RoleSync {
     const sessions = this.#source.sessions()
     // A role with no session syncs trivially and counts as accepted (docs/protocol.md "Sync").
     if (sessions.length === 0) return SYNC_OK
-    if (this.#closedBecause !== null) return { ok: false, error: this.#closedBecause, failedSessions: sessions.length }
+    if (this.#isClosed) return { ok: false, error: CLOSED_ERROR, failedSessions: sessions.length }
     this.#count++
     const started = performance.now()
     let outcome: SyncOutcome
@@ -161,7 +161,7 @@ export class RoleSync {
         return SYNC_OK
       }
       if (result === 'timeout' || result === 'closed') {
-        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : this.#closedBecause ?? CLOSED_ERROR
+        const why = result === 'timeout' ? `sync timed out after ${this.#timeoutMs} ms` : CLOSED_ERROR
         controller.abort(new Error(why))
         const pending = sessions.filter((_, i) => settled[i] !== true).map((s) => s.id)
         return { ok: false, error: `${why} (session ${pending.join(', ')})`, failedSessions: pending.length }
