@@ -105,12 +105,6 @@ const RPC_PARSE_ERROR = ErrorCode.ParseError
 const RPC_INVALID_REQUEST = ErrorCode.InvalidRequest
 const RPC_INTERNAL_ERROR = ErrorCode.InternalError
 
-/** `value` as a JSON-RPC message, or undefined when it is none. */
-function parseMessage (value: unknown): JSONRPCMessage | undefined {
-  const parsed = JSONRPCMessageSchema.safeParse(value)
-  return parsed.success ? parsed.data : undefined
-}
-
 /**
  * Whether `message` is an `initialize` request: its method is looked at first, so a `tools/call`
  * (whose arguments may be large) is never run through the whole initialize schema.
@@ -697,7 +691,7 @@ class StdioLineTransport implements Transport {
       this.#refuse(RPC_PARSE_ERROR, `Parse error: the line is not JSON: ${errorText(err)}`)
       return
     }
-    const messages = readJsonRpcBody(value, parseMessage, isInitialize)
+    const messages = readJsonRpcBody(value, JSONRPCMessageSchema, isInitialize)
     if (typeof messages === 'string') {
       this.#refuse(RPC_INVALID_REQUEST, messages)
       return

@@ -154,14 +154,11 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     const sessionId = typeof header === 'string' && header !== '' ? header : undefined
     // A removed role's sessions ended with it (McpSessions, on `role-removed`).
     if (!runtime.roles.has(role)) throw new RoleNotFoundError(role)
+    const { types } = await loadMcpSdk()
     if (request.method === 'POST') {
       // JSON that is no JSON-RPC body is -32600, as the bridge answers such a line; the SDK
       // answers it -32700 "Parse error" (and takes `[]` as a batch of nothing, answered 202).
-      const { types } = await loadMcpSdk()
-      const messages = readJsonRpcBody(request.body, (value) => {
-        const parsed = types.JSONRPCMessageSchema.safeParse(value)
-        return parsed.success ? parsed.data : undefined
-      }, types.isInitializeRequest)
+      const messages = readJsonRpcBody(request.body, types.JSONRPCMessageSchema, types.isInitializeRequest)
       if (typeof messages === 'string') {
         sendRpcError(reply, 400, RPC_INVALID_REQUEST, messages)
         return
@@ -169,7 +166,7 @@ export function registerMcpRoutes (app: FastifyInstance, runtime: Runtime,
     }
     let session: McpSession | null | undefined
     if (sessionId === undefined) {
-      if (request.method !== 'POST' || !(await loadMcpSdk()).types.isInitializeRequest(request.body)) {
+      if (request.method !== 'POST' || !types.isInitializeRequest(request.body)) {
         sendRpcError(reply, 400, RPC_BAD_REQUEST,
           'Bad Request: no valid Mcp-Session-Id header; start with an initialize request')
         return

@@ -53,26 +53,31 @@ function describeIssues (issues: readonly z.core.$ZodIssue[]): string {
 /** Messages of one JSON-RPC batch at most (the SDK's Streamable HTTP transport's own bound). */
 export const MAX_BATCH_MESSAGES = 100
 
+/** What `readJsonRpcBody` needs of the SDK's `JSONRPCMessageSchema`. */
+export interface MessageSchema<M> {
+  safeParse: (value: unknown) => { success: true, data: M } | { success: false }
+}
+
 /**
  * A JSON value read as a JSON-RPC 2.0 body, one message or a batch (JSON-RPC 2.0 §4–6), by the
- * endpoint's POST and the bridge's lines alike: its messages, as `parse` (the SDK's
- * `JSONRPCMessageSchema`) makes them, or the -32600 "Invalid Request" message for a value that is
- * JSON but no JSON-RPC: not a message, an empty batch, a batch over MAX_BATCH_MESSAGES or with a
- * member that is not a message, or an initialize among others.
+ * endpoint's POST and the bridge's lines alike: its messages, as `schema` (the SDK's
+ * `JSONRPCMessageSchema`) parses them, or the -32600 "Invalid Request" message for a value that
+ * is JSON but no JSON-RPC: not a message, an empty batch, a batch over MAX_BATCH_MESSAGES or with
+ * a member that is not a message, or an initialize among others.
  */
-export function readJsonRpcBody<M> (value: unknown, parse: (value: unknown) => M | undefined,
+export function readJsonRpcBody<M> (value: unknown, schema: MessageSchema<M>,
   isInitialize: (message: M) => boolean): M[] | string {
   if (!Array.isArray(value)) {
-    const message = parse(value)
-    return message === undefined ? 'Invalid Request: not a JSON-RPC 2.0 message' : [message]
+    const parsed = schema.safeParse(value)
+    return parsed.success ? [parsed.data] : 'Invalid Request: not a JSON-RPC 2.0 message'
   }
   if (value.length === 0) return 'Invalid Request: an empty batch'
   if (value.length > MAX_BATCH_MESSAGES) return `Invalid Request: Batch must not exceed ${MAX_BATCH_MESSAGES} messages`
   const messages: M[] = []
   for (const item of value) {
-    const message = parse(item)
-    if (message === undefined) return 'Invalid Request: a batch member is not a JSON-RPC 2.0 message'
-    messages.push(message)
+    const parsed = schema.safeParse(item)
+    if (!parsed.success) return 'Invalid Request: a batch member is not a JSON-RPC 2.0 message'
+    messages.push(parsed.data)
   }
   if (messages.length > 1 && messages.some(isInitialize)) return 'Invalid Request: Only one initialization request is allowed'
   return messages
