@@ -16,6 +16,7 @@
 //   and the model reads why. After such a refusal the adapter asks once for a spoken answer
 //   without tools, and after a second refused round in a row it stops answering calls itself.
 import { randomUUID } from 'node:crypto'
+import { isDeepStrictEqual } from 'node:util'
 import { isRuntime, type Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { Role } from '../roles/role.js'
@@ -649,7 +650,9 @@ function sameTools (echoed: readonly unknown[], sent: readonly unknown[]): boole
   const byName = sentByName(sent)
   return echoed.every((tool) => {
     const ours = byName.get(toolName(tool))
-    return ours !== undefined && sameJson(tool, ours, 0)
+    // Node's structural equality: it descends only as deep as both go, and ours (a registered
+    // schema) is bounded, however deep a provider's echo nests.
+    return ours !== undefined && isDeepStrictEqual(tool, ours)
   })
 }
 
@@ -663,24 +666,6 @@ function sentByName (sent: readonly unknown[]): Map<string, unknown> {
     sentNames.set(sent, byName)
   }
   return byName
-}
-
-/** Nesting past which two values are taken to differ (a provider's echo is untrusted input). */
-const MAX_COMPARE_DEPTH = 256
-
-function sameJson (a: unknown, b: unknown, depth: number): boolean {
-  if (a === b) return true
-  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null || depth > MAX_COMPARE_DEPTH) return false
-  if (Array.isArray(a) !== Array.isArray(b)) return false
-  if (Array.isArray(a)) {
-    const other = b as unknown[]
-    return a.length === other.length && a.every((item, i) => sameJson(item, other[i], depth + 1))
-  }
-  const x = a as Record<string, unknown>
-  const y = b as Record<string, unknown>
-  const keys = Object.keys(x)
-  if (keys.length !== Object.keys(y).length) return false
-  return keys.every((key) => Object.hasOwn(y, key) && sameJson(x[key], y[key], depth + 1))
 }
 
 function sameNames (ours: readonly string[], sortedTheirs: readonly string[]): boolean {
