@@ -58,21 +58,22 @@ function messageOf (err: unknown): string {
  * happy-eyeballs failure (`localhost` → 127.0.0.1 and ::1) is one error per attempt: any attempt
  * short of them counts, whatever the first attempt's code.
  */
-function isOwnShortage (err: unknown): boolean {
-  const code = errorCode(err)
+function isOwnShortage (err: unknown, code: string): boolean {
   if (NO_DESCRIPTOR_CODES.has(code) || (NO_BUFFER_CODES.has(code) && isConnectError(err))) return true
   const attempts = (err as { errors?: unknown } | null)?.errors
   // Only net's connect fails with one error per attempt (an AggregateError): all before a connection.
-  return Array.isArray(attempts) &&
-    attempts.some((attempt) => NO_DESCRIPTOR_CODES.has(errorCode(attempt)) || NO_BUFFER_CODES.has(errorCode(attempt)))
+  return Array.isArray(attempts) && attempts.some((attempt) => {
+    const attempted = errorCode(attempt)
+    return NO_DESCRIPTOR_CODES.has(attempted) || NO_BUFFER_CODES.has(attempted)
+  })
 }
 
 export function classifyError (err: unknown): OutcomeKind {
   // Toolport's own shortage while opening the connection (out of file descriptors or buffers):
   // the plugin was not called and is not to blame, so it is `busy` (try again), never a
   // connection failure towards eviction.
-  if (isOwnShortage(err)) return OutcomeKind.busy
   const code = errorCode(err)
+  if (isOwnShortage(err, code)) return OutcomeKind.busy
   if (isConnectError(err)) return OutcomeKind.connect
   if (CONNECT_CODES.has(code) || code.startsWith('ERR_TLS_') || code.startsWith('ERR_SSL_')) {
     return OutcomeKind.connect
