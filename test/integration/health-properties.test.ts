@@ -765,29 +765,19 @@ for (const mode of MODES) {
   })
 }
 
-test('R13: an HTTP error reply between connection failures resets the count (README "Eviction")', async (t) => {
-  // README "Eviction": "HTTP errors ... never count; any HTTP reply or a new registration at the
-  // origin resets the count." Refused, 503, refused: with a threshold of 2 nothing is evicted.
-  const plugin = await startPlugin(t, 0, false)
-  const { tp } = await startToolport(t, { roles: ['A'], evictionThreshold: 2, dispatch: { mode: 'inline' } })
-  assert.equal((await tp.register({ name: 'p', callback_url: `${plugin.origin}/p`, source: 'plugin:p', parameters: { type: 'object' } })).ok, true)
-  const outcomes: string[] = []
-  tp.on('call-finished', (event) => outcomes.push(event.outcome))
-  const evicted: unknown[] = []
-  tp.on('origin-evicted', (event) => evicted.push(event))
-  for (const isDown of [true, false, true]) {
-    await (isDown ? plugin.down() : plugin.up())
-    await within(tp.callTool('A', { name: 'p', arguments: { token: `r${outcomes.length}`, b: 'status_5xx' } }), 'a call', GUARD_MS)
-  }
-  assert.deepEqual(outcomes, ['connect', 'http', 'connect'])
-  assert.deepEqual(evicted, [])
-  assert.deepEqual(tp.list('A').tools_by_role.A!.map((x) => x.name), ['p'])
-})
+/** Each kind of HTTP reply between two refused connections: its outcome and what the model reads. */
+const HTTP_REPLIES = [
+  { b: 'status_5xx', what: 'an HTTP error reply', kind: 'http', error: ERROR_TEXT.http! },
+  { b: 'big_body', what: 'a reply over maxResponseBytes', kind: 'too_large', error: ERROR_TEXT.too_large! },
+  { b: 'gzip', what: 'a reply refused as compressed', kind: 'protocol', error: /reply is compressed/ }
+] as const
 
-for (const b of ['big_body', 'gzip'] as const) {
-  test(`R13: a reply ${b === 'gzip' ? 'refused as compressed' : 'over maxResponseBytes'} between connection failures resets the count: it is an HTTP reply (docs/protocol.md "Eviction")`, async (t) => {
-    // Refused, that reply, refused: with a threshold of 2 nothing is evicted. Before, both replies
-    // left the count as it was, and a plugin that was up was evicted.
+for (const { b, what, kind, error } of HTTP_REPLIES) {
+  test(`R13: ${what} between connection failures resets the count: it is an HTTP reply (README "Eviction"; docs/protocol.md "Eviction")`, async (t) => {
+    // README "Eviction": "HTTP errors ... never count; any HTTP reply or a new registration at the
+    // origin resets the count." Refused, that reply, refused: with a threshold of 2 nothing is
+    // evicted. Before, a too-large or compressed reply left the count as it was, and a plugin that
+    // was up was evicted.
     const plugin = await startPlugin(t, 0, false)
     const { tp } = await startToolport(t, { roles: ['A'], evictionThreshold: 2, dispatch: { mode: 'inline', maxResponseBytes: MAX_RESPONSE_BYTES } })
     assert.equal((await tp.register({ name: 'p', callback_url: `${plugin.origin}/p`, source: 'plugin:p', parameters: { type: 'object' } })).ok, true)
@@ -800,8 +790,8 @@ for (const b of ['big_body', 'gzip'] as const) {
       await (isDown ? plugin.down() : plugin.up())
       results.push(await within(tp.callTool('A', { name: 'p', arguments: { token: `r${outcomes.length}`, b } }), 'a call', GUARD_MS))
     }
-    assert.deepEqual(outcomes, ['connect', b === 'gzip' ? 'protocol' : 'too_large', 'connect'])
-    assert.match(results[1]!.error ?? '', b === 'gzip' ? /reply is compressed/ : ERROR_TEXT.too_large!)
+    assert.deepEqual(outcomes, ['connect', kind, 'connect'])
+    assert.match(results[1]!.error ?? '', error)
     assert.deepEqual(evicted, [])
     assert.deepEqual(tp.list('A').tools_by_role.A!.map((x) => x.name), ['p'])
   })
