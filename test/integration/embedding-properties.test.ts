@@ -100,13 +100,11 @@ test('a host role-removed listener that throws does not keep a removed role\'s M
 
 /**
  * A well-behaved session whose model never acknowledges (its socket went away: it waits, and stops
- * when told to) attached to `role`, and a local tool registration waiting on the sync after the
- * one in flight to it. The signals are those of the session's pushes.
+ * when told to) attached to `role`, and a registration (by default a local tool's) waiting on the
+ * sync after the one in flight to it. The signals are those of the session's pushes.
  */
-async function registrationWaitingOnSilentSession (role: Role): Promise<{
-  signals: AbortSignal[]
-  registration: Promise<SyncOutcome>
-}> {
+async function registrationWaitingOnSilentSession<R = SyncOutcome> (role: Role, register?: () => Promise<R>):
+Promise<{ signals: AbortSignal[], registration: Promise<R> }> {
   const signals: AbortSignal[] = []
   role.attachSession({
     id: 'silent-model',
@@ -118,7 +116,7 @@ async function registrationWaitingOnSilentSession (role: Role): Promise<{
     }
   })
   await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
-  const registration = role.registerLocalTool({ name: 'waiting', handler: () => 1 })
+  const registration = register?.() ?? role.registerLocalTool({ name: 'waiting', handler: () => 1 }) as Promise<R>
   // In the registry, its registration now waits for the sync after the one in flight.
   await waitFor('the tool to enter the registry', () => role.tools().length === 1, HANG_GUARD_MS)
   return { signals, registration }
@@ -357,14 +355,22 @@ test('a reference kept to a removed role takes no tool and no session (TP_ERR_RO
   assert.equal(pushed, 0)
 })
 
+/**
+ * A local tool's registration still compiling its schema: one the compile cache has not seen, so
+ * the compile is asynchronous (a compiler thread).
+ */
+function registrationStillCompiling (role: Role, name: string): Promise<SyncOutcome> {
+  return role.registerLocalTool({
+    name,
+    parameters: { type: 'object', properties: { [`${name}_${Date.now()}`]: { type: 'string', pattern: '^[a-z0-9]+$' } } },
+    handler: () => 1
+  })
+}
+
 test('a local tool whose schema still compiles when the runtime closes is refused (TP_ERR_CLOSED), as a register after close() is', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const role = tp.roles.get('A')
-  const pending = role.registerLocalTool({
-    name: 'compiling',
-    parameters: { type: 'object', properties: { [`c${Date.now()}`]: { type: 'string', pattern: '^[0-9]+$' } } },
-    handler: () => 1
-  })
+  const pending = registrationStillCompiling(role, 'compiling')
   await tp.close()
   await assert.rejects(pending, { code: 'TP_ERR_CLOSED' })
   assert.deepEqual(role.tools(), [])
@@ -373,12 +379,7 @@ test('a local tool whose schema still compiles when the runtime closes is refuse
 test('a role removed while its local tool\'s schema compiles does not take the tool (the check runs again after the compile)', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const role = tp.roles.get('A')
-  // A schema the compile cache has not seen: the compile is asynchronous (a compiler thread).
-  const pending = role.registerLocalTool({
-    name: 'slow_schema',
-    parameters: { type: 'object', properties: { [`p${Date.now()}`]: { type: 'string', pattern: '^[a-z]+$' } } },
-    handler: () => 1
-  })
+  const pending = registrationStillCompiling(role, 'slow_schema')
   tp.roles.remove('A')
   await assert.rejects(pending, { code: 'TP_ERR_ROLE_NOT_FOUND' })
   assert.deepEqual(role.tools(), [])
@@ -403,17 +404,8 @@ test('attachSession, replaceSessions and callTool refuse what is not a session o
 
 test('a register whose syncs close() ended is TP_ERR_CLOSED (503), as a register after close() is, not an ok: false a plugin takes for a refusal (README "Public exports": close())', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], syncTimeoutMs: 60_000 })
-  const signals: AbortSignal[] = []
-  tp.roles.get('A').attachSession({
-    id: 'silent-model',
-    syncTools: async (_tools, signal) => {
-      signals.push(signal)
-      await new Promise<void>((_resolve, reject) => { signal.addEventListener('abort', () => { reject(signal.reason) }, { once: true }) })
-    }
-  })
-  await waitFor('the first sync to reach the session', () => signals.length === 1, HANG_GUARD_MS)
-  const registration = tp.register({ name: 'late', callback_url: 'http://127.0.0.1:9/late', source: 'plugin:late' })
-  await waitFor('the tool to enter the registry', () => tp.roles.get('A').tools().length === 1, HANG_GUARD_MS)
+  const { registration } = await registrationWaitingOnSilentSession(tp.roles.get('A'),
+    () => tp.register({ name: 'late', callback_url: 'http://127.0.0.1:9/late', source: 'plugin:late' }))
   await within(tp.close(), 'close()', HANG_GUARD_MS)
   await assert.rejects(within(registration, 'the registration', HANG_GUARD_MS),
     (err: unknown) => (err as { code?: string, statusCode?: number }).code === 'TP_ERR_CLOSED' &&
