@@ -17,6 +17,7 @@ import pytest
 from toolport_plugin import CallContext, Image, Plugin, PluginError, ToolError, ToolOutput
 
 from .conftest import Api
+from .models import Span
 
 # A 1×1 PNG: real image bytes, so Toolport's checks (after merge) can accept it.
 PNG = base64.b64decode(
@@ -190,16 +191,6 @@ async def test_invalid_arguments_are_an_error_result_and_the_handler_is_not_call
         assert "'text' is a required property" in reply["error"]
         assert "'extra' was unexpected" in reply["error"]
         assert calls == []
-
-
-@dataclass
-class Span:
-    lo: int
-    hi: int
-
-    def __post_init__(self) -> None:
-        if self.lo > self.hi:
-            raise ValueError("lo must be <= hi")
 
 
 class Shade(pydantic.BaseModel):

@@ -91,6 +91,27 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = 10) -
         await asyncio.sleep(0.02)
 
 
+def echo_plugin(stand_in: StandIn, source: str, **options: Any) -> Plugin:
+    """A plugin of the stand-in with one tool, `echo`; checks only on events unless told otherwise."""
+    options = {"poll_interval": 60, "resync_interval": 60, **options}
+    plugin = Plugin(source, toolport_url=stand_in.url, **options)
+
+    @plugin.tool
+    async def echo(text: str) -> str:
+        return text
+
+    return plugin
+
+
+async def lists_once_following(stand_in: StandIn, plugin: Plugin) -> tuple[asyncio.Queue[str | None], int]:
+    """Once `plugin` follows the stand-in's stream and its connection's own check is done: the
+    stream's queue, and how many times the registry was listed so far."""
+    await until(lambda: plugin.watch_mode == "events" and stand_in.queue is not None, "the stream followed")
+    await asyncio.sleep(0.3)  # the connection's own check
+    assert stand_in.queue is not None
+    return stand_in.queue, stand_in.lists
+
+
 async def test_the_event_stream_repairs_a_restart_and_an_eviction_without_polling(stand_in: StandIn) -> None:
     # Checks every 60 s at most: only the stream can bring the tools back in time.
     plugin = Plugin("events", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
@@ -131,12 +152,7 @@ async def test_the_event_stream_repairs_a_restart_and_an_eviction_without_pollin
 
 async def test_a_stream_that_refuses_the_filter_is_followed_unfiltered(stand_in: StandIn) -> None:
     stand_in.rejects_filter = True
-    plugin = Plugin("unfiltered", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
-
-    @plugin.tool
-    async def echo(text: str) -> str:
-        return text
-
+    plugin = echo_plugin(stand_in, "unfiltered")
     async with plugin:
         await until(lambda: plugin.watch_mode == "events", "the stream followed")
         assert stand_in.types == [""]
@@ -147,32 +163,23 @@ async def test_unfiltered_events_that_do_not_name_the_plugin_run_no_check(stand_
     origin or source run a check (as in the TypeScript SDK). Without the filter every event comes:
     a busy Toolport's hundreds of `call` events a second must not each list the registry."""
     stand_in.rejects_filter = True
-    plugin = Plugin("quiet", toolport_url=stand_in.url, poll_interval=60, resync_interval=60)
-
-    @plugin.tool
-    async def echo(text: str) -> str:
-        return text
-
+    plugin = echo_plugin(stand_in, "quiet")
     async with plugin:
-        await until(lambda: plugin.watch_mode == "events", "the stream followed")
-        await until(lambda: stand_in.queue is not None, "the stream open")
-        await asyncio.sleep(0.3)  # the connection's own check
-        assert stand_in.queue is not None
-        before = stand_in.lists
+        queue, before = await lists_once_following(stand_in, plugin)
         other = {"origin": "http://127.0.0.1:1", "source": "plugin:other", "tools": [{"role": "default", "name": "x"}],
                  "roles": ["default"]}
         for i in range(100):
             call = {"role": "default", "tool": "x", "source": "plugin:other", "outcome": "ok", "is_error": False,
                     "duration_ms": 1, "bytes": 2}
-            await stand_in.queue.put(f"event: call\ndata: {json.dumps(call)}\n\n")
+            await queue.put(f"event: call\ndata: {json.dumps(call)}\n\n")
         for kind in ("registered", "unregistered", "cleared"):
-            await stand_in.queue.put(f"event: {kind}\ndata: {json.dumps(other)}\n\n")
-        await stand_in.queue.put("event: sync\ndata: {\"role\": \"default\", \"ok\": true}\n\n")
+            await queue.put(f"event: {kind}\ndata: {json.dumps(other)}\n\n")
+        await queue.put("event: sync\ndata: {\"role\": \"default\", \"ok\": true}\n\n")
         await asyncio.sleep(0.5)
         assert stand_in.lists == before, f"{stand_in.lists - before} checks for events about others"
         # One that names its source runs a check.
         ours = {**other, "source": plugin.source}
-        await stand_in.queue.put(f"event: unregistered\ndata: {json.dumps(ours)}\n\n")
+        await queue.put(f"event: unregistered\ndata: {json.dumps(ours)}\n\n")
         await until(lambda: stand_in.lists == before + 1, "a check for its own source's unregister")
 
 
@@ -181,12 +188,7 @@ async def test_with_the_stream_refused_it_checks_every_poll_interval(stand_in: S
     the stream is refused with an answer worth retrying (503 TP_ERR_STREAM_FULL), as the TypeScript
     SDK does: not every `resync_interval`."""
     stand_in.stream_full = True
-    plugin = Plugin("polled", toolport_url=stand_in.url, poll_interval=0.3, resync_interval=60)
-
-    @plugin.tool
-    async def echo(text: str) -> str:
-        return text
-
+    plugin = echo_plugin(stand_in, "polled", poll_interval=0.3)
     async with plugin:
         assert plugin.watch_mode == "polling"
         before = stand_in.registrations
@@ -198,16 +200,12 @@ async def test_role_added_checks_for_a_plugin_of_every_role_or_for_its_own_role_
     """README "Python plugin SDK" → Keeping registrations alive: `role-added` runs a check where the
     new role can lack the plugin's tools; a one-role plugin does not list the registry for every
     role made per conversation."""
-    one = Plugin("one-role", toolport_url=stand_in.url, role="default", poll_interval=60, resync_interval=60)
-    one.tool(lambda: "ok", name="one")
+    one = echo_plugin(stand_in, "one-role", role="default")
     async with one:
-        await until(lambda: one.watch_mode == "events" and stand_in.queue is not None, "the stream followed")
-        await asyncio.sleep(0.3)  # the connection's own check
-        assert stand_in.queue is not None
-        before = stand_in.lists
+        queue, before = await lists_once_following(stand_in, one)
         for i in range(20):
-            await stand_in.queue.put(f"event: role-added\ndata: {json.dumps({'role': f'conversation-{i}'})}\n\n")
+            await queue.put(f"event: role-added\ndata: {json.dumps({'role': f'conversation-{i}'})}\n\n")
         await asyncio.sleep(0.5)
         assert stand_in.lists == before, f"{stand_in.lists - before} checks for other roles"
-        await stand_in.queue.put(f"event: role-added\ndata: {json.dumps({'role': 'default'})}\n\n")
+        await queue.put(f"event: role-added\ndata: {json.dumps({'role': 'default'})}\n\n")
         await until(lambda: stand_in.lists == before + 1, "a check for its own role added back")

@@ -15,6 +15,8 @@ from toolport_plugin import CallContext, Image, Plugin, PluginError, ToolError, 
 from toolport_plugin._results import exception_reply, output_reply
 from toolport_plugin._schema import ArgumentsError
 
+from .models import Span
+
 
 class Color(enum.Enum):
     RED = "red"
@@ -152,16 +154,6 @@ def test_typeddict_required_and_notrequired_keys() -> None:
     assert open_keys["required"] == ["a"]
     args = sig.arguments({"keys": {"a": 1}, "open_keys": {"a": "blue", "b": 2}})
     assert args == {"keys": {"a": 1}, "open_keys": {"a": Color.BLUE, "b": 2}}
-
-
-@dataclass
-class Span:
-    lo: int
-    hi: int
-
-    def __post_init__(self) -> None:
-        if self.lo > self.hi:
-            raise ValueError("lo must be <= hi")
 
 
 @dataclass
