@@ -314,9 +314,18 @@ function toRequest (op: Op, mode: Mode, port: number): Req {
 
 const SECURITY_HEADERS = ['x-content-type-options', 'cache-control', 'cross-origin-resource-policy', 'content-type']
 
+/**
+ * `text` with a URL's `:<port>` (after a host: a name, an address, `[::1]`) written `:<PORT>`. Only
+ * there: the same digits inside a number (a timestamp, a count) are left as they are, or the JSON
+ * would no longer parse.
+ */
+function withoutPort (text: string, port: number): string {
+  return text.replace(new RegExp(`(?<=[\\w\\]]):${port}(?!\\d)`, 'g'), ':<PORT>')
+}
+
 /** The comparable view of one answer: the port and the per-process values normalised away. */
 function view (op: Op, res: Res, port: number): unknown {
-  const text = res.text.split(String(port)).join('<PORT>')
+  const text = withoutPort(res.text, port)
   const headers = Object.fromEntries(SECURITY_HEADERS.map((h) => [h, res.headers[h]]))
   let body: unknown
   if (op.kind === 'metrics' && res.status === 200) {
@@ -520,7 +529,7 @@ test('HTTP/2: MCP over raw node:http2 (initialize, tools/list, tools/call) answe
       const unknown = await post({ jsonrpc: '2.0', id: 4, method: 'tools/call', params: { name: 'nope', arguments: {} } }, session)
       const refused = await post({ jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'alpha', arguments: { x: 1 } } }, session)
       const answers = [init, list, bad, unknown, refused].map((r) => rpcAnswers(r).map((m) => {
-        const copy = JSON.parse(JSON.stringify(m).split(String(tr.port)).join('<PORT>'))
+        const copy = JSON.parse(withoutPort(JSON.stringify(m), tr.port))
         if (copy.result?.serverInfo !== undefined) delete copy.result.instructions
         return copy
       }))
