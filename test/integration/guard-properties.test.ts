@@ -863,9 +863,12 @@ test('registration (property): every field, every callback URL spelling, duplica
       assert.ok(hitId !== undefined && acceptedIds.has(hitId), `the trap was reached for a URL the model refused: ${hit}`)
     }
   }), { numRuns: runs(200) })
-  // Both verdicts, and calls that reach the trap, happened (a generator that only refused would prove nothing).
-  assert.ok(acceptedIds.size > runs(200) / 10 && trap.hits.length > runs(200) / 20,
-    `accepted ${acceptedIds.size}, trap hits ${trap.hits.length}`)
+  // Both verdicts, and calls that reach the trap, happened (a generator that only refused would prove
+  // nothing). The floors sit far below the usual counts (about 40 accepted and 16 calls at the trap in
+  // 200 runs), so that no seed fails them by chance.
+  const calls = trap.hits.filter((h) => !h.startsWith('/probe-')).length
+  assert.ok(acceptedIds.size > runs(200) / 10 && calls >= Math.min(3, runs(200)),
+    `accepted ${acceptedIds.size}, calls at the trap ${calls}`)
   await assertHealthy(url)
 })
 
