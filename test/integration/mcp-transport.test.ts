@@ -531,6 +531,29 @@ test('one client holds at most maxSessionsPerClient sessions: its next initializ
   assert.deepEqual(mcp.sessions.list().map((s) => s.sessionId).sort(), [other, second, third].sort())
 })
 
+test('sessions full: clients connecting at once each get a session; older idle sessions make room, not those still in their handshake', async (t) => {
+  const { tp } = await startToolport(t, { roles: ['Lanlan'] })
+  await tp.roles.get('Lanlan').registerLocalTool({ name: 'now', handler: async () => 'noon' })
+  const mcp = await mcpOnlyApp(t, tp, { maxSessions: 3 })
+  const endpoint = mcp.endpoint('Lanlan')
+  const older = [await sdkClient(t, endpoint), await sdkClient(t, endpoint), await sdkClient(t, endpoint)]
+  const olderIds = new Set(mcp.sessions.list().map((s) => s.sessionId))
+  // Each SDK client opens its event stream once initialized.
+  while (!mcp.sessions.list().every((s) => s.hasStream)) await new Promise((resolve) => setTimeout(resolve, 10))
+
+  const connecting = await Promise.allSettled([0, 1, 2].map(async () => {
+    const client = await sdkClient(t, endpoint)
+    const { tools } = await client.listTools()
+    return tools.map((tool) => tool.name)
+  }))
+  assert.deepEqual(connecting.map((c) => c.status === 'fulfilled' ? c.value : String(c.reason)),
+    [['now'], ['now'], ['now']], 'every client connecting at once got a session that answers')
+  const open = mcp.sessions.list()
+  assert.equal(open.length, 3, 'never more than maxSessions')
+  assert.ok(open.every((s) => !olderIds.has(s.sessionId)), 'the older sessions made room')
+  for (const client of older) await assert.rejects(client.listTools(), /Session not found|404/)
+})
+
 test('calls in flight are bounded per session and for all MCP sessions: batches of 100 calls cannot take the dispatcher\'s whole budget', async (t) => {
   // maxPending 256: every MCP session together may hold a quarter (64) of it, one session 32.
   const { tp, url } = await startToolport(t, { roles: ['Lanlan'], dispatch: { maxPending: 256, closeGraceMs: 0 } })

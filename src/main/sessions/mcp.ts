@@ -57,7 +57,8 @@ export interface McpSessionsOptions {
   /**
    * Most sessions at once, all roles together (default 256). When full, an `initialize` evicts
    * the least recently active session with no request in flight (one without an event stream
-   * first); only when every session has a request in flight does it get 503.
+   * first, a session of the last 5 s that has not yet opened one counting as one with); only when
+   * every session has a request in flight does it get 503.
    */
   maxSessions?: number
   /**
@@ -88,6 +89,14 @@ export interface McpSessionsEvents {
   'session-opened': [McpSessionOpenedEvent]
   'session-closed': [McpSessionClosedEvent]
 }
+
+/**
+ * How long a new session that has never had an event stream is ranked, for eviction, as one that
+ * has. A client opens its stream right after `initialize` (and `notifications/initialized`); until
+ * then it looks like an abandoned session, and clients connecting at once to a full server would
+ * each evict the one before it mid-handshake, leaving one connected.
+ */
+const HANDSHAKE_GRACE_MS = 5000
 
 /** Defaults of the options that are not in the runtime's `mcp` options (config.ts has the others). */
 const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
@@ -263,13 +272,15 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
 
   /**
    * Ends the least recently active of `candidates` that has no request in flight, preferring one
-   * without an event stream; false when every candidate is busy.
+   * without an event stream; false when every candidate is busy. A session already ending is
+   * nobody's room twice: `initialize`s at once each end a session of their own.
    */
   async #evictOne (candidates: readonly McpSession[]): Promise<boolean> {
     let victim: McpSession | undefined
+    const now = performance.now()
     for (const s of candidates) {
-      if (s.isClosed || s.requestsInFlight > 0) continue
-      if (victim === undefined || evictsBefore(s, victim)) victim = s
+      if (s.isEnding || s.requestsInFlight > 0) continue
+      if (victim === undefined || evictsBefore(s, victim, now)) victim = s
     }
     if (victim === undefined) return false
     this.#runtime.log.info({ role: victim.role, session: victim.sessionId }, 'MCP session evicted to make room')
@@ -299,9 +310,14 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   }
 }
 
-/** True when `a` should be evicted before `b`: no event stream first, then the least recently active. */
-function evictsBefore (a: McpSession, b: McpSession): boolean {
-  if (a.hasStream !== b.hasStream) return !a.hasStream
+/**
+ * True when `a` should be evicted before `b`: one without an event stream first, then the least
+ * recently active. A session still in its handshake counts as one with a stream (see
+ * `HANDSHAKE_GRACE_MS`).
+ */
+function evictsBefore (a: McpSession, b: McpSession, now: number): boolean {
+  const aStreams = a.hasStreamOrIsNew(now)
+  if (aStreams !== b.hasStreamOrIsNew(now)) return !aStreams
   return a.lastActive < b.lastActive
 }
 
@@ -343,6 +359,7 @@ export class McpSession implements ModelSession {
   #isChunkable = false
   #calls = 0
   #lastActive = performance.now()
+  readonly #createdAt = this.#lastActive
   #detach: (() => void) | null = null
   /** The snapshot the client last listed; null until its first `tools/list`. */
   #listed: readonly ToolDefinition[] | null = null
@@ -424,12 +441,24 @@ export class McpSession implements ModelSession {
 
   get isInitialized (): boolean { return this.#isInitialized }
   get isClosed (): boolean { return this.#isClosed }
+
+  /** True once close() has begun. */
+  get isEnding (): boolean { return this.#closing !== null || this.#isClosed }
   /** `tools/call` requests running now. */
   get callsInFlight (): number { return this.#calls }
   /** HTTP requests other than event streams being served now. */
   get requestsInFlight (): number { return this.#requests }
   /** Whether an event stream (the standalone GET) is open. */
   get hasStream (): boolean { return this.#streams > 0 }
+
+  /**
+   * Whether eviction ranks this session with those that have an event stream: it has one open, or
+   * it never had one and began less than `HANDSHAKE_GRACE_MS` before `now` (a `performance.now()`).
+   */
+  hasStreamOrIsNew (now: number): boolean {
+    return this.#streams > 0 || (!this.#hadStream && now - this.#createdAt < HANDSHAKE_GRACE_MS)
+  }
+
   /** `performance.now()` of the last request's start or end. */
   get lastActive (): number { return this.#lastActive }
 
