@@ -22,6 +22,8 @@ const toolName = z.string().superRefine((s, ctx) => {
   else if (n > 64) ctx.addIssue({ code: 'too_big', origin: 'string', maximum: 64, inclusive: true, input: s, message })
 })
   .refine(isWellFormedText, { message: 'must be well-formed Unicode (no lone surrogates)' })
+  // For the document: JSON Schema counts a string's length in code points too.
+  .meta({ minLength: 1, maxLength: 64 })
 
 const roleField = z.string().min(1, { message: 'must be a non-empty string or null' }).nullable().default(null)
 
@@ -32,9 +34,13 @@ const sourceField = z.string()
 /** `timeout_seconds`: a number > 0 and ≤ 300; a numeric string is accepted, booleans are not. */
 const timeoutSeconds = z.union([
   z.number(),
-  z.string().trim().regex(/^[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/, { message: 'must be a number' }).transform(Number)
+  // Blanks around the number are allowed in the pattern itself (Number() skips the same ones), so
+  // that the OpenAPI document's pattern accepts what the route does.
+  z.string().regex(/^\s*[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/, { message: 'must be a number' }).transform(Number)
 ], { error: 'must be a number greater than 0 and at most 300' })
   .pipe(z.number().gt(0, { message: 'must be greater than 0' }).lte(300, { message: 'must be at most 300' }))
+  // For the document: the bounds a number must keep (JSON Schema applies them to numbers only).
+  .meta({ exclusiveMinimum: 0, maximum: 300 })
 
 const parametersField = z.custom<JsonSchemaObject>(isPlainObject, { message: 'must be a JSON object (a JSON Schema)' })
 

@@ -19,6 +19,7 @@
 // - GET /api/events: `hello` first, then the documented events of the sequence, filtered by `types`.
 import assert from 'node:assert/strict'
 import { STATUS_CODES } from 'node:http'
+import { connect } from 'node:net'
 import { test, type TestContext } from 'node:test'
 import fc from 'fast-check'
 import { Ajv2020 } from 'ajv/dist/2020.js'
@@ -906,6 +907,80 @@ test('/mcp/{role} documents the 404 TP_ERR_ROLE_NOT_FOUND of an unknown role (do
     assert.equal(JSON.parse(reply.text).code, 'TP_ERR_ROLE_NOT_FOUND')
     assert.ok(doc.paths['/mcp/{role}'].post.responses['404'] !== undefined, '404 documented for POST /mcp/{role}')
   })
+
+test('the register body schema of the document accepts what the route accepts and refuses what it refuses: a ' +
+  'timeout with blanks around it, the 0–300 bounds, names of 1–64 characters, the default of 30', async (t) => {
+  const { url, cb, doc } = await fixture(t)
+  const oper = operations(doc).find((o) => o.method === 'POST' && o.path === '/api/tools/register')!
+  const schema = oper.op.requestBody.content['application/json'].schema as Schema
+  assert.equal(schema.properties.timeout_seconds.default, 30)
+  const documented = validatorOf(newAjv(), schema)
+  const base = { name: 'weather', callback_url: `${cb.url}/x` }
+  const cases: Array<Record<string, unknown>> = [
+    { ...base, timeout_seconds: ' 5' }, { ...base, timeout_seconds: '5\n' }, { ...base, timeout_seconds: '\t+.5 ' },
+    { ...base, timeout_seconds: 300 }, { ...base, timeout_seconds: 0 }, { ...base, timeout_seconds: 300.5 },
+    { ...base, timeout_seconds: -1 }, { ...base, name: 'n'.repeat(64) }, { ...base, name: 'n'.repeat(65) },
+    { ...base, name: '\u{1F600}'.repeat(64) }, { ...base, name: '\u{1F600}'.repeat(65) }, { ...base, name: '' }
+  ]
+  const disagreements: string[] = []
+  for (const body of cases) {
+    const reply = await send(url, { method: 'POST', path: '/api/tools/register', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+    if ((reply.status === 200) !== documented(body)) {
+      disagreements.push(`${JSON.stringify(body).slice(0, 120)}: the route answers ${reply.status}, the document ${documented(body) ? 'accepts' : 'refuses'}`)
+    }
+  }
+  assert.deepEqual(disagreements, [])
+})
+
+/** One request written byte for byte on a new socket; its answer read to the socket's end. */
+async function sendRaw (port: number, head: string): Promise<Reply> {
+  return await within(new Promise<Reply>((resolve, reject) => {
+    const socket = connect(port, '127.0.0.1', () => socket.end(head))
+    const chunks: Buffer[] = []
+    socket.on('data', (chunk) => chunks.push(chunk))
+    socket.on('error', reject)
+    socket.on('close', () => {
+      const text = Buffer.concat(chunks).toString('utf8')
+      const [headLines = '', ...rest] = text.split('\r\n\r\n')
+      const [statusLine = '', ...lines] = headLines.split('\r\n')
+      const headers: Reply['headers'] = {}
+      for (const line of lines) {
+        const colon = line.indexOf(':')
+        headers[line.slice(0, colon).trim().toLowerCase()] = line.slice(colon + 1).trim()
+      }
+      resolve({ status: Number(statusLine.split(' ')[1]), headers, text: rest.join('\r\n\r\n') })
+    })
+  }), `raw ${head.split('\r\n')[0]}`, REQUEST_GUARD_MS)
+}
+
+test('answers given before any route runs are documented on every operation: 400 for a request Node cannot read, ' +
+  '431 for headers too large, 414 for an over-long role of /mcp/{role} (README "Errors")', async (t) => {
+  const { url, port, doc } = await fixture(t)
+  const ajv = newAjv()
+  const problems: string[] = []
+  for (const oper of operations(doc)) {
+    const path = oper.path.replace('{role}', 'default')
+    const tooLarge = await send(url, { method: oper.method, path, headers: { 'x-filler': 'f'.repeat(20_000) } })
+    const unreadable = await sendRaw(port, `${oper.method} ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: x\r\n\r\n`)
+    for (const [what, reply, status] of [['headers too large', tooLarge, 431], ['bad Content-Length', unreadable, 400]] as const) {
+      if (reply.status !== status) problems.push(`${oper.method} ${path} ${what}: ${reply.status}, not ${status}`)
+      for (const p of checkReply(ajv, oper, reply)) problems.push(`${oper.method} ${path} ${what}: ${p}`)
+    }
+    // 408 cannot be provoked quickly (requests have 30 s); it is documented beside them.
+    if (oper.op.responses['408'] === undefined) problems.push(`${oper.method} ${oper.path}: 408 is not documented`)
+  }
+  for (const oper of operations(doc).filter((o) => o.path === '/mcp/{role}')) {
+    const reply = await send(url, {
+      method: oper.method,
+      path: `/mcp/${'r'.repeat(300)}`,
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      ...(oper.method === 'POST' ? { body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' }) } : {})
+    })
+    if (reply.status !== 414) problems.push(`${oper.method} /mcp/<300 characters>: ${reply.status}, not 414`)
+    for (const p of checkReply(ajv, oper, reply)) problems.push(`${oper.method} /mcp/<300 characters>: ${p}`)
+  }
+  assert.deepEqual(problems, [])
+})
 
 test('errors of GET /metrics and GET /api/events are documented as the JSON they are (README "Errors")',
   async (t) => {

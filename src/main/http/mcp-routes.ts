@@ -16,7 +16,7 @@ import { readJsonRpcBody } from '../sessions/mcp-info.js'
 import { kOnClose } from '../symbols.js'
 import { errorText } from '../../shared/util.js'
 import { handleError } from './error-handler.js'
-import { ERROR_BODY_JSON_SCHEMA, documentationOnly, errors } from './openapi.js'
+import { ERROR_BODY_JSON_SCHEMA, documentationOnly, errorResponses, errors } from './openapi.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
 const RPC_BAD_REQUEST = -32000
@@ -55,6 +55,8 @@ function mcpError (description: string, rpcOnly = false): Record<string, unknown
 
 const MCP_ERRORS: Record<number, Record<string, unknown>> = {
   ...errors(),
+  // A role segment over 256 characters (`maxParamLength`): answered before the route runs.
+  ...errorResponses([414]),
   400: mcpError('no valid Mcp-Session-Id (start with an initialize request), a body that is not JSON or not ' +
     'JSON-RPC, an unsupported MCP-Protocol-Version (JSON-RPC errors)'),
   404: mcpError('unknown role (TP_ERR_ROLE_NOT_FOUND), or an unknown or ended session (JSON-RPC error -32001: ' +
@@ -71,7 +73,7 @@ const MCP_ERRORS: Record<number, Record<string, unknown>> = {
 
 function mcpErrors (...statuses: number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
-  for (const status of [401, 403, 400, 404, 500, 503, ...statuses]) out[status] = MCP_ERRORS[status]!
+  for (const status of [401, 403, 400, 404, 408, 414, 431, 500, 503, ...statuses]) out[status] = MCP_ERRORS[status]!
   return out
 }
 

@@ -13,9 +13,20 @@ import { VERSION } from '../version.js'
 
 /** A zod schema as a draft-7 JSON Schema without the `$schema` key (fastify and OpenAPI embed it). */
 export function jsonSchema (schema: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {
-  const out = z.toJSONSchema(schema, { io, target: 'draft-7', unrepresentable: 'any' }) as Record<string, unknown>
+  const out = z.toJSONSchema(schema, { io, target: 'draft-7', unrepresentable: 'any', override: documentDefault }) as Record<string, unknown>
   delete out.$schema
   return out
+}
+
+/**
+ * Keeps a field's default in the document when it is a plain value: zod leaves an input's default
+ * out when a transform lies under it (`timeout_seconds`: 30), since a default is of the output type.
+ */
+function documentDefault (ctx: { zodSchema: z.core.$ZodTypes, jsonSchema: z.core.JSONSchema.BaseSchema }): void {
+  const def = ctx.zodSchema._zod.def
+  if (def.type !== 'default' || ctx.jsonSchema.default !== undefined) return
+  const value: unknown = def.defaultValue
+  if (value === null || ['string', 'number', 'boolean'].includes(typeof value)) ctx.jsonSchema.default = value
 }
 
 /**
@@ -33,19 +44,26 @@ export function textBody (mediaType: string, description: string): Record<string
 }
 
 /**
- * The error statuses a route can answer: `statuses`, with the guard's 401/403 and the 503 of a
- * closed runtime (every route but the health report and the metrics, which use `guardErrors`).
+ * What any route may answer before it runs: a request Node's parser could not read (400), one not
+ * received in time (408), headers too large (431).
+ */
+const TRANSPORT_ERRORS = [400, 408, 431]
+
+/**
+ * The error statuses a route can answer: `statuses`, with the guard's 401/403, the 503 of a
+ * closed runtime (every route but the health report and the metrics, which use `guardErrors`),
+ * and the transport's.
  */
 export function errors (...statuses: number[]): Record<number, Record<string, unknown>> {
-  return errorResponses([401, 403, ...statuses, 503])
+  return errorResponses([...TRANSPORT_ERRORS, 401, 403, ...statuses, 503])
 }
 
-/** The guard's 401/403 only: for the routes that still answer once the runtime is closed. */
+/** The guard's 401/403 and the transport's only: for the routes that still answer once the runtime is closed. */
 export function guardErrors (): Record<number, Record<string, unknown>> {
-  return errorResponses([401, 403])
+  return errorResponses([...TRANSPORT_ERRORS, 401, 403])
 }
 
-function errorResponses (statuses: readonly number[]): Record<number, Record<string, unknown>> {
+export function errorResponses (statuses: readonly number[]): Record<number, Record<string, unknown>> {
   const out: Record<number, Record<string, unknown>> = {}
   for (const status of statuses) {
     out[status] = {
@@ -62,9 +80,12 @@ const ERROR_DESCRIPTIONS: Record<number, string> = {
   403: 'not a loopback client, a foreign Host/Origin, or another plugin key\'s source ' +
     '(TP_ERR_NOT_LOOPBACK, TP_ERR_HOST_FORBIDDEN, TP_ERR_ORIGIN_FORBIDDEN, TP_ERR_NOT_OWNER)',
   404: 'unknown role (TP_ERR_ROLE_NOT_FOUND)',
+  408: 'the request was not received in time (TP_ERR_BAD_REQUEST)',
+  414: 'a path segment over 256 characters (TP_ERR_BAD_REQUEST)',
   413: 'body too large or too deep (TP_ERR_BODY_TOO_LARGE, TP_ERR_JSON_TOO_DEEP)',
   415: 'the body is not application/json (TP_ERR_UNSUPPORTED_MEDIA_TYPE)',
   422: 'a field failed validation, or a tool cap was reached (TP_ERR_VALIDATION, TP_ERR_LIMIT_EXCEEDED)',
+  431: 'the request headers are too large (TP_ERR_BAD_REQUEST)',
   503: 'Toolport is closed (TP_ERR_CLOSED)'
 }
 

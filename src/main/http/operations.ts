@@ -2,7 +2,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Runtime } from '../runtime.js'
 import { healthSchema } from '../schemas.js'
-import { ERROR_BODY_JSON_SCHEMA as errorBody, guardErrors, jsonSchema, textBody } from './openapi.js'
+import { guardErrors, jsonSchema, textBody } from './openapi.js'
 
 export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime): void {
   const health = jsonSchema(healthSchema, 'output')
@@ -10,7 +10,7 @@ export function registerOperationRoutes (app: FastifyInstance, runtime: Runtime)
     schema: {
       summary: 'Liveness and readiness, with the worker pool\'s state',
       tags: ['operations'],
-      response: { 200: health, 503: health, 401: errorBody, 403: errorBody }
+      response: { ...guardErrors(), 200: health, 503: health }
     }
   }, function healthRoute (_request: FastifyRequest, reply: FastifyReply) {
     const report = runtime.health()
