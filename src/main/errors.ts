@@ -132,6 +132,16 @@ export function validationError (details: ErrorDetail[]): ToolportError {
   return err
 }
 
+/**
+ * Builds the 422 of a size limit: the message names the option (`limits.…`), and `details` holds
+ * one problem whose path is that option, as every 422 carries (docs/protocol.md R7).
+ */
+export function limitExceeded (option: string, message: string, advice = ''): ToolportError {
+  const err = new LimitExceededError(`${message} (${option})`) as ToolportError
+  err.details = [{ path: option, code: 'too_big', message: advice === '' ? message : `${message}; ${advice}` }]
+  return err
+}
+
 function formatDetail (detail: ErrorDetail): string {
   return detail.path === '' ? detail.message : `${detail.path}: ${detail.message}`
 }

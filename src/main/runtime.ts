@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto'
 import type { Worker } from 'node:worker_threads'
 import type { Logger } from 'pino'
 import { parseOptions, type ResolvedOptions, type ToolportOptions } from './config.js'
-import { ClosedError, LimitExceededError, validationError } from './errors.js'
+import { ClosedError, limitExceeded, validationError } from './errors.js'
 import { emitChangeEnd, type ToolportEvents } from './events.js'
 import { RoleManager } from './roles/roles.js'
 import type { Role } from './roles/role.js'
@@ -543,10 +543,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     for (const role of targets) {
       const existing = role.registry.get(name)
       if (existing === undefined && role.registry.size >= maxToolsPerRole) {
-        throw new LimitExceededError(`role '${role.name}' already has ${maxToolsPerRole} tools (limits.maxToolsPerRole)`)
+        throw limitExceeded('limits.maxToolsPerRole', `role '${role.name}' already has ${maxToolsPerRole} tools`)
       }
       if (existing?.source !== source && role.registry.countBySource(source) >= maxToolsPerSource) {
-        throw new LimitExceededError(`source '${source}' already has ${maxToolsPerSource} tools in role '${role.name}' (limits.maxToolsPerSource)`)
+        throw limitExceeded('limits.maxToolsPerSource', `source '${source}' already has ${maxToolsPerSource} tools in role '${role.name}'`)
       }
     }
   }

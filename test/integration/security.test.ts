@@ -152,6 +152,8 @@ test('limits: a role at maxToolsPerRole refuses a new name with 422 TP_ERR_LIMIT
   const res = await post(tp, '/api/tools/register', { name: 'c', callback_url: CALLBACK })
   assert.equal(res.statusCode, 422)
   assert.equal(res.json().code, 'TP_ERR_LIMIT_EXCEEDED')
+  // Every 422 carries `details` (docs/protocol.md R7): here the option that was reached.
+  assert.deepEqual(res.json().details, [{ path: 'limits.maxToolsPerRole', code: 'too_big', message: "role 'Lanlan' already has 2 tools" }])
   assert.equal((await tp.register({ name: 'b', callback_url: CALLBACK, description: 'new' })).ok, true)
   assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan!.map((x) => x.name), ['a', 'b'])
 })
@@ -162,6 +164,8 @@ test('limits: a source at maxToolsPerSource in a role is refused with 422; other
   const res = await post(tp, '/api/tools/register', { name: 'b', callback_url: CALLBACK, source: 'plugin:one' })
   assert.equal(res.statusCode, 422)
   assert.equal(res.json().code, 'TP_ERR_LIMIT_EXCEEDED')
+  assert.match(res.json().message, /^limit exceeded: source 'plugin:one' already has 1 tools in role 'Lanlan' \(limits\.maxToolsPerSource\)$/)
+  assert.deepEqual(res.json().details?.map((d: { path: string }) => d.path), ['limits.maxToolsPerSource'])
   assert.equal((await tp.register({ name: 'b', callback_url: CALLBACK, source: 'plugin:two' })).ok, true)
 })
 

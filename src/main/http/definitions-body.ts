@@ -8,7 +8,7 @@
 // before any byte is sent), and is remembered per snapshot, so asking again costs nothing.
 import { Readable } from 'node:stream'
 import { setImmediate as yieldToLoop } from 'node:timers/promises'
-import { LimitExceededError, type ToolportError } from '../errors.js'
+import { limitExceeded, type ToolportError } from '../errors.js'
 import { toolDefinitions, type DefinitionFormat, type GeminiTool } from '../sessions/definitions.js'
 import type { Role } from '../roles/role.js'
 
@@ -83,12 +83,6 @@ function * pieces (head: string, items: readonly unknown[], tail: string): Gener
 }
 
 function tooLarge (maxBytes: number): ToolportError {
-  const message = `the definitions would be larger than ${maxBytes} bytes of JSON`
-  const err = new LimitExceededError(`${message} (limits.maxDefinitionsBytes)`) as ToolportError
-  err.details = [{
-    path: 'limits.maxDefinitionsBytes',
-    code: 'too_big',
-    message: `${message}; ask for one role at a time or raise the limit`
-  }]
-  return err
+  return limitExceeded('limits.maxDefinitionsBytes', `the definitions would be larger than ${maxBytes} bytes of JSON`,
+    'ask for one role at a time or raise the limit')
 }
