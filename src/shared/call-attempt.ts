@@ -29,12 +29,23 @@ const SNIPPET_BYTES = HTTP_ERROR_SNIPPET_CHARS * 4
 /** What a call needs from the client that runs it. */
 export interface CallOwner {
   readonly budget: ReplyBudget
+  /** Most reply bytes the calls to one origin hold at once on this thread (see `OriginShare`). */
+  readonly maxOriginReplyBytes: number
   /** The checks a reply's `images` pass (src/shared/images.ts). */
   readonly imageLimits: ImageLimits
   /** Texts of at least this many bytes stay bytes (`CallOutcome.textBytes`); Infinity: never. */
   readonly largeTextBytes: number
   /** The call has settled: forget it (its slot may be reused). */
   release: (attempt: CallAttempt) => void
+}
+
+/**
+ * The reply bytes the calls to one callback origin hold on this thread. The budget is shared by
+ * every plugin; each origin may hold only its share of it, so that one plugin that stalls in the
+ * middle of many large replies cannot leave no room for the replies of the others.
+ */
+export interface OriginShare {
+  held: number
 }
 
 /** Why a call was stopped from our side; passed to undici as the abort reason. */
@@ -81,6 +92,8 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
   #bytes = 0
   #chunks: Buffer[] = []
   #keptBytes = 0
+  /** Its origin's share; set by `arm`. */
+  #share: OriginShare | null = null
 
   constructor (task: CallTask, signal: CancelSignal | undefined, onOutcome: (outcome: CallOutcome) => void,
     owner: CallOwner) {
@@ -90,8 +103,12 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     this.#owner = owner
   }
 
-  /** Arms the deadline and the caller's signal; false when the call already ended. */
-  arm (remainingMs: number): boolean {
+  /**
+   * Arms the deadline and the caller's signal, and counts the reply's bytes in `share` (its
+   * origin's); false when the call already ended.
+   */
+  arm (remainingMs: number, share: OriginShare): boolean {
+    this.#share = share
     if (this.#signal !== undefined) {
       if (this.#signal.aborted) {
         this.stop(OutcomeKind.cancelled, 'TP_CANCELLED', 'the call was cancelled before it was sent')
@@ -166,15 +183,27 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     this.#keep(chunk)
   }
 
-  /** Keeps a chunk if the shared reply budget has room for it; else ends the call (`memory`). */
+  /**
+   * Keeps a chunk if its origin's share and the shared reply budget have room for it; else ends
+   * the call (`memory`).
+   */
   #keep (chunk: Buffer): boolean {
     const budget = this.#owner.budget
+    const share = this.#share as OriginShare
+    if (share.held + chunk.length > this.#owner.maxOriginReplyBytes) {
+      this.stop(OutcomeKind.memory, 'TP_REPLY_BUDGET',
+        `the reply was dropped after ${this.#keptBytes} bytes: replies being received from this callback's ` +
+        `origin already hold its share (${this.#owner.maxOriginReplyBytes} bytes) of Toolport's budget of ` +
+        `${budget.limit} bytes (dispatch.maxBufferedReplyBytes); try again shortly`)
+      return false
+    }
     if (!budget.take(chunk.length)) {
       this.stop(OutcomeKind.memory, 'TP_REPLY_BUDGET',
         `the reply was dropped after ${this.#keptBytes} bytes: replies being received already hold ` +
         `Toolport's budget of ${budget.limit} bytes (dispatch.maxBufferedReplyBytes); try again shortly`)
       return false
     }
+    share.held += chunk.length
     this.#chunks.push(chunk)
     this.#keptBytes += chunk.length
     return true
@@ -247,6 +276,7 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     this.#owner.release(this)
     this.#chunks = []
     this.#owner.budget.give(this.#keptBytes)
+    if (this.#share !== null) this.#share.held -= this.#keptBytes
     this.#keptBytes = 0
     this.#onOutcome(outcome)
   }

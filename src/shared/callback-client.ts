@@ -15,7 +15,7 @@ import type { buildConnector } from 'undici'
 import { checkCallbackUrl } from './loopback.js'
 import { createLoopbackConnector } from './loopback-connector.js'
 import { CallAttempt } from './call-attempt.js'
-import type { CallOwner } from './call-attempt.js'
+import type { CallOwner, OriginShare } from './call-attempt.js'
 import type { CancelSignal } from './cancel.js'
 import { ReplyBudget } from './reply-budget.js'
 import { OutcomeKind } from '../workers/protocol.js'
@@ -35,6 +35,11 @@ export interface CallbackClientOptions {
   replyBudget?: SharedArrayBuffer
   /** This thread's share of the budget (`ReplyBudget.createShare`), when another thread may reclaim it. */
   replyShare?: SharedArrayBuffer
+  /**
+   * Most reply bytes the calls to one origin hold at once on this thread (src/shared/call-attempt.ts
+   * `OriginShare`); default: half the budget.
+   */
+  maxOriginReplyBytes?: number
   /**
    * Replies whose model-visible text is at least this many bytes end with the text as bytes
    * (`CallOutcome.textBytes`, `text` ''), for a thread that only passes them on; default: never.
@@ -71,6 +76,7 @@ export class CallbackClient implements CallOwner {
   readonly #slotSpace: number
   readonly #overflow = new Map<number, CallAttempt>()
   readonly budget: ReplyBudget
+  readonly maxOriginReplyBytes: number
   readonly imageLimits: ImageLimits
   readonly largeTextBytes: number
   #running = 0
@@ -86,6 +92,7 @@ export class CallbackClient implements CallOwner {
     this.#slotSpace = options.slotSpace ?? DEFAULT_SLOT_SPACE
     this.#slots = new Array<CallAttempt | undefined>(this.#slotSpace).fill(undefined)
     this.budget = new ReplyBudget(options.replyBudget ?? ReplyBudget.create(DEFAULT_REPLY_BUDGET), options.replyShare)
+    this.maxOriginReplyBytes = options.maxOriginReplyBytes ?? Math.floor(this.budget.limit / 2)
     this.largeTextBytes = options.largeTextBytes ?? Number.POSITIVE_INFINITY
     this.imageLimits = {
       maxImages: options.maxImages ?? DEFAULT_IMAGE_LIMITS.maxImages,
@@ -187,8 +194,9 @@ export class CallbackClient implements CallOwner {
       attempt.stop(OutcomeKind.timeout, 'TP_DEADLINE', 'the deadline passed before the call was sent')
       return
     }
-    if (!attempt.arm(remainingMs)) return
-    this.#pool(origin).dispatch({
+    const entry = this.#pool(origin)
+    if (!attempt.arm(remainingMs, entry)) return
+    entry.pool.dispatch({
       method: 'POST',
       path: task.path,
       headers: {
@@ -206,7 +214,7 @@ export class CallbackClient implements CallOwner {
     }, attempt)
   }
 
-  #pool (origin: string): Pool {
+  #pool (origin: string): OriginPool {
     let entry = this.#pools.get(origin)
     if (entry === undefined) {
       const pool = new Pool(origin, {
@@ -217,7 +225,7 @@ export class CallbackClient implements CallOwner {
         keepAliveMaxTimeout: this.#options.keepAliveTimeoutMs,
         connect: this.#connector
       })
-      entry = { pool, used: true }
+      entry = { pool, used: true, held: 0 }
       this.#pools.set(origin, entry)
       if (this.#sweeper === null) {
         const everyMs = Math.min(Math.max(this.#options.keepAliveTimeoutMs, MIN_SWEEP_MS), MAX_SWEEP_MS)
@@ -226,7 +234,7 @@ export class CallbackClient implements CallOwner {
       }
     }
     entry.used = true
-    return entry.pool
+    return entry
   }
 
   /**
@@ -254,7 +262,7 @@ export class CallbackClient implements CallOwner {
   }
 }
 
-interface OriginPool {
+interface OriginPool extends OriginShare {
   readonly pool: Pool
   /** Called since the previous sweep. */
   used: boolean

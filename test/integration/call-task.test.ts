@@ -37,6 +37,7 @@ Promise<Harness> {
   const workerData: WorkerOptions = {
     slotSpace: 1024,
     replyBudget: ReplyBudget.create(64 * 1024 * 1024),
+    maxOriginReplyBytes: 32 * 1024 * 1024,
     connectionsPerOrigin: 8,
     keepAliveTimeoutMs: 4000,
     connectTimeoutMs: 2000

@@ -169,6 +169,41 @@ test('replies held at once stay within maxBufferedReplyBytes: calls beyond it fa
 })
 
 for (const mode of ['inline', 'pool'] as const) {
+  test(`${mode}: a plugin stalled in the middle of many large replies holds at most its origin's share of the reply budget; another plugin's replies still fit`, async (t) => {
+    const CAP = 64 * 1024
+    const budget = 16 * CAP
+    // Each reply declares 64 KiB and sends all of it but the last byte, then waits.
+    const staller = await startHeldServer(t, (response) => {
+      response.writeHead(200, { 'content-type': 'text/plain', 'content-length': CAP })
+      response.write('x'.repeat(CAP - 1))
+    }, (response) => { response.end('x') })
+    const innocent = await startCallbackServer()
+    t.after(() => innocent.close())
+    const tp = await createTestToolport(t, {
+      roles: ['r'],
+      dispatch: { mode, maxResponseBytes: CAP, connectionsPerOrigin: 16, maxBufferedReplyBytes: budget }
+    })
+    await register(tp, 'staller', `${staller.origin}/stall`)
+    await register(tp, 'innocent', `${innocent.url}/echo`)
+    const stalled = Array.from({ length: 16 }, () => call(tp, 'staller'))
+    await waitFor('every request at the stalled plugin', () => staller.received === 16)
+    // Half the budget is the stalled origin's share: 8 replies fit it; the others are dropped as
+    // their first bytes arrive.
+    const settled: ToolResult[] = []
+    for (const p of stalled) p.then((r) => { settled.push(r) }, () => {})
+    await waitFor('the replies past the share to be dropped', () => settled.length === 8)
+    for (const result of settled) {
+      assert.match(result.error ?? '', /from this callback's origin already hold its share \(524288 bytes\) of Toolport's budget of 1048576 bytes/)
+    }
+    assert.equal(Number(/^toolport_reply_buffer_bytes (\d+)$/m.exec(await metricsText(tp))?.[1]), 8 * (CAP - 1))
+    const other = await call(tp, 'innocent')
+    assert.equal(other.is_error, false, other.error)
+    staller.release()
+    const finished = (await Promise.all(stalled)).filter((r) => !r.is_error)
+    assert.deepEqual(finished.map((r) => r.text.length), Array.from({ length: 8 }, () => CAP))
+    assert.match(await metricsText(tp), /^toolport_reply_buffer_bytes 0$/m)
+  })
+
   test(`${mode}: one abort of 4 000 calls queued behind their origin's bound answers every one of them as cancelled`, { timeout: 30_000 }, async (t) => {
     // Inline, a queued call sent after the abort is answered on the spot, and each answer sends
     // the next queued call: that chain must not nest once per call (it overflowed the stack and

@@ -94,6 +94,16 @@ interface Lane {
   isDrained: boolean
 }
 
+/**
+ * What the calls to one origin may hold of the reply budget on one of `threads` threads: half the
+ * budget over all threads, so that a plugin stalled in the middle of many large replies leaves the
+ * other half to the others (src/shared/call-attempt.ts `OriginShare`); never less than one whole
+ * reply, which the budget is there to admit.
+ */
+function originReplyShare (options: DispatchOptions, threads: number): number {
+  return Math.max(Math.floor(options.maxBufferedReplyBytes / 2 / threads), options.maxResponseBytes)
+}
+
 /** The abort listener of one slot, created once per slot and reused by every call in it. */
 class SlotListener {
   readonly abortSlot: (slot: number) => void
@@ -199,7 +209,8 @@ export class Dispatcher {
         maxImages: options.maxImages,
         maxImageBytes: options.maxImageBytes,
         slotSpace: space,
-        replyBudget: this.#budget
+        replyBudget: this.#budget,
+        maxOriginReplyBytes: originReplyShare(options, 1)
       }
       if (InlineClient !== null) {
         this.#client = new InlineClient(clientOptions)
@@ -223,6 +234,7 @@ export class Dispatcher {
     const workerData: WorkerOptions = {
       slotSpace: space,
       replyBudget: this.#budget,
+      maxOriginReplyBytes: originReplyShare(options, options.threads),
       connectionsPerOrigin: options.connectionsPerOrigin,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       connectTimeoutMs: options.connectTimeoutMs,
