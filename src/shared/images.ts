@@ -138,7 +138,13 @@ function checkImage (image: unknown, n: number, limits: ImageLimits, parts: stri
   parts.push(actual, data, typeof prompt === 'string' ? prompt : '')
 }
 
+/**
+ * A plugin's `mime` in a warning: a string as a quoted snippet, anything else by its kind. Never
+ * serialised: a value may nest deeper than the thread's stack (`JSON.stringify` of a 10 000-level
+ * array threw, and the whole reply failed as an internal error instead of dropping one image).
+ */
 function describe (value: unknown): string {
-  const text = typeof value === 'string' ? value : JSON.stringify(value) ?? String(value)
-  return JSON.stringify(text.length > 40 ? `${text.slice(0, 40)}…` : text)
+  if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value)
+  if (Array.isArray(value)) return '(an array)'
+  return typeof value === 'object' && value !== null ? '(an object)' : `(${String(value)})`
 }

@@ -79,6 +79,19 @@ test('each problem drops its image with a warning naming it; the good ones still
   assert.match(checked.warnings[8] ?? '', /^images: 9 sent, at most 8 are passed on; image 9 dropped/)
 })
 
+test('a mime that is not a string is named by its kind, never serialised: one nested past the stack drops its image, not the reply', () => {
+  let deep: unknown = 'image/png'
+  for (let i = 0; i < 200_000; i++) deep = [deep]
+  const checked = checkImages([{ data_b64: PNG, mime: deep }, { data_b64: PNG, mime: { type: 'png' } },
+    { data_b64: PNG, mime: 42 }, { data_b64: PNG, mime: 'image/png' }], { maxImages: 8, maxImageBytes: 1024 })
+  assert.deepEqual(checked.warnings, [
+    'image 1: mime (an array) is not one of image/png, image/jpeg, image/webp, image/gif; dropped',
+    'image 2: mime (an object) is not one of image/png, image/jpeg, image/webp, image/gif; dropped',
+    'image 3: mime (42) is not one of image/png, image/jpeg, image/webp, image/gif; dropped'
+  ])
+  assert.deepEqual(checked.parts, ['image/png', PNG, ''])
+})
+
 test('the count cap keeps the first images; a value that is not an array is one warning', () => {
   const four = [PNG, JPEG, GIF, WEBP].map((data) => ({ data_b64: data }))
   const checked = checkImages(four, DEFAULT_IMAGE_LIMITS)
