@@ -69,6 +69,17 @@ function firstHeader (value: string | string[] | undefined): string {
   return typeof value === 'string' ? value : (value[0] ?? '')
 }
 
+/**
+ * The codings of a reply's `Content-Encoding` other than `identity`, lower-cased, '' if none. Every
+ * line of the header counts (`identity` on one line, `gzip` on the next is still gzip).
+ */
+function contentCoding (value: string | string[] | undefined): string {
+  if (value === undefined) return ''
+  const joined = (typeof value === 'string' ? value : value.join(',')).toLowerCase()
+  if (joined.trim() === '' || joined.trim() === 'identity') return '' // the usual cases, without a split
+  return joined.split(',').map((coding) => coding.trim()).filter((coding) => coding !== '' && coding !== 'identity').join(', ')
+}
+
 function onDeadline (attempt: CallAttempt): void {
   attempt.stop(OutcomeKind.timeout, 'TP_DEADLINE', `no complete reply within ${attempt.task.timeoutMs} ms`)
 }
@@ -155,8 +166,8 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     if (statusCode < 300) {
       // We never send Accept-Encoding and never inflate (a gzip bomb must stay small), so an
       // encoded body would reach the model as binary noise: refuse it with a clear reason.
-      const encoding = firstHeader(headers['content-encoding']).trim().toLowerCase()
-      if (encoding !== '' && encoding !== 'identity') {
+      const encoding = contentCoding(headers['content-encoding'])
+      if (encoding !== '') {
         this.stop(OutcomeKind.protocol, ENCODED_REPLY_CODE,
           `the reply is compressed (content-encoding: ${encoding.slice(0, 40)}); reply uncompressed`)
         return

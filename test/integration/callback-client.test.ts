@@ -2,8 +2,10 @@
 import assert from 'node:assert/strict'
 import dns from 'node:dns'
 import { once } from 'node:events'
+import { createServer } from 'node:http'
 import net from 'node:net'
 import { test } from 'node:test'
+import { gzipSync } from 'node:zlib'
 import type { TestContext } from 'node:test'
 import { CallbackClient } from '../../src/shared/callback-client.js'
 import { HTTP_ERROR_SNIPPET_CHARS } from '../../src/workers/protocol.js'
@@ -296,6 +298,34 @@ test('R12: a gzip bomb is never decompressed: a compressed reply is a protocol e
   assert.match(outcome.message, /^TP_ENCODED_REPLY/)
   assert.equal(outcome.text, '')
   assert.ok(outcome.bytes < GZIP_BOMB_INFLATED_BYTES / 100)
+})
+
+test('R12: every line of Content-Encoding counts: identity on one line and gzip on the next is a compressed reply; identity alone is not', async (t) => {
+  const body = gzipSync('{"output":"hidden"}')
+  const server = createServer((request, response) => {
+    request.resume()
+    const lines = JSON.parse(decodeURIComponent((request.url ?? '/').slice(1))) as string[]
+    response.setHeader('content-encoding', lines)
+    response.setHeader('content-type', 'application/json')
+    response.end(lines.some((line) => /gzip/i.test(line)) ? body : '{"output":"plain"}')
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  t.after(() => { server.closeAllConnections(); server.close() })
+  const client = new CallbackClient({ connectionsPerOrigin: 2, keepAliveTimeoutMs: 4000, connectTimeoutMs: 2000 })
+  t.after(() => client.close())
+  const base = `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`
+  const kinds: Record<string, string> = {}
+  for (const lines of [['identity', 'gzip'], ['', 'GZIP'], ['identity', 'identity, br'], ['identity', 'identity'], [' Identity ', '']]) {
+    const outcome = await client.call(buildCallTask(base, `/${encodeURIComponent(JSON.stringify(lines))}`))
+    kinds[lines.join(' | ')] = outcome.kind === 'protocol' ? outcome.message.split(':')[0]! : `${outcome.kind} ${outcome.text}`
+  }
+  assert.deepEqual(kinds, {
+    'identity | gzip': 'TP_ENCODED_REPLY',
+    ' | GZIP': 'TP_ENCODED_REPLY',
+    'identity | identity, br': 'TP_ENCODED_REPLY',
+    'identity | identity': 'ok plain',
+    ' Identity  | ': 'ok plain'
+  })
 })
 
 test('R14: a localhost callback connects without consulting DNS', async (t) => {
