@@ -9,7 +9,7 @@
 // the whole server's modules cost ~0.7 s of CPU to load, which a bridge an MCP client spawns, or
 // a `--help`, should not pay.
 import { parseArgs, type ParseArgsConfig } from 'node:util'
-import { readFileSync, realpathSync, statSync } from 'node:fs'
+import { closeSync, fstatSync, openSync, readSync, realpathSync } from 'node:fs'
 import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { ENVIRONMENT } from './environment.js'
@@ -133,7 +133,7 @@ async function mcp (args: string[], io: CliIo): Promise<number> {
   const envUrl = io.env.TOOLPORT_URL
   const fromEnv = flags.url === undefined && envUrl !== undefined && envUrl !== ''
   const url = flags.url ?? (fromEnv ? envUrl : 'http://127.0.0.1:3917')
-  const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
+  const tokenFile = fileFlag(flags['token-file'], '--token-file') ?? io.env.TOOLPORT_TOKEN_FILE
   const headers: Record<string, string> = {}
   if (tokenFile !== undefined && tokenFile !== '') headers.authorization = `Bearer ${await readTokenFile(tokenFile)}`
   const { BridgeSettingError, startBridge } = await import('./cli-bridge.js')
@@ -176,14 +176,27 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     io.stdout.write(USAGE)
     return 0
   }
-  const [{ optionsFromEnv, parseOptions }, { Toolport }, { createLogger }, { applyServerV8Flags }] = await Promise.all([
-    import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')
-  ])
-  const configFile = flags.config ?? io.env.TOOLPORT_CONFIG
+  const [{ logLevelProblem, optionsFromEnv, parseOptions }, { Toolport }, { createLogger }, { applyServerV8Flags }] =
+    await Promise.all([import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')])
+  // A reader of stdout that goes away (`serve | head`, a log shipper restarting) must not take the
+  // server down: its EPIPE is an 'error' event, which ends the process when nobody listens. The
+  // log lines are lost from then on, and stderr says so once.
+  let stdoutLost = false
+  io.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (stdoutLost) return
+    stdoutLost = true
+    io.stderr.write(`toolport: stdout failed (${err.code ?? err.message}); log lines are no longer written, the server goes on\n`)
+  })
+  io.stderr.on('error', noop)
+  const configFile = fileFlag(flags.config, '--config') ?? io.env.TOOLPORT_CONFIG
   // The file's object itself, not copied onto another: an own `__proto__` key stays a key (that
   // the schema refuses, as the library does) instead of becoming the options' prototype.
   const options = configFile !== undefined && configFile !== '' ? readConfigFile(configFile) : {}
-  mergeOptions(options, optionsFromEnv(io.env))
+  // A variable a flag overrides is not read: the flag wins, whatever the variable holds.
+  const env = { ...io.env }
+  if (flags.port !== undefined) delete env.TOOLPORT_PORT
+  if (flags['log-level'] !== undefined) delete env.TOOLPORT_LOG_LEVEL
+  mergeOptions(options, optionsFromEnv(env))
   if (flags.host !== undefined) options.host = flags.host
   if (flags.port !== undefined) {
     if (!/^\d+$/.test(flags.port)) throw new UsageError(`--port must be a number from 0 to 65535 (got '${flags.port}')`)
@@ -191,9 +204,13 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   }
   if (flags.role !== undefined) options.roles = flags.role
   if (flags.inline === true) mergeOptions(options, { dispatch: { mode: 'inline' } })
-  if (flags['log-level'] !== undefined) options.logger = flags['log-level']
+  if (flags['log-level'] !== undefined) {
+    const problem = logLevelProblem(flags['log-level'])
+    if (problem !== undefined) throw new UsageError(`--log-level ${problem}`)
+    options.logger = flags['log-level']
+  }
   if (flags['allow-non-loopback-bind'] === true) mergeOptions(options, { security: { allowNonLoopbackBind: true } })
-  const tokenFile = flags['token-file'] ?? io.env.TOOLPORT_TOKEN_FILE
+  const tokenFile = fileFlag(flags['token-file'], '--token-file') ?? io.env.TOOLPORT_TOKEN_FILE
   if (tokenFile !== undefined && tokenFile !== '') {
     mergeOptions(options,
       { security: { token: await readTokenFile(tokenFile) } })
@@ -224,6 +241,18 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   return 0
 }
 
+/**
+ * A file flag's value. An empty one is a mistake (`--token-file "$UNSET"` in a script), not "no
+ * file": it would quietly start a server without its token or its config file, whatever the
+ * environment says. An empty variable does mean unset, as for every TOOLPORT_* variable.
+ */
+function fileFlag (value: string | undefined, flag: string): string | undefined {
+  if (value === '') throw new UsageError(`${flag} needs a file name (it was given an empty one)`)
+  return value
+}
+
+function noop (): void {}
+
 /** Strict flag parsing; a bad flag is a usage error (printed with the usage text, exit 2). */
 function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (args: string[],
   options: T): ReturnType<typeof parseArgs<{
@@ -239,20 +268,59 @@ function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (ar
   }
 }
 
+/** Largest token file and config file read: a device (`/dev/zero`) must not fill the memory. */
+const MAX_TOKEN_FILE_BYTES = 64 * 1024
+const MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
+
+/**
+ * The bytes of `file`, at most `maxBytes` of them (more is an InputError naming `what`); read
+ * from the open file, so that what is read is what was checked.
+ */
+function readCapped (file: string, what: string, maxBytes: number, check?: (mode: number) => void): Buffer {
+  let fd: number
+  try {
+    fd = openSync(file, 'r')
+  } catch (err) {
+    throw new InputError(`cannot read the ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
+  }
+  try {
+    check?.(fstatSync(fd).mode)
+    const chunks: Buffer[] = []
+    let total = 0
+    for (;;) {
+      const chunk = Buffer.allocUnsafe(64 * 1024)
+      const n = readSync(fd, chunk, 0, chunk.length, null)
+      if (n === 0) break
+      total += n
+      if (total > maxBytes) throw new InputError(`the ${what} ${file} is larger than ${maxBytes} bytes`)
+      chunks.push(chunk.subarray(0, n))
+    }
+    return Buffer.concat(chunks, total)
+  } catch (err) {
+    if (err instanceof InputError) throw err
+    throw new InputError(`cannot read the ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
+  } finally {
+    closeSync(fd)
+  }
+}
+
+/** UTF-8 text, refused if it is not: a replaced byte would quietly rename a role. */
+function utf8Text (bytes: Buffer, what: string, file: string): string {
+  try {
+    return new TextDecoder('utf-8', { fatal: true, ignoreBOM: false }).decode(bytes)
+  } catch {
+    throw new InputError(`the ${what} ${file} is not UTF-8 text`)
+  }
+}
+
 /** Reads the token of token mode; the file must be private to its owner (0600 or stricter). */
 async function readTokenFile (file: string): Promise<string> {
-  let mode: number
-  let text: string
-  try {
-    mode = statSync(file).mode
-    text = readFileSync(file, 'utf8')
-  } catch (err) {
-    throw new InputError(`cannot read the token file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
-  }
-  if ((mode & 0o077) !== 0) {
-    throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
-  }
-  const token = text.trim()
+  const bytes = readCapped(file, 'token file', MAX_TOKEN_FILE_BYTES, (mode) => {
+    if ((mode & 0o077) !== 0) {
+      throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
+    }
+  })
+  const token = utf8Text(bytes, 'token file', file).trim()
   // The rule of `security.token` (README "Options"), also for the bridge's token.
   const { tokenProblem } = await import('./config.js')
   const problem = tokenProblem(token)
@@ -269,14 +337,8 @@ function jsonErrorPlace (text: string, err: SyntaxError): string {
 }
 
 function readConfigFile (file: string): Record<string, unknown> {
-  let text: string
-  try {
-    text = readFileSync(file, 'utf8')
-  } catch (err) {
-    throw new InputError(`cannot read the config file ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
-  }
-  // A leading byte order mark (some editors write one) is not part of the JSON.
-  if (text.startsWith('\uFEFF')) text = text.slice(1)
+  // The decoder drops a leading byte order mark (some editors write one): it is not part of the JSON.
+  const text = utf8Text(readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES), 'config file', file)
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')

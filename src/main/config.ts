@@ -69,13 +69,38 @@ const dispatchSchema = z.strictObject({
   closeGraceMs: z.number().int().min(0).max(600_000).default(5_000)
 })
 
+// The allow-lists are compared as browsers send their entries (the guard matches exactly): an
+// entry in another form would be accepted here and never match anything.
+
+/** `security.allowedOrigins`: an origin as a browser serialises it (`new URL(o).origin`). */
+function originProblem (origin: string, ctx: z.RefinementCtx): void {
+  let serialised = ''
+  try { serialised = new URL(origin).origin } catch {}
+  if (serialised === origin) return
+  ctx.addIssue({
+    code: 'custom',
+    message: serialised === '' || serialised === 'null'
+      ? `${JSON.stringify(origin)} is not an origin (scheme://host[:port])`
+      : `${JSON.stringify(origin)} is not an origin as a browser sends it: write ${JSON.stringify(serialised)}`
+  })
+}
+
+/** `security.allowedHosts`: a host name or bracketed IPv6 address, without a scheme, port or path. */
+function hostNameProblem (host: string, ctx: z.RefinementCtx): void {
+  if (/^(\[[0-9a-f:.]+\]|[^\s/:@?#[\]\\]+)$/i.test(host)) return
+  ctx.addIssue({
+    code: 'custom',
+    message: `${JSON.stringify(host)} is not a host name: give the name alone (the Host header's port is not compared)`
+  })
+}
+
 const securitySchema = z.strictObject({
   /** Check the Host header against loopback names (DNS-rebinding defence). */
   checkHost: z.boolean().default(true),
   /** Extra Host names accepted besides localhost, 127/8 and [::1]. */
-  allowedHosts: z.array(z.string().min(1)).default([]),
+  allowedHosts: z.array(z.string().min(1).superRefine(hostNameProblem)).default([]),
   /** Browser origins allowed to call the API (exact `scheme://host[:port]`); empty by default. */
-  allowedOrigins: z.array(z.string().min(1)).default([]),
+  allowedOrigins: z.array(z.string().min(1).superRefine(originProblem)).default([]),
   /** Check Origin and Sec-Fetch-Site (cross-site request defence). */
   checkOrigin: z.boolean().default(true),
   /** Allow binding a non-loopback address (peers are still checked: R1). */
@@ -186,7 +211,7 @@ const eventsSchema = z.strictObject({
 })
 
 /** The `logger` option's level names (pino's). */
-const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const
+export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const
 
 /** Every option of `createToolport` and `toolport serve`. */
 export const optionsSchema = z.strictObject({
@@ -235,22 +260,40 @@ export function parseOptions (input: unknown = {}): ResolvedOptions {
 
 export { ENVIRONMENT } from './environment.js'
 
-/** Maps TOOLPORT_* variables onto an options object (strings only; the schema validates). */
+/**
+ * Maps TOOLPORT_* variables onto an options object; the schema validates it, but a port or log
+ * level that is not one is refused here, naming the variable (TP_ERR_CONFIG).
+ */
 export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown> {
   const out: Record<string, unknown> = {}
   if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') out.host = env.TOOLPORT_HOST
-  if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') out.port = toNumber(env.TOOLPORT_PORT)
+  if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') {
+    // Named as the variable, as `--port` is named: the schema's own message ("expected number,
+    // received string") would blame the type of a value the operator typed as a number.
+    if (!/^\d+$/.test(env.TOOLPORT_PORT) || Number(env.TOOLPORT_PORT) > 65_535) {
+      throw new ConfigError(`TOOLPORT_PORT must be a number from 0 to 65535 (got ${JSON.stringify(env.TOOLPORT_PORT)})`)
+    }
+    out.port = Number(env.TOOLPORT_PORT)
+  }
   if (env.TOOLPORT_ROLES !== undefined && env.TOOLPORT_ROLES !== '') {
     out.roles = env.TOOLPORT_ROLES.split(',').map((r) => r.trim()).filter((r) => r !== '')
   }
-  if (env.TOOLPORT_LOG_LEVEL !== undefined && env.TOOLPORT_LOG_LEVEL !== '') out.logger = env.TOOLPORT_LOG_LEVEL
+  if (env.TOOLPORT_LOG_LEVEL !== undefined && env.TOOLPORT_LOG_LEVEL !== '') {
+    const problem = logLevelProblem(env.TOOLPORT_LOG_LEVEL)
+    if (problem !== undefined) throw new ConfigError(`TOOLPORT_LOG_LEVEL ${problem}`)
+    out.logger = env.TOOLPORT_LOG_LEVEL
+  }
   if (env.TOOLPORT_DISPATCH_MODE !== undefined && env.TOOLPORT_DISPATCH_MODE !== '') {
     out.dispatch = { mode: env.TOOLPORT_DISPATCH_MODE }
   }
   return out
 }
 
-function toNumber (text: string): number | string {
-  // Keep the text when it is not a number, so the schema names the field in its error.
-  return /^\d+$/.test(text) ? Number(text) : text
+/**
+ * Why a log level given as text (a flag, a variable) is refused, or undefined. The `logger`
+ * option's own message also offers `false` and `true`, which text cannot give.
+ */
+export function logLevelProblem (level: string): string | undefined {
+  if ((LOG_LEVELS as readonly string[]).includes(level)) return undefined
+  return `must be one of ${LOG_LEVELS.join(', ')} (got ${JSON.stringify(level)})`
 }

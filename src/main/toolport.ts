@@ -3,7 +3,7 @@ import type { FastifyInstance } from 'fastify'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
 import type { ToolportOptions } from './config.js'
-import { isIPv4MappedAddress, isLoopbackAddress } from '../shared/loopback.js'
+import { isIPv4MappedAddress, isLoopbackAddress, isUnspecifiedAddress } from '../shared/loopback.js'
 import { ClosedError, ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
 import { answersSent } from './http/tools.js'
@@ -60,8 +60,10 @@ export class Toolport extends Runtime {
       // answer could never be served.
       throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
     }
-    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
-    const host = given.toLowerCase() === 'localhost' ? 'localhost' : given
+    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is
+    // localhost. An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
+    const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
+    const host = unbracketed.toLowerCase() === 'localhost' ? 'localhost' : unbracketed
     if (!isLoopbackBindHost(host)) {
       if (!this.options.security.allowNonLoopbackBind) {
         throw new ConfigError(`refusing to bind ${host}: not a loopback address (set security.allowNonLoopbackBind to allow it)`)
@@ -77,8 +79,7 @@ export class Toolport extends Runtime {
     this.app.server.maxConnections = this.options.limits.maxConnections
     const address = this.app.server.address()
     const realPort = typeof address === 'object' && address !== null ? address.port : port
-    const shownHost = host.includes(':') ? `[${host}]` : host
-    return { url: `http://${shownHost}:${realPort}`, host, port: realPort }
+    return { url: listeningUrl(host, realPort), host, port: realPort }
   }
 
   /**
@@ -102,6 +103,15 @@ export class Toolport extends Runtime {
     await answersSent(this, this.options.dispatch.closeGraceMs)
     await this.#app.close()
   }
+}
+
+/**
+ * The URL a server bound to `host` answers on. A wildcard bind (`0.0.0.0`, `::`) is reached on
+ * loopback: its own address is no Host the guard accepts, and no peer may use it.
+ */
+export function listeningUrl (host: string, port: number): string {
+  const reachable = isUnspecifiedAddress(host) ? (host.includes(':') ? '::1' : '127.0.0.1') : host
+  return `http://${reachable.includes(':') ? `[${reachable}]` : reachable}:${port}`
 }
 
 function isLoopbackBindHost (host: string): boolean {

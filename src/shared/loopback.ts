@@ -37,6 +37,11 @@ export function isIPv4MappedAddress (address: string): boolean {
   return parsed !== undefined && parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()
 }
 
+/** True for the address of every interface: `0.0.0.0` or `::`, in any spelling ipaddr.js reads. */
+export function isUnspecifiedAddress (address: string): boolean {
+  return parseAddress(address)?.range() === 'unspecified'
+}
+
 /** An address as ipaddr.js reads it; undefined when it is empty, zone-scoped or not an address. */
 function parseAddress (address: string): ipaddr.IPv4 | ipaddr.IPv6 | undefined {
   if (address.length === 0 || address.includes('%')) return undefined

@@ -236,3 +236,99 @@ test('CLI: --help prints the usage and exits 0', SLOW, async (t) => {
   assert.equal(exit.code, 0)
   assert.ok(cli.stdout.some((line) => line.includes('serve')))
 })
+
+test('CLI: serve goes on serving when the reader of its stdout goes away (EPIPE); stderr says so once, and SIGTERM still exits 0', SLOW, async (t) => {
+  const child = spawn(process.execPath, [...toolportCliArgs(), 'serve', '--port', '0', '--log-level', 'info'], {
+    cwd: ROOT,
+    env: cleanEnv(),
+    stdio: ['ignore', 'pipe', 'pipe']
+  })
+  const exited = once(child, 'exit')
+  t.after(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+  let stderr = ''
+  child.stderr.setEncoding('utf8')
+  child.stderr.on('data', (chunk: string) => { stderr += chunk })
+  const url = await new Promise<string>((resolve) => {
+    createInterface({ input: child.stdout }).on('line', (line) => {
+      const match = URL_LINE.exec(line)
+      if (match !== null) resolve(match[1] as string)
+    })
+  })
+  // The reader goes away: every later write to the pipe fails with EPIPE.
+  child.stdout.destroy()
+  for (let i = 0; i < 5; i++) {
+    const registered = await httpJson(`${url}/api/tools/register`, 'POST', tool(`t${i}`))
+    assert.equal(registered.statusCode, 200)
+  }
+  const health = await httpJson(`${url}/api/health`, 'GET')
+  assert.equal(health.statusCode, 200)
+  assert.equal(child.exitCode, null, stderr)
+  assert.equal(stderr.match(/stdout failed/g)?.length, 1, stderr)
+  child.kill('SIGTERM')
+  const [code] = await exited
+  assert.equal(code, 0, stderr)
+})
+
+test('CLI: an empty --token-file or --config is a usage mistake (exit 2), not "no file": it never starts a server without the token or the config the environment names', SLOW, async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const tokenFile = join(dir, 'token')
+  await writeFile(tokenFile, 'k'.repeat(40), { mode: 0o600 })
+  for (const [flag, variable] of [['--token-file', 'TOOLPORT_TOKEN_FILE'], ['--config', 'TOOLPORT_CONFIG']] as const) {
+    const cli = runMain(t, ['serve', '--port', '0', flag, ''], { [variable]: tokenFile })
+    const exit = await cli.exited
+    assert.equal(exit.code, 2, flag)
+    assert.match(cli.stderr(), new RegExp(`^toolport: ${flag} needs a file name`, 'm'))
+    assert.ok(!cli.stdout.some((line) => /listening/i.test(line)), flag)
+  }
+})
+
+test('CLI: a token or config file is read only so far: a device that never ends (/dev/zero) is refused at once, and a config file that is not UTF-8 is refused (a role would be renamed)', SLOW, async (t) => {
+  const zero = runMain(t, ['serve', '--port', '0', '--config', '/dev/zero'])
+  assert.equal((await zero.exited).code, 2)
+  assert.match(zero.stderr(), /^toolport: the config file \/dev\/zero is larger than 4194304 bytes$/m)
+  // World-readable, so refused before a byte is read.
+  const token = runMain(t, ['serve', '--port', '0', '--token-file', '/dev/zero'])
+  assert.equal((await token.exited).code, 2)
+  assert.match(token.stderr(), /the token file \/dev\/zero is readable by others/)
+
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const latin1 = join(dir, 'latin1.json')
+  await writeFile(latin1, Buffer.from('{"port":0,"roles":["caf\xe9"]}', 'latin1'))
+  const refused = runMain(t, ['serve', '--config', latin1])
+  assert.equal((await refused.exited).code, 2)
+  assert.match(refused.stderr(), /is not UTF-8 text/)
+  const bom = join(dir, 'bom.json')
+  await writeFile(bom, '\uFEFF{"port":0,"roles":["café"],"logger":"silent"}')
+  const served = runMain(t, ['serve', '--config', bom])
+  const url = await listeningUrl(served)
+  assert.deepEqual(Object.keys((await httpJson(`${url}/api/tools`, 'GET')).body.tools_by_role), ['café'])
+})
+
+test('CLI: TOOLPORT_PORT and TOOLPORT_LOG_LEVEL that are not one are refused naming the variable; --log-level names the levels; a flag overriding a bad variable wins', SLOW, async (t) => {
+  const port = runMain(t, ['serve'], { TOOLPORT_PORT: '-1' })
+  assert.equal((await port.exited).code, 2)
+  assert.match(port.stderr(), /TOOLPORT_PORT must be a number from 0 to 65535 \(got "-1"\)/)
+  const level = runMain(t, ['serve', '--port', '0'], { TOOLPORT_LOG_LEVEL: 'loud' })
+  assert.equal((await level.exited).code, 2)
+  assert.match(level.stderr(), /TOOLPORT_LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent \(got "loud"\)/)
+  const flag = runMain(t, ['serve', '--port', '0', '--log-level', 'false'])
+  assert.equal((await flag.exited).code, 2)
+  assert.match(flag.stderr(), /--log-level must be one of fatal, error, warn, info, debug, trace, silent \(got "false"\)/)
+  const overridden = runMain(t, ['serve', '--port', '0', '--log-level', 'silent'], { TOOLPORT_PORT: 'abc', TOOLPORT_LOG_LEVEL: 'loud' })
+  await listeningUrl(overridden)
+})
+
+test('CLI: --host [::1] (bracketed, as in a URL) binds ::1 and prints a URL the server answers', SLOW, async (t) => {
+  const cli = runMain(t, ['serve', '--port', '0', '--host', '[::1]', '--log-level', 'silent'])
+  const line = await new Promise<string>((resolve, reject) => {
+    const check = (l: string): void => { if (/listening/.test(l)) resolve(l) }
+    for (const l of cli.stdout) check(l)
+    cli.lines.on('line', check)
+    cli.exited.then(() => { reject(new Error(cli.stderr())) }, reject)
+  })
+  const url = /(http:\/\/\[::1\]:\d+)/.exec(line)?.[1]
+  assert.ok(url !== undefined, line)
+  assert.equal((await httpJson(`${url}/api/health`, 'GET')).statusCode, 200)
+})

@@ -358,3 +358,20 @@ test('more subscribers than events.maxSubscribers are answered 503 TP_ERR_STREAM
   assert.equal(two.statusCode, 503)
   assert.equal(two.body.code, 'TP_ERR_STREAM_FULL')
 })
+
+test('closing the server ends an open event stream as a stream ends (its last chunk written), not as a reset connection', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['A'] })
+  const req = httpRequest(`${url}/api/events`, { headers: { accept: 'text/event-stream' } })
+  req.end()
+  const [res] = await once(req, 'response') as [IncomingMessage]
+  assert.equal(res.statusCode, 200)
+  res.resume()
+  const ending = new Promise<string>((resolve) => {
+    res.on('end', () => { resolve('end') })
+    res.on('error', (err) => { resolve(`error: ${err.message}`) })
+    res.on('aborted', () => { resolve('aborted') })
+  })
+  await tp.close()
+  assert.equal(await ending, 'end')
+  assert.equal(res.complete, true, 'the chunked body was terminated')
+})

@@ -286,3 +286,25 @@ test('R14: arguments, outputs and callback bodies never reach the logs, at any l
   assert.match(log, /tool call finished/, 'calls were logged (metadata) at debug')
   assert.ok(!log.includes(canary), 'the canary appears in the logs')
 })
+
+test('allow-lists in a form the guard never matches are refused at start, saying what to write: an origin with a path, upper case or a default port; a host with a port or a scheme', async (t) => {
+  const refusals: Array<[ToolportOptions['security'], RegExp]> = [
+    [{ allowedOrigins: ['http://localhost:5173/'] }, /allowedOrigins\.0: "http:\/\/localhost:5173\/" is not an origin as a browser sends it: write "http:\/\/localhost:5173"/],
+    [{ allowedOrigins: ['HTTP://App.example:8080'] }, /write "http:\/\/app\.example:8080"/],
+    [{ allowedOrigins: ['http://app.example:80'] }, /write "http:\/\/app\.example"/],
+    [{ allowedOrigins: ['null'] }, /"null" is not an origin/],
+    [{ allowedHosts: ['dev.test:5173'] }, /allowedHosts\.0: "dev\.test:5173" is not a host name/],
+    [{ allowedHosts: ['http://dev.test'] }, /is not a host name/]
+  ]
+  for (const [security, message] of refusals) {
+    await assert.rejects(createToolport({ security }), (err: Error & { code?: string }) => {
+      assert.equal(err.code, 'TP_ERR_CONFIG')
+      assert.match(err.message, message)
+      return true
+    })
+  }
+  // The forms the guard matches work, upper-case host names included (Host is compared in lower case).
+  const tp = await setup(t, { security: { allowedOrigins: ['http://localhost:5173'], allowedHosts: ['Dev.Test', '[::2]'] } })
+  const res = await tp.app.inject({ method: 'GET', url: '/api/tools', headers: { host: 'dev.test:3917', origin: 'http://localhost:5173' } })
+  assert.equal(res.statusCode, 200)
+})

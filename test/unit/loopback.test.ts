@@ -275,3 +275,14 @@ test('R1 (property): an IPv6 peer is loopback exactly when the CIDR oracle says 
     assert.equal(isLoopbackAddress(address), oraclePeer(address), address)
   }), { numRuns: 2000 })
 })
+
+test('a wildcard bind (0.0.0.0, ::) is announced by a loopback URL, which the Host check accepts; other hosts as they are', async () => {
+  const { listeningUrl } = await import('../../src/main/toolport.js')
+  assert.equal(listeningUrl('0.0.0.0', 3917), 'http://127.0.0.1:3917')
+  assert.equal(listeningUrl('::', 3917), 'http://[::1]:3917')
+  assert.equal(listeningUrl('0:0::0', 3917), 'http://[::1]:3917')
+  assert.equal(listeningUrl('127.0.0.1', 1), 'http://127.0.0.1:1')
+  assert.equal(listeningUrl('::1', 1), 'http://[::1]:1')
+  assert.equal(listeningUrl('localhost', 1), 'http://localhost:1')
+  assert.equal(listeningUrl('10.0.0.2', 1), 'http://10.0.0.2:1')
+})

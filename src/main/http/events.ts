@@ -20,6 +20,18 @@ const eventsQuerySchema = z.object({
 
 const EVENT_TYPES: ReadonlySet<string> = new Set(STREAM_EVENT_TYPES)
 
+/** How long a closing server waits for an event stream's last chunk to be written. */
+const STREAM_END_MS = 500
+
+/** Ends `res`; resolves once its last chunk is written, or after `ms` (then it is destroyed). */
+async function endWithin (res: ServerResponse, ms: number): Promise<void> {
+  await new Promise<void>((resolve) => {
+    const timer = setTimeout(() => { res.destroy(); resolve() }, ms)
+    res.once('close', () => { clearTimeout(timer); resolve() })
+    res.end(() => { clearTimeout(timer); resolve() })
+  })
+}
+
 /**
  * Registers the event stream and the console's JSON routes on `app`. Streams opened through this
  * app end when it closes (before the server waits for its connections).
@@ -28,13 +40,17 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
   const observer = observerOf(runtime)
   const open = new Map<ServerResponse, () => void>()
 
-  app.addHook('preClose', function endEventStreams (done) {
+  app.addHook('preClose', async function endEventStreams () {
+    // Ended, not destroyed: a reader sees the stream end (a fetch reader, the plugin SDKs', would
+    // see a network error otherwise). The server destroys every connection next, so the ends are
+    // waited for, briefly: a reader that stopped reading does not hold the close up.
+    const ended: Array<Promise<void>> = []
     for (const [res, unsubscribe] of open) {
       unsubscribe()
-      res.destroy()
+      ended.push(endWithin(res, STREAM_END_MS))
     }
     open.clear()
-    done()
+    await Promise.all(ended)
   })
 
   app.get('/api/events', {

@@ -34,6 +34,7 @@ export interface EventHubOptions {
 export interface EventSink {
   write: (chunk: string) => boolean
   readonly writableLength: number
+  end: () => void
   destroy: () => void
 }
 
@@ -254,7 +255,10 @@ export class EventHub {
     if (this.#flushTimer === null) this.#flushTimer = setTimeout(this.#flush, FLUSH_MS)
   }
 
-  /** Ends every subscriber and stops publishing. */
+  /**
+   * Ends every subscriber's stream (as a stream ends: a reader sees its end, not a network error)
+   * and stops publishing.
+   */
   close (): void {
     if (this.#closed) return
     this.#closed = true
@@ -262,7 +266,7 @@ export class EventHub {
     this.#flush()
     for (const subscriber of [...this.#subscribers]) {
       this.#subscribers.delete(subscriber)
-      subscriber.sink.destroy()
+      subscriber.sink.end()
     }
     this.#stopHeartbeat()
   }
