@@ -21,6 +21,7 @@ import { Ajv2020 } from 'ajv/dist/2020.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
 import traverse from 'json-schema-traverse'
 import { createRequire } from 'node:module'
+import { sep } from 'node:path'
 import type { RE2 } from 're2-wasm'
 import { chargeTest, uniqueItemsPair } from './validation-cost.js'
 
@@ -157,9 +158,85 @@ export function validationJson (schema: Record<string, unknown>): string {
  */
 let RE2Class: typeof RE2 | null = null
 
+/**
+ * Which load of re2-wasm is current. Its WebAssembly memory is fixed (16 MiB): once patterns
+ * compiled and kept fill it, the module aborts, and every later compile or test on it aborts too;
+ * a thread that went on with it could check no pattern again (every tool's arguments "could not
+ * be checked"). So an abort loads a new instance (`reloadRE2`), and what was compiled on the old
+ * one is compiled again when next used (`Re2Pattern`).
+ */
+let re2Generation = 0
+/** The load each RE2 object was made by: one of an older load is neither used nor freed. */
+const generationOf = new WeakMap<RE2, number>()
+const requireHere = createRequire(import.meta.url)
+
 function newRE2 (pattern: string, flags: string): RE2 {
-  RE2Class ??= (createRequire(import.meta.url)('re2-wasm') as typeof import('re2-wasm')).RE2
-  return new RE2Class(pattern, flags)
+  RE2Class ??= (requireHere('re2-wasm') as typeof import('re2-wasm')).RE2
+  const re = new RE2Class(pattern, flags)
+  generationOf.set(re, re2Generation)
+  return re
+}
+
+/** True for the error of a WebAssembly abort (emscripten's `abort(…)`: out of memory, mostly). */
+function isWasmAbort (err: unknown): boolean {
+  return err instanceof Error && err.name === 'RuntimeError'
+}
+
+/** Drops the aborted re2-wasm instance: the next RE2 object loads a fresh one. */
+function reloadRE2 (): void {
+  const root = `${sep}re2-wasm${sep}`
+  for (const key of Object.keys(requireHere.cache)) {
+    if (key.includes(root)) Reflect.deleteProperty(requireHere.cache, key)
+  }
+  RE2Class = null
+  re2Generation++
+}
+
+/** Runs `use`; after a WebAssembly abort, once more on a fresh re2-wasm (a second abort is thrown). */
+function withRE2<T> (use: () => T): T {
+  try {
+    return use()
+  } catch (err) {
+    if (!isWasmAbort(err)) throw err
+    reloadRE2()
+    return use()
+  }
+}
+
+/**
+ * One RE2 pattern compiled on first use, and again on a fresh re2-wasm after the one it was
+ * compiled on aborted. `track` receives each object it compiles (to be freed with its validator).
+ */
+class Re2Pattern implements LinearRegExp {
+  readonly #source: string
+  readonly #flags: string
+  readonly #track: RegExpTracker | null
+  #re: RE2 | null = null
+  #generation = -1
+
+  constructor (source: string, flags: string, track: RegExpTracker | null) {
+    this.#source = source
+    this.#flags = flags
+    this.#track = track
+  }
+
+  /** Compiles now (throws what RE2 throws for a pattern it cannot run). */
+  compile (): void {
+    withRE2(() => this.#compiled())
+  }
+
+  test (input: string): boolean {
+    return withRE2(() => this.#compiled().test(input))
+  }
+
+  #compiled (): RE2 {
+    if (this.#re === null || this.#generation !== re2Generation) {
+      this.#re = newRE2(this.#source, this.#flags)
+      this.#generation = re2Generation
+      this.#track?.(this.#re)
+    }
+    return this.#re
+  }
 }
 
 /** How standalone validator code (Toolport's compiler thread) names the RE2 engine and the formats. */
@@ -194,11 +271,11 @@ export function re2Engine (track: RegExpTracker | null, code: string, lazy = fal
   }
   const engine = lazy
     ? function lazyRe2RegExp (pattern: string, flags: string): LinearRegExp {
-      let re: RE2 | null = null
+      const re = new Re2Pattern(pattern, flags.includes('u') ? flags : `${flags}u`, track)
       return {
         test: (input) => {
           chargeTest(input)
-          return (re ??= compile(pattern, flags)).test(input)
+          return re.test(input)
         }
       }
     }
@@ -210,6 +287,8 @@ export function re2Engine (track: RegExpTracker | null, code: string, lazy = fal
 
 /** Frees an RE2 object's WebAssembly memory; it must not be used afterwards. */
 export function freeRegExp (re: RE2): void {
+  // Made by an instance since dropped (see re2Generation): its memory went with it.
+  if (generationOf.get(re) !== re2Generation) return
   // re2-wasm wraps an Embind object and never deletes it (no finalizer): do it here.
   const wrapper = (re as unknown as { wrapper?: { delete?: () => void, isDeleted?: () => boolean } }).wrapper
   if (wrapper?.delete !== undefined && wrapper.isDeleted?.() !== true) wrapper.delete()
@@ -239,7 +318,8 @@ function compileFormat (rx: RegExp): (input: string) => boolean {
   const source = caseless ? asciiCaseless(rx.source) : rx.source
   try {
     if (source === null) throw new Error('not rewritten')
-    const re = newRE2(source, `${rx.flags.replace(caseless ? /[gyi]/g : /[gy]/g, '')}u`)
+    const re = new Re2Pattern(source, `${rx.flags.replace(caseless ? /[gyi]/g : /[gy]/g, '')}u`, null)
+    re.compile()
     return function re2Format (input: string): boolean { return re.test(input) }
   } catch {
     const plain = new RegExp(rx.source, rx.flags.replace(/[gy]/g, ''))

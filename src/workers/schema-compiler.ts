@@ -32,7 +32,7 @@ export interface CompileJob {
 /** The answer: the validator's standalone CommonJS module text, or why there is none. */
 export type CompileReply =
   | { id: number, ok: true, code: string }
-  | { id: number, ok: false, problem: string, overBudget?: boolean }
+  | { id: number, ok: false, problem: string, overBudget?: boolean, broken?: true }
 
 /**
  * What the thread says besides replies: it has loaded and warmed the default dialect (`ready`);
@@ -90,6 +90,14 @@ export function compileSchema (job: CompileJob): CompileReply {
   } catch (err) {
     if (err instanceof BudgetError || err instanceof CodeTooDeep) {
       return { id: job.id, ok: false, problem: err.message, overBudget: true }
+    }
+    // A WebAssembly abort (re2-wasm out of its fixed memory) leaves that module unusable for
+    // every later schema with a pattern: this thread must be replaced (`broken`).
+    if (err instanceof Error && err.name === 'RuntimeError') {
+      const problem = /out of memory|OOM/i.test(err.message)
+        ? 'its patterns need more memory than the regular-expression engine has (RE2, 16 MiB): use fewer or simpler patterns'
+        : `the regular-expression engine failed on it: ${err.message.slice(0, 120)}`
+      return { id: job.id, ok: false, problem, broken: true }
     }
     return { id: job.id, ok: false, problem: `it does not compile: ${errorText(err)}` }
   } finally {

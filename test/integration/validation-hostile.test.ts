@@ -363,3 +363,52 @@ test('inherited names: required "toString" is enforced and an optional "construc
   const badConstructor = await tp.callTool('A', { name: 'own', raw_arguments: '{"toString":"yes","constructor":1}' })
   assert.equal(badConstructor.is_error, true)
 })
+
+test('a schema whose patterns exhaust RE2\'s WebAssembly memory is refused, and the compiler thread is replaced: the next schema with a pattern compiles', { timeout: 120_000 }, async (t) => {
+  const tp = await createTestToolport(t, {
+    roles: ['A'],
+    limits: {
+      maxBodyBytes: 8 * 1024 * 1024,
+      maxParametersBytes: 4 * 1024 * 1024,
+      maxSchemaCompileMs: 60_000,
+      maxSchemaCodeBytes: 256 * 1024 * 1024
+    }
+  })
+  const properties: Record<string, unknown> = {}
+  for (let i = 0; i < 12_000; i++) properties[`p${i}`] = { type: 'string', pattern: `^x${i}y+$` }
+  await assert.rejects(tp.register(tool('huge', { parameters: { type: 'object', properties } })), (err: Error & { code?: string }) => {
+    assert.equal(err.code, 'TP_ERR_VALIDATION')
+    assert.match(err.message, /its patterns need more memory than the regular-expression engine has/)
+    return true
+  })
+  const small = await tp.register(tool('small', { parameters: { type: 'object', properties: { a: { type: 'string', pattern: '^y+$' } } } }))
+  assert.equal(small.ok, true, JSON.stringify(small))
+})
+
+test('patterns kept on the main thread past RE2\'s WebAssembly memory do not break validation for good: the engine is loaded afresh, and every tool\'s patterns still judge their arguments', { timeout: 120_000 }, async (t) => {
+  const tp = await createTestToolport(t, {
+    roles: ['A'],
+    dispatch: { mode: 'inline' },
+    limits: { maxValidationMs: 30_000, maxParametersBytes: 256 * 1024 }
+  })
+  const callback = 'http://127.0.0.1:9/x'
+  // 8 tools of 1 000 distinct patterns each; one call each compiles all of its patterns (a few KB
+  // of the engine's 16 MiB apiece), so the engine runs out of memory on the way.
+  for (let k = 0; k < 8; k++) {
+    const properties: Record<string, unknown> = {}
+    const args: Record<string, string> = {}
+    for (let i = 0; i < 1000; i++) {
+      properties[`p${i}`] = { type: 'string', pattern: `^${k}x${i}(ab|cd|ef)+[a-z]{0,8}$` }
+      args[`p${i}`] = `${k}x${i}abq`
+    }
+    await tp.register({ name: `many_${k}`, callback_url: callback, parameters: { type: 'object', properties } })
+    const result = await tp.callTool('A', { name: `many_${k}`, arguments: args })
+    // Checked and valid: the call went on to the (closed) callback.
+    assert.match(result.error ?? '', /is unreachable/, `tool ${k}`)
+  }
+  await tp.register({ name: 'probe', callback_url: callback, parameters: { type: 'object', properties: { a: { type: 'string', pattern: '^q+$', format: 'email' } } } })
+  const refused = await tp.callTool('A', { name: 'probe', arguments: { a: 'zz' } })
+  assert.match(refused.error ?? '', /^arguments do not match the tool's parameters/)
+  const first = await tp.callTool('A', { name: 'many_0', arguments: { p0: 'nope' } })
+  assert.match(first.error ?? '', /^arguments do not match the tool's parameters: \/p0 must match pattern/)
+})

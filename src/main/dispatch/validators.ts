@@ -394,6 +394,12 @@ class SchemaCompiler {
       return
     }
     if (current === null || current.job.id !== message.id) return
+    if (!message.ok && message.broken === true) {
+      // The thread cannot compile another schema with a pattern: replaced before the next job.
+      this.#worker = null
+      this.#ready = false
+      worker.terminate().catch(noop)
+    }
     this.#settle(message.ok
       ? { ok: true, code: message.code }
       : { ok: false, problem: message.problem, overBudget: message.overBudget === true, remember: true })
