@@ -226,7 +226,14 @@ class Re2Pattern implements LinearRegExp {
   }
 
   test (input: string): boolean {
-    return withRE2(() => this.#compiled().test(input))
+    // withRE2's logic, without a closure per test (a call's hot path).
+    try {
+      return this.#compiled().test(input)
+    } catch (err) {
+      if (!isWasmAbort(err)) throw err
+      reloadRE2()
+      return this.#compiled().test(input)
+    }
   }
 
   #compiled (): RE2 {
