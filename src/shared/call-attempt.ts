@@ -46,7 +46,20 @@ export interface CallOwner {
  */
 export interface OriginShare {
   held: number
+  /** Connects to the origin under way. */
+  connecting: number
+  /** Since when (`performance.now()`) `connecting` has not fallen to 0. */
+  connectingSince: number
 }
+
+/**
+ * A call whose deadline passes while its origin has not accepted a connection for most of it
+ * counts as one that could not connect (as a connect timeout does), once the deadline was at least
+ * this long: on loopback a listening process accepts in microseconds (a full accept queue is what
+ * hangs a connect), and a deadline shorter than this says more of the tool's timeout than of the
+ * plugin.
+ */
+const CONNECT_WAIT_COUNTS_MS = 1000
 
 /** Why a call was stopped from our side; passed to undici as the abort reason. */
 export class CallStoppedError extends Error {
@@ -81,7 +94,7 @@ function contentCoding (value: string | string[] | undefined): string {
 }
 
 function onDeadline (attempt: CallAttempt): void {
-  attempt.stop(OutcomeKind.timeout, 'TP_DEADLINE', `no complete reply within ${attempt.task.timeoutMs} ms`)
+  attempt.expire()
 }
 
 /**
@@ -129,6 +142,24 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
     }
     this.#timer = setTimeout(onDeadline, remainingMs, this)
     return true
+  }
+
+  /**
+   * The deadline passed. If the request was never handed a connection while connects to its
+   * origin stayed under way for at least half the deadline, the origin did not accept in time
+   * (`connect`, which counts towards eviction). Else a timeout: a request queued behind busy
+   * connections of a live plugin is one.
+   */
+  expire (): void {
+    const share = this.#share
+    const timeoutMs = this.task.timeoutMs
+    if (this.#controller === null && share !== null && share.connecting > 0 && timeoutMs >= CONNECT_WAIT_COUNTS_MS &&
+      performance.now() - share.connectingSince >= timeoutMs / 2) {
+      this.stop(OutcomeKind.connect, 'TP_CONNECT_DEADLINE',
+        `the callback's origin accepted no connection within ${this.task.timeoutMs} ms`)
+      return
+    }
+    this.stop(OutcomeKind.timeout, 'TP_DEADLINE', `no complete reply within ${this.task.timeoutMs} ms`)
   }
 
   /** AbortSignal listener (EventListener object form: no closure per call). */

@@ -217,15 +217,26 @@ export class CallbackClient implements CallOwner {
   #pool (origin: string): OriginPool {
     let entry = this.#pools.get(origin)
     if (entry === undefined) {
+      const connector = this.#connector
+      const share: OriginShare = { held: 0, connecting: 0, connectingSince: 0 }
       const pool = new Pool(origin, {
         connections: this.#options.connectionsPerOrigin,
         pipelining: 1,
         keepAliveTimeout: this.#options.keepAliveTimeoutMs,
         // A server's `Keep-Alive: timeout=N` hint may shorten our idle timeout, never lengthen it.
         keepAliveMaxTimeout: this.#options.keepAliveTimeoutMs,
-        connect: this.#connector
+        // Counts the connects under way, for a call that expires waiting on one (CallAttempt.expire).
+        connect (options, callback) {
+          if (share.connecting++ === 0) share.connectingSince = performance.now()
+          connector(options, (err, socket) => {
+            share.connecting--
+            // The types pair the callback's arguments as (null, socket) | (error, null).
+            if (err === null) callback(null, socket as NonNullable<typeof socket>)
+            else callback(err, null)
+          })
+        }
       })
-      entry = { pool, used: true, held: 0 }
+      entry = Object.assign(share, { pool, used: true })
       this.#pools.set(origin, entry)
       if (this.#sweeper === null) {
         const everyMs = Math.min(Math.max(this.#options.keepAliveTimeoutMs, MIN_SWEEP_MS), MAX_SWEEP_MS)

@@ -4,6 +4,7 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawn, spawnSync } from 'node:child_process'
 import { once } from 'node:events'
+import net from 'node:net'
 import { readdirSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -196,4 +197,50 @@ test('R13: a callback connection Toolport cannot open for want of its own file d
   assert.deepEqual(listed.tools_by_role.default!.map((tool) => tool.name), ['p'], 'not evicted')
   // With descriptors again, the same tool answers.
   assert.equal((await post('/api/tools/call', { role: 'default', name: 'p', arguments: {} })).is_error, false)
+})
+
+/** A loopback port whose listener never accepts and whose accept queue is full: a connect there hangs. */
+async function unacceptingPort (t: TestContext): Promise<number> {
+  // Node accepts every connection itself; a Python listener that never calls accept() does not.
+  const listener = spawn('python3', ['-c', [
+    'import socket, sys, time',
+    's = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(0)',
+    'print(s.getsockname()[1], flush=True)',
+    'sys.stdin.read()'
+  ].join('\n')], { stdio: ['pipe', 'pipe', 'inherit'] })
+  t.after(() => { listener.kill() })
+  const [line] = await once(createInterface({ input: listener.stdout }), 'line') as [string]
+  const port = Number(line)
+  // Fill the accept queue: later connects get no answer at all.
+  for (let i = 0; i < 4; i++) {
+    const filler = net.connect(port, '127.0.0.1')
+    filler.on('error', () => {})
+    t.after(() => { filler.destroy() })
+  }
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  return port
+}
+
+for (const mode of ['inline', 'pool'] as const) {
+  test(`${mode}: a plugin whose port never accepts a connection is evicted even when its tool's timeout is shorter than dispatch.connectTimeoutMs (the call ends as a connect failure, not a timeout)`, { timeout: 60_000 }, async (t) => {
+    const port = await unacceptingPort(t)
+    const tp = await setup(t, { dispatch: { mode, connectTimeoutMs: 10_000 } })
+    await tp.register({ name: 'hung', callback_url: `http://127.0.0.1:${port}/x`, source: 'plugin:hung', timeout_seconds: 1 })
+    for (let i = 1; i <= 3; i++) {
+      const result = await tp.callTool('Lanlan', { name: 'hung', arguments: {} })
+      assert.match(result.error ?? '', /is unreachable: .*TP_CONNECT_DEADLINE: the callback's origin accepted no connection within 1000 ms/, `call ${i}`)
+    }
+    assert.deepEqual(tp.list('Lanlan').tools_by_role.Lanlan, [], 'evicted after three connect failures (evictionThreshold)')
+  })
+}
+
+test('a healthy plugin busy on every connection its pool may open is a timeout, not a connect failure: it is never evicted for being slow', { timeout: 60_000 }, async (t) => {
+  const server = await startCallbackServer()
+  t.after(() => server.close())
+  const tp = await setup(t, { dispatch: { connectionsPerOrigin: 1 } })
+  await tp.register({ name: 'slow', callback_url: `${server.url}/sleep/1500`, source: 'plugin:slow', timeout_seconds: 1 })
+  // One call holds the only connection; the others wait for it and pass their deadline queued.
+  const results = await Promise.all(Array.from({ length: 4 }, () => tp.callTool('Lanlan', { name: 'slow', arguments: {} })))
+  for (const result of results) assert.match(result.error ?? '', /timed out/)
+  assert.equal(tp.list('Lanlan').tools_by_role.Lanlan?.length, 1)
 })
