@@ -159,60 +159,52 @@ export function validationJson (schema: Record<string, unknown>): string {
 let RE2Class: typeof RE2 | null = null
 
 /**
- * Which load of re2-wasm is current. Its WebAssembly memory is fixed (16 MiB): once patterns
- * compiled and kept fill it, the module aborts, and every later compile or test on it aborts too;
- * a thread that went on with it could check no pattern again (every tool's arguments "could not
- * be checked"). So an abort loads a new instance (`reloadRE2`), and what was compiled on the old
- * one is compiled again when next used (`Re2Pattern`).
+ * re2-wasm's WebAssembly memory is fixed (16 MiB): once patterns compiled and kept fill it, the
+ * module aborts, and every later compile or test on it aborts too; a thread that went on with it
+ * could check no pattern again (every tool's arguments "could not be checked"). So an abort drops
+ * that instance and the next RE2 object loads a fresh one (`reloadRE2`); each `Re2Pattern` that
+ * held an object of the old one compiles again when next used.
+ *
+ * The old instance must become unreachable, or each abort would keep its 16 MiB for good: it is
+ * loaded through a `require` of its own (a module stays in its parent's `children`), and the
+ * patterns holding its objects (`holders`) let go of them.
  */
-let re2Generation = 0
-/** The load each RE2 object was made by: one of an older load is neither used nor freed. */
-const generationOf = new WeakMap<RE2, number>()
-const requireHere = createRequire(import.meta.url)
+let requireRe2 = createRequire(import.meta.url)
+/** Patterns holding an object compiled on the current instance. */
+let holders = new Set<Re2Pattern>()
 
 function newRE2 (pattern: string, flags: string): RE2 {
-  RE2Class ??= (requireHere('re2-wasm') as typeof import('re2-wasm')).RE2
-  const re = new RE2Class(pattern, flags)
-  generationOf.set(re, re2Generation)
-  return re
+  RE2Class ??= (requireRe2('re2-wasm') as typeof import('re2-wasm')).RE2
+  return new RE2Class(pattern, flags)
 }
 
 /** True for the error of a WebAssembly abort (emscripten's `abort(…)`: out of memory, mostly). */
-function isWasmAbort (err: unknown): boolean {
+export function isWasmAbort (err: unknown): err is Error {
   return err instanceof Error && err.name === 'RuntimeError'
 }
 
 /** Drops the aborted re2-wasm instance: the next RE2 object loads a fresh one. */
 function reloadRE2 (): void {
   const root = `${sep}re2-wasm${sep}`
-  for (const key of Object.keys(requireHere.cache)) {
-    if (key.includes(root)) Reflect.deleteProperty(requireHere.cache, key)
+  for (const key of Object.keys(requireRe2.cache)) {
+    if (key.includes(root)) Reflect.deleteProperty(requireRe2.cache, key)
   }
+  requireRe2 = createRequire(import.meta.url)
   RE2Class = null
-  re2Generation++
-}
-
-/** Runs `use`; after a WebAssembly abort, once more on a fresh re2-wasm (a second abort is thrown). */
-function withRE2<T> (use: () => T): T {
-  try {
-    return use()
-  } catch (err) {
-    if (!isWasmAbort(err)) throw err
-    reloadRE2()
-    return use()
-  }
+  const held = holders
+  holders = new Set()
+  for (const pattern of held) pattern.forget()
 }
 
 /**
  * One RE2 pattern compiled on first use, and again on a fresh re2-wasm after the one it was
- * compiled on aborted. `track` receives each object it compiles (to be freed with its validator).
+ * compiled on aborted. `track` receives it when it first compiles (to be freed with its validator).
  */
 class Re2Pattern implements LinearRegExp {
   readonly #source: string
   readonly #flags: string
-  readonly #track: RegExpTracker | null
+  #track: RegExpTracker | null
   #re: RE2 | null = null
-  #generation = -1
 
   constructor (source: string, flags: string, track: RegExpTracker | null) {
     this.#source = source
@@ -222,25 +214,46 @@ class Re2Pattern implements LinearRegExp {
 
   /** Compiles now (throws what RE2 throws for a pattern it cannot run). */
   compile (): void {
-    withRE2(() => this.#compiled())
+    try {
+      this.#compiled()
+    } catch (err) {
+      if (!isWasmAbort(err)) throw err
+      reloadRE2()
+      this.#compiled()
+    }
   }
 
   test (input: string): boolean {
-    // withRE2's logic, without a closure per test (a call's hot path).
     try {
       return this.#compiled().test(input)
     } catch (err) {
+      // Once more on a fresh instance; a second abort (a pattern larger than the whole engine) is thrown.
       if (!isWasmAbort(err)) throw err
       reloadRE2()
       return this.#compiled().test(input)
     }
   }
 
+  /** Frees its object (the pattern compiles again if tested later). */
+  free (): void {
+    if (this.#re !== null) freeRegExp(this.#re)
+    this.#re = null
+    holders.delete(this)
+  }
+
+  /** Lets go of an object of a dropped instance: its memory went with that instance. */
+  forget (): void {
+    this.#re = null
+  }
+
   #compiled (): RE2 {
-    if (this.#re === null || this.#generation !== re2Generation) {
+    if (this.#re === null) {
       this.#re = newRE2(this.#source, this.#flags)
-      this.#generation = re2Generation
-      this.#track?.(this.#re)
+      holders.add(this)
+      if (this.#track !== null) {
+        this.#track(this)
+        this.#track = null
+      }
     }
     return this.#re
   }
@@ -253,8 +266,14 @@ export const STANDALONE_FORMATS_MODULE = 'toolport:formats'
 /** The subset of a RegExp that Ajv uses. */
 interface LinearRegExp { test: (input: string) => boolean }
 
-/** Called with every RE2 object a regExp engine creates, so its owner can free it (see below). */
-export type RegExpTracker = (re: RE2) => void
+/**
+ * What a regExp engine hands its owner to free (see below): an RE2 object, or a pattern that
+ * compiles lazily (once, when it first compiles).
+ */
+export type Re2Handle = RE2 | Re2Pattern
+
+/** Called with every `Re2Handle` a regExp engine creates, so its owner can free it. */
+export type RegExpTracker = (re: Re2Handle) => void
 
 /**
  * Ajv's `code.regExp` engine on RE2. Ajv calls it as `regExp(pattern, "u")`; RE2 refuses what it
@@ -293,12 +312,19 @@ export function re2Engine (track: RegExpTracker | null, code: string, lazy = fal
 }
 
 /** Frees an RE2 object's WebAssembly memory; it must not be used afterwards. */
-export function freeRegExp (re: RE2): void {
-  // Made by an instance since dropped (see re2Generation): its memory went with it.
-  if (generationOf.get(re) !== re2Generation) return
+export function freeRegExp (re: Re2Handle): void {
+  if (re instanceof Re2Pattern) {
+    re.free()
+    return
+  }
   // re2-wasm wraps an Embind object and never deletes it (no finalizer): do it here.
   const wrapper = (re as unknown as { wrapper?: { delete?: () => void, isDeleted?: () => boolean } }).wrapper
-  if (wrapper?.delete !== undefined && wrapper.isDeleted?.() !== true) wrapper.delete()
+  try {
+    if (wrapper?.delete !== undefined && wrapper.isDeleted?.() !== true) wrapper.delete()
+  } catch (err) {
+    // An instance that aborted frees nothing more; its memory goes with it.
+    if (!isWasmAbort(err)) throw err
+  }
 }
 
 /**

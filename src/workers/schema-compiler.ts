@@ -13,10 +13,9 @@ import type { Ajv } from 'ajv'
 import { _Code, safeStringify } from 'ajv/dist/compile/codegen/code.js'
 import type { ValueScopeName } from 'ajv/dist/compile/codegen/scope.js'
 import standalone from 'ajv/dist/standalone/index.js'
-import type { RE2 } from 're2-wasm'
 import {
-  createSchemaAjv, freeRegExp, metaSchemaProblems, SCHEMA_DIALECTS, STANDALONE_FORMATS_MODULE, STANDALONE_REGEXP_MODULE,
-  type SchemaDialect
+  createSchemaAjv, freeRegExp, isWasmAbort, metaSchemaProblems, SCHEMA_DIALECTS, STANDALONE_FORMATS_MODULE,
+  STANDALONE_REGEXP_MODULE, type Re2Handle, type SchemaDialect
 } from '../shared/json-schema.js'
 import { CodeTooDeep, instrumentValidatorCode } from '../shared/validation-cost.js'
 import { errorText } from '../shared/util.js'
@@ -57,7 +56,7 @@ export function compileSchema (job: CompileJob): CompileReply {
   const meta = metaSchemaProblems(schema as Record<string, unknown>, job.dialect)
   if (meta !== '') return { id: job.id, ok: false, problem: `not a valid ${job.dialect} JSON Schema: ${meta}` }
 
-  const regexps: RE2[] = []
+  const regexps: Re2Handle[] = []
   let codeBytes = 0
   const ajv = createSchemaAjv(job.dialect, {
     source: true,
@@ -93,7 +92,7 @@ export function compileSchema (job: CompileJob): CompileReply {
     }
     // A WebAssembly abort (re2-wasm out of its fixed memory) leaves that module unusable for
     // every later schema with a pattern: this thread must be replaced (`broken`).
-    if (err instanceof Error && err.name === 'RuntimeError') {
+    if (isWasmAbort(err)) {
       const problem = /out of memory|OOM/i.test(err.message)
         ? 'its patterns need more memory than the regular-expression engine has (RE2, 16 MiB): use fewer or simpler patterns'
         : `the regular-expression engine failed on it: ${err.message.slice(0, 120)}`

@@ -385,15 +385,25 @@ test('a schema whose patterns exhaust RE2\'s WebAssembly memory is refused, and 
   assert.equal(small.ok, true, JSON.stringify(small))
 })
 
-test('patterns kept on the main thread past RE2\'s WebAssembly memory do not break validation for good: the engine is loaded afresh, and every tool\'s patterns still judge their arguments', { timeout: 120_000 }, async (t) => {
+test('patterns kept on the main thread past RE2\'s WebAssembly memory do not break validation for good: the engine is loaded afresh (the old one freed), and every tool\'s patterns still judge their arguments', { timeout: 180_000 }, async (t) => {
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  const external = async (): Promise<number> => {
+    for (let i = 0; i < 3; i++) {
+      gc()
+      await tick()
+    }
+    return process.memoryUsage().external
+  }
   const tp = await createTestToolport(t, {
     roles: ['A'],
     dispatch: { mode: 'inline' },
-    limits: { maxValidationMs: 30_000, maxParametersBytes: 256 * 1024 }
+    limits: { maxValidationMs: 30_000, maxParametersBytes: 256 * 1024, maxSchemaCompileMs: 60_000 }
   })
   const callback = 'http://127.0.0.1:9/x'
   // 8 tools of 1 000 distinct patterns each; one call each compiles all of its patterns (a few KB
-  // of the engine's 16 MiB apiece), so the engine runs out of memory on the way.
+  // of the engine's 16 MiB apiece), so the engine runs out of memory on the way, in every round.
+  const calls: Array<Record<string, string>> = []
   for (let k = 0; k < 8; k++) {
     const properties: Record<string, unknown> = {}
     const args: Record<string, string> = {}
@@ -402,10 +412,20 @@ test('patterns kept on the main thread past RE2\'s WebAssembly memory do not bre
       args[`p${i}`] = `${k}x${i}abq`
     }
     await tp.register({ name: `many_${k}`, callback_url: callback, parameters: { type: 'object', properties } })
-    const result = await tp.callTool('A', { name: `many_${k}`, arguments: args })
-    // Checked and valid: the call went on to the (closed) callback.
-    assert.match(result.error ?? '', /is unreachable/, `tool ${k}`)
+    calls.push(args)
   }
+  let afterFirst = 0
+  for (let round = 0; round < 2; round++) {
+    for (const [k, args] of calls.entries()) {
+      const result = await tp.callTool('A', { name: `many_${k}`, arguments: args })
+      // Checked and valid: the call went on to the (closed) callback.
+      assert.match(result.error ?? '', /is unreachable/, `round ${round}, tool ${k}`)
+    }
+    if (round === 0) afterFirst = await external()
+  }
+  // Each round loads re2-wasm afresh at least once; a dropped instance (16 MiB) is freed, not kept.
+  const growth = await external() - afterFirst
+  assert.ok(growth < 16 * 1024 * 1024, `external memory grew by ${(growth / 2 ** 20).toFixed(0)} MiB over a round`)
   await tp.register({ name: 'probe', callback_url: callback, parameters: { type: 'object', properties: { a: { type: 'string', pattern: '^q+$', format: 'email' } } } })
   const refused = await tp.callTool('A', { name: 'probe', arguments: { a: 'zz' } })
   assert.match(refused.error ?? '', /^arguments do not match the tool's parameters/)

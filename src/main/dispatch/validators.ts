@@ -26,10 +26,9 @@ import { createRequire } from 'node:module'
 import { compileFunction } from 'node:vm'
 import { Worker } from 'node:worker_threads'
 import type { ErrorObject } from 'ajv'
-import type { RE2 } from 're2-wasm'
 import {
   freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE,
-  STANDALONE_REGEXP_MODULE, validationJson
+  STANDALONE_REGEXP_MODULE, validationJson, type Re2Handle
 } from '../../shared/json-schema.js'
 import {
   BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget
@@ -81,7 +80,7 @@ const compiling = new Map<string, Promise<ArgumentsValidator>>()
 const refusals = new Map<string, { code: string, problem: string }>()
 /** RE2 objects the loaded validators have made on this thread (never decreases). */
 let compiledRegExps = 0
-const finalizer = new FinalizationRegistry<{ key: string, regexps: RE2[] }>(({ key, regexps }) => {
+const finalizer = new FinalizationRegistry<{ key: string, regexps: Re2Handle[] }>(({ key, regexps }) => {
   if (validators.get(key)?.deref() === undefined) validators.delete(key)
   for (const re of regexps) freeRegExp(re)
 })
@@ -156,7 +155,7 @@ async function build (key: string, job: CompileJob, budgetMs: number,
     if (reply.remember) remember(key, code, problem)
     throw schemaError(code, problem)
   }
-  const regexps: RE2[] = []
+  const regexps: Re2Handle[] = []
   let validate: StandaloneValidate
   try {
     validate = loadStandalone(reply.code, regexps)
@@ -223,7 +222,7 @@ interface StandaloneValidate {
  * compiled it once; each test charges the budget), the shared formats, the check's budget,
  * `uniqueItemsPair`, and Ajv's runtime helpers, `equal` and `ucs2length` in their charging forms.
  */
-function loadStandalone (code: string, regexps: RE2[]): StandaloneValidate {
+function loadStandalone (code: string, regexps: Re2Handle[]): StandaloneValidate {
   const engine = re2Engine((re) => { regexps.push(re); compiledRegExps++ },
     `require(${JSON.stringify(STANDALONE_REGEXP_MODULE)})`, true)
   const load = (id: string): unknown => {
