@@ -176,8 +176,9 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     io.stdout.write(USAGE)
     return 0
   }
-  const [{ logLevelProblem, optionsFromEnv, parseOptions }, { Toolport }, { createLogger }, { applyServerV8Flags }] =
+  const [config, { Toolport }, { createLogger }, { applyServerV8Flags }] =
     await Promise.all([import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')])
+  const { logLevelProblem, optionsFromEnv, parseOptions, portProblem } = config
   // A reader of stdout that goes away (`serve | head`, a log shipper restarting) must not take the
   // server down: its EPIPE is an 'error' event, which ends the process when nobody listens. The
   // log lines are lost from then on, and stderr says so once.
@@ -199,7 +200,8 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   mergeOptions(options, optionsFromEnv(env))
   if (flags.host !== undefined) options.host = flags.host
   if (flags.port !== undefined) {
-    if (!/^\d+$/.test(flags.port)) throw new UsageError(`--port must be a number from 0 to 65535 (got '${flags.port}')`)
+    const problem = portProblem(flags.port)
+    if (problem !== undefined) throw new UsageError(`--port ${problem}`)
     options.port = Number(flags.port)
   }
   if (flags.role !== undefined) options.roles = flags.role

@@ -72,10 +72,17 @@ const dispatchSchema = z.strictObject({
 // The allow-lists are compared as browsers send their entries (the guard matches exactly): an
 // entry in another form would be accepted here and never match anything.
 
-/** `security.allowedOrigins`: an origin as a browser serialises it (`new URL(o).origin`). */
+/**
+ * `security.allowedOrigins`: an origin as a browser sends it: `new URL(o).origin` for http(s) and
+ * the other special schemes; `scheme://host` for the others (an extension's
+ * `chrome-extension://<id>`, which the URL standard serialises as "null").
+ */
 function originProblem (origin: string, ctx: z.RefinementCtx): void {
   let serialised = ''
-  try { serialised = new URL(origin).origin } catch {}
+  try {
+    const url = new URL(origin)
+    serialised = url.origin === 'null' && url.host !== '' ? `${url.protocol}//${url.host}` : url.origin
+  } catch {}
   if (serialised === origin) return
   ctx.addIssue({
     code: 'custom',
@@ -85,12 +92,16 @@ function originProblem (origin: string, ctx: z.RefinementCtx): void {
   })
 }
 
-/** `security.allowedHosts`: a host name or bracketed IPv6 address, without a scheme, port or path. */
+/**
+ * `security.allowedHosts`: an ASCII host name (a Host header carries an international name in its
+ * `xn--` form), an IPv4 address or a bracketed IPv6 address, without a scheme, port or path.
+ */
 function hostNameProblem (host: string, ctx: z.RefinementCtx): void {
-  if (/^(\[[0-9a-f:.]+\]|[^\s/:@?#[\]\\]+)$/i.test(host)) return
+  if (/^(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)$/i.test(host)) return
   ctx.addIssue({
     code: 'custom',
-    message: `${JSON.stringify(host)} is not a host name: give the name alone (the Host header's port is not compared)`
+    message: `${JSON.stringify(host)} is not a host name: give the name alone, in ASCII (an international name ` +
+      'in its xn-- form); the Host header\'s port is not compared'
   })
 }
 
@@ -270,9 +281,8 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
   if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') {
     // Named as the variable, as `--port` is named: the schema's own message ("expected number,
     // received string") would blame the type of a value the operator typed as a number.
-    if (!/^\d+$/.test(env.TOOLPORT_PORT) || Number(env.TOOLPORT_PORT) > 65_535) {
-      throw new ConfigError(`TOOLPORT_PORT must be a number from 0 to 65535 (got ${JSON.stringify(env.TOOLPORT_PORT)})`)
-    }
+    const problem = portProblem(env.TOOLPORT_PORT)
+    if (problem !== undefined) throw new ConfigError(`TOOLPORT_PORT ${problem}`)
     out.port = Number(env.TOOLPORT_PORT)
   }
   if (env.TOOLPORT_ROLES !== undefined && env.TOOLPORT_ROLES !== '') {
@@ -287,6 +297,12 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
     out.dispatch = { mode: env.TOOLPORT_DISPATCH_MODE }
   }
   return out
+}
+
+/** Why a port given as text (a flag, a variable) is refused, or undefined. */
+export function portProblem (port: string): string | undefined {
+  if (/^\d{1,5}$/.test(port) && Number(port) <= 65_535) return undefined
+  return `must be a number from 0 to 65535 (got ${JSON.stringify(port)})`
 }
 
 /**

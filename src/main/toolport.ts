@@ -55,14 +55,14 @@ export class Toolport extends Runtime {
     if (typeof port !== 'number' || !Number.isInteger(port) || port < 0 || port > 65_535) {
       throw new ConfigError(`listen(): port must be an integer from 0 to 65535 (got ${describeValue(port)})`)
     }
-    if (isIPv4MappedAddress(given)) {
+    // An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
+    const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
+    if (isIPv4MappedAddress(unbracketed)) {
       // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
       // answer could never be served.
       throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
     }
-    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is
-    // localhost. An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
-    const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
+    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
     const host = unbracketed.toLowerCase() === 'localhost' ? 'localhost' : unbracketed
     if (!isLoopbackBindHost(host)) {
       if (!this.options.security.allowNonLoopbackBind) {

@@ -245,6 +245,11 @@ function validValue (path: string, leaf: Json): fc.Arbitrary<unknown> {
   if (path === 'logger') return fc.constantFrom(false, 'silent', 'fatal')
   if (path === 'dispatch.mode') return fc.constantFrom('inline', 'inline', 'inline', 'pool')
   if (path === 'security.token') return fc.string({ unit: TOKEN_CHARS, minLength: 32, maxLength: 40 })
+  // Allow-lists hold entries as a request carries them (README "Configuration").
+  if (path === 'security.allowedOrigins') {
+    return fc.array(fc.constantFrom('http://localhost:5173', 'https://app.example', 'chrome-extension://abcdef'), { maxLength: 2 })
+  }
+  if (path === 'security.allowedHosts') return fc.array(fc.constantFrom('dev.test', 'xn--bcher-kva.example', '[::2]', '10.0.0.2'), { maxLength: 2 })
   if (leaf.type === 'integer' || leaf.type === 'number') {
     const { minimum: min, maximum: max } = leaf as { minimum: number, maximum: number }
     return fc.oneof(fc.constantFrom(min, max), fc.integer({ min, max: Math.min(max, 2 ** 31 - 1) }))
@@ -581,9 +586,9 @@ function cleanEnv (extra: Record<string, string>): NodeJS.ProcessEnv {
 test('config: property: the real `toolport serve` with one bad setting (flag or variable) exits non-zero at once, prints nothing on stdout and names the setting on stderr', { timeout: FAILING_TIMEOUT_MS }, async (t) => {
   const cases = fc.constantFrom<{ args: string[], env: Record<string, string>, name: RegExp }>(
     { args: ['--port', '65536'], env: {}, name: /port/ },
-    { args: [], env: { TOOLPORT_PORT: '65536' }, name: /port/ },
+    { args: [], env: { TOOLPORT_PORT: '65536' }, name: /TOOLPORT_PORT/ },
     { args: ['--log-level', 'chatty'], env: {}, name: /log/ },
-    { args: [], env: { TOOLPORT_LOG_LEVEL: 'chatty' }, name: /log/ },
+    { args: [], env: { TOOLPORT_LOG_LEVEL: 'chatty' }, name: /TOOLPORT_LOG_LEVEL/ },
     { args: [], env: { TOOLPORT_DISPATCH_MODE: 'turbo' }, name: /dispatch/ },
     { args: ['--host', '0.0.0.0'], env: {}, name: /0\.0\.0\.0|host/ },
     { args: [], env: { TOOLPORT_HOST: '0.0.0.0' }, name: /0\.0\.0\.0|host/ },

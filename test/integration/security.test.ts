@@ -294,7 +294,8 @@ test('allow-lists in a form the guard never matches are refused at start, saying
     [{ allowedOrigins: ['http://app.example:80'] }, /write "http:\/\/app\.example"/],
     [{ allowedOrigins: ['null'] }, /"null" is not an origin/],
     [{ allowedHosts: ['dev.test:5173'] }, /allowedHosts\.0: "dev\.test:5173" is not a host name/],
-    [{ allowedHosts: ['http://dev.test'] }, /is not a host name/]
+    [{ allowedHosts: ['http://dev.test'] }, /is not a host name/],
+    [{ allowedHosts: ['bücher.example'] }, /in its xn-- form/]
   ]
   for (const [security, message] of refusals) {
     await assert.rejects(createToolport({ security }), (err: Error & { code?: string }) => {
@@ -304,7 +305,13 @@ test('allow-lists in a form the guard never matches are refused at start, saying
     })
   }
   // The forms the guard matches work, upper-case host names included (Host is compared in lower case).
-  const tp = await setup(t, { security: { allowedOrigins: ['http://localhost:5173'], allowedHosts: ['Dev.Test', '[::2]'] } })
-  const res = await tp.app.inject({ method: 'GET', url: '/api/tools', headers: { host: 'dev.test:3917', origin: 'http://localhost:5173' } })
-  assert.equal(res.statusCode, 200)
+  const tp = await setup(t, {
+    security: { allowedOrigins: ['http://localhost:5173', 'chrome-extension://abcdef'], allowedHosts: ['Dev.Test', '[::2]'] }
+  })
+  for (const origin of ['http://localhost:5173', 'chrome-extension://abcdef']) {
+    const res = await tp.app.inject({ method: 'GET', url: '/api/tools', headers: { host: 'dev.test:3917', origin } })
+    assert.equal(res.statusCode, 200, origin)
+  }
+  // Bracketed as in a URL, an IPv4-mapped address is still refused as a bind address.
+  await assert.rejects(tp.listen({ host: '[::ffff:127.0.0.1]', port: 0 }), { code: 'TP_ERR_CONFIG' })
 })
