@@ -828,6 +828,8 @@ const leafSchemaArb: fc.Arbitrary<unknown> = fc.letrec((tie) => ({
     // Boolean subschemas (valid in every dialect); a known bug drops the `properties` holding one.
     { weight: SKIP_KNOWN_BUGS ? 0 : 1, arbitrary: fc.constantFrom(true, false) },
     { weight: 1, arbitrary: fc.record({ type: fc.constant('array'), items: tie('leaf') }) },
+    // An array schema without `items` (Python's bare `list`): providers get `items: {}`.
+    { weight: 1, arbitrary: fc.constantFrom({ type: 'array' }, { type: ['array', 'null'] }) },
     { weight: 1, arbitrary: fc.record({ type: fc.constant('object'), properties: fc.dictionary(keyArb, tie('leaf'), { maxKeys: 3 }) }) }
   )
 })).leaf
@@ -850,6 +852,15 @@ const parametersArb: fc.Arbitrary<Json> = fc.oneof(
   { weight: 1, arbitrary: fc.dictionary(keyArb, leafSchemaArb, { maxKeys: 3 }).map((properties) => ({ properties })) },
   { weight: 1, arbitrary: fc.constant({ type: ['object', 'null'], properties: { q: { type: 'string' } } }) },
   { weight: 1, arbitrary: fc.constant({ anyOf: [{ type: 'object', required: ['a'] }, { type: 'object', required: ['b'] }] }) },
+  // zod's unions: a root oneOf/anyOf of object branches, which OpenAI and Anthropic refuse.
+  {
+    weight: 1,
+    arbitrary: fc.tuple(fc.constantFrom('anyOf', 'oneOf', 'allOf'), fc.array(fc.dictionary(keyArb, leafSchemaArb, { maxKeys: 3 }), { minLength: 1, maxLength: 3 }))
+      .chain(([key, branchProperties]) => fc.tuple(...branchProperties.map((props) => fc.subarray(Object.keys(props))))
+        .map((requireds) => ({
+          [key]: branchProperties.map((properties, i) => ({ type: 'object', properties, required: requireds[i], additionalProperties: false }))
+        })))
+  },
   { weight: 1, arbitrary: fc.constant({ $defs: { s: { type: 'string' } }, type: 'object', properties: { s: { $ref: '#/$defs/s' } } }) }
 )
 
@@ -878,20 +889,62 @@ const registryArb: fc.Arbitrary<DefTool[]> = fc.uniqueArray(fc.record({
 }), { maxLength: 7, selector: (t) => t.name })
 
 /**
- * The schema the docs promise the provider sees: an object root as it is, else that with
- * `type: 'object'`; property schemas `true`/`false` in object form (`{}`, `{"not": {}}`).
+ * The schema the docs promise the provider sees ("Definitions for your own LLM loop"): an object
+ * root as it is; else that with `type: 'object'`, a root `anyOf`/`oneOf`/`allOf` merged into its
+ * properties and required, `items: {}` on arrays without `items`, property schemas `true`/`false`
+ * in object form (`{}`, `{"not": {}}`).
  */
 function expectedSchema (parameters: Json): Json {
   const props = parameters.properties
   const hasBoolean = props !== null && typeof props === 'object' && !Array.isArray(props) &&
     Object.values(props).some((child) => typeof child === 'boolean')
-  if (parameters.type === 'object' && !hasBoolean) return parameters
-  const schema: Json = { ...parameters, type: 'object' }
-  if (hasBoolean) {
-    schema.properties = Object.fromEntries(Object.entries(props as Json).map(([name, child]) =>
+  const combinators = (['allOf', 'anyOf', 'oneOf'] as const).filter((key) => parameters[key] !== undefined)
+  if (parameters.type === 'object' && !hasBoolean && combinators.length === 0 && !hasItemlessArray(parameters)) return parameters
+  const schema: Json = withItems({ ...parameters, type: 'object' })
+  for (const key of combinators) {
+    const branches = schema[key] as Json[]
+    delete schema[key]
+    const properties: Json = { ...(schema.properties ?? {}) }
+    for (const branch of branches) {
+      for (const [name, child] of Object.entries(branch.properties ?? {})) {
+        if (!Object.hasOwn(properties, name)) properties[name] = child
+      }
+    }
+    const requireds = branches.map((branch) => (branch.required ?? []) as string[])
+    const required = key === 'allOf' ? requireds.flat() : requireds[0]!.filter((name) => requireds.every((r) => r.includes(name)))
+    if (Object.keys(properties).length > 0) schema.properties = properties
+    if (required.length > 0) schema.required = [...new Set([...(schema.required ?? []), ...required])]
+  }
+  if (schema.properties !== null && typeof schema.properties === 'object' && !Array.isArray(schema.properties)) {
+    schema.properties = Object.fromEntries(Object.entries(schema.properties as Json).map(([name, child]) =>
       [name, typeof child === 'boolean' ? (child ? {} : { not: {} }) : child]))
   }
   return schema
+}
+
+/** Whether an array schema without `items` sits anywhere in `schema` (as the generators nest them). */
+function hasItemlessArray (schema: Json): boolean {
+  return JSON.stringify(withItems(schema)) !== JSON.stringify(schema)
+}
+
+/** A copy of `schema` with `items: {}` on every array schema without one (the generators' nesting). */
+function withItems (schema: Json): Json {
+  if (schema === null || typeof schema !== 'object' || Array.isArray(schema)) return schema
+  const out: Json = {}
+  for (const [key, value] of Object.entries(schema)) {
+    if (key === 'properties' && value !== null && typeof value === 'object') {
+      out[key] = Object.fromEntries(Object.entries(value as Json).map(([name, child]) => [name, withItems(child)]))
+    } else if (key === 'items' || key === '$defs') {
+      out[key] = key === 'items' ? withItems(value) : Object.fromEntries(Object.entries(value as Json).map(([n, c]) => [n, withItems(c)]))
+    } else if (['allOf', 'anyOf', 'oneOf'].includes(key) && Array.isArray(value)) {
+      out[key] = value.map(withItems)
+    } else {
+      out[key] = value
+    }
+  }
+  const type = out.type
+  if ((type === 'array' || (Array.isArray(type) && type.includes('array'))) && out.items === undefined && out.prefixItems === undefined) out.items = {}
+  return out
 }
 
 /** The README's table ("Definitions for your own LLM loop"), built from the registry's tools in order. */

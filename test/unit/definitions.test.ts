@@ -81,6 +81,38 @@ test('definitions: a schema with an object root is passed as it is; any other ge
   assert.equal(objectSchema(loose), objectSchema(loose), 'the copy is memoised per schema')
 })
 
+test('definitions: a root anyOf/oneOf/allOf (zod\'s unions), which OpenAI and Anthropic refuse, is merged into the root\'s properties; an array without items gets items {}', () => {
+  // z.discriminatedUnion's JSON Schema: a root oneOf of closed object branches.
+  const union = {
+    $schema: 'https://json-schema.org/draft/2020-12/schema',
+    oneOf: [
+      { type: 'object', properties: { kind: { const: 'a' }, x: { type: 'string' } }, required: ['kind', 'x'], additionalProperties: false },
+      { type: 'object', properties: { kind: { const: 'b' }, y: { type: 'array' } }, required: ['kind', 'y'], additionalProperties: false }
+    ]
+  }
+  assert.deepEqual(objectSchema(union), {
+    $schema: 'https://json-schema.org/draft/2020-12/schema',
+    type: 'object',
+    properties: { kind: { const: 'a' }, x: { type: 'string' }, y: { type: 'array', items: {} } },
+    required: ['kind']
+  })
+  // allOf requires what each branch requires; a local $ref branch is followed; root not/enum go.
+  assert.deepEqual(objectSchema({
+    $defs: { A: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] } },
+    type: 'object',
+    properties: { z: { type: ['array', 'null'] } },
+    allOf: [{ $ref: '#/$defs/A' }, { required: ['z'] }],
+    not: { required: ['q'] }
+  }), {
+    $defs: { A: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] } },
+    type: 'object',
+    properties: { z: { type: ['array', 'null'], items: {} }, a: { type: 'integer' } },
+    required: ['a', 'z']
+  })
+  const plain = { type: 'object', properties: { tags: { type: 'array', items: { type: 'string' } }, pair: { type: 'array', prefixItems: [{}, {}] } } }
+  assert.equal(objectSchema(plain), plain, 'a schema that needs nothing is passed as it is')
+})
+
 test('definitions: results are frozen and memoised per registry snapshot; a registry change gives new ones', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const role = tp.roles.get('Lanlan')

@@ -7,6 +7,7 @@
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { JsonSchemaObject } from '../schemas.js'
 import { validationError } from '../errors.js'
+import traverse from 'json-schema-traverse'
 import { deepFreeze } from '../../shared/util.js'
 
 /** The formats `toolDefinitions` and `GET /api/tools/definitions` produce. */
@@ -129,26 +130,105 @@ export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionS
 const objectSchemas = new WeakMap<JsonSchemaObject, ObjectSchema>()
 
 /**
- * `parameters` with an object root, as every provider requires (MCP clients reject the whole
- * `tools/list` if one `inputSchema` is not `type: 'object'`, or if a property's schema is not an
- * object). A schema that already is one is returned as it is; otherwise a copy gets
- * `type: 'object'`, a property schema `true` or `false` becomes its object form (`{}`,
- * `{"not": {}}`: the same meaning), and a `properties` or `required` that is malformed is left out.
- * The plugin's schema still validates the arguments at call time.
+ * `parameters` in the form every provider takes, as every provider requires. MCP clients reject
+ * the whole `tools/list` if one `inputSchema` is not `type: 'object'`, or if a property's schema is
+ * not an object; OpenAI and Anthropic refuse a whole request whose tools include a root `anyOf`,
+ * `oneOf` or `allOf` (also beside `type: 'object'`; zod's unions give one), and OpenAI one with an
+ * array schema without `items`. A schema that has none of these is returned as it is; otherwise a
+ * copy:
+ * - gets `type: 'object'` at the root;
+ * - has a root `anyOf`/`oneOf`/`allOf` of object schemas (or local `$ref`s to them) merged into its
+ *   own `properties`: every branch's properties; `required`, what `allOf` requires and what every
+ *   branch of an `anyOf`/`oneOf` requires; a root `not`, `enum` and `const` are left out;
+ * - has `items: {}` on each array schema without `items` or `prefixItems` (the same meaning);
+ * - has a property schema `true` or `false` in its object form (`{}`, `{"not": {}}`), and a
+ *   `properties` or `required` that is malformed left out.
+ * The plugin's own schema still validates the arguments at call time, so a looser root costs no
+ * check: it only tells the model less.
  */
 export function objectSchema (parameters: JsonSchemaObject): ObjectSchema {
-  if (isObjectSchema(parameters)) return parameters
   let fixed = objectSchemas.get(parameters)
   if (fixed === undefined) {
-    const copy: JsonSchemaObject = { ...parameters, type: 'object' }
-    const properties = propertiesMap(copy.properties)
-    if (properties === undefined) delete copy.properties
-    else copy.properties = properties
-    if (!isStringArray(copy.required)) delete copy.required
-    fixed = deepFreeze(copy) as ObjectSchema
+    fixed = isPortable(parameters) ? parameters as ObjectSchema : deepFreeze(portableCopy(parameters)) as ObjectSchema
     objectSchemas.set(parameters, fixed)
   }
   return fixed
+}
+
+const ROOT_COMBINATORS = ['allOf', 'anyOf', 'oneOf'] as const
+
+function isPortable (schema: JsonSchemaObject): boolean {
+  if (!isObjectSchema(schema) || ROOT_COMBINATORS.some((key) => schema[key] !== undefined)) return false
+  let portable = true
+  traverse(schema, { allKeys: true }, (node) => {
+    if (portable && isItemlessArray(node)) portable = false
+  })
+  return portable
+}
+
+function portableCopy (parameters: JsonSchemaObject): JsonSchemaObject {
+  // A JSON round trip: a deep copy in which `__proto__` stays an own key.
+  const copy = JSON.parse(JSON.stringify(parameters)) as JsonSchemaObject
+  mergeRootCombinators(copy)
+  copy.type = 'object'
+  const properties = propertiesMap(copy.properties)
+  if (properties === undefined) delete copy.properties
+  else copy.properties = properties
+  if (!isStringArray(copy.required)) delete copy.required
+  traverse(copy, { allKeys: true }, (node) => {
+    if (isItemlessArray(node)) node.items = {}
+  })
+  return copy
+}
+
+/** See `objectSchema`: the root's combinators become its own properties and required. */
+function mergeRootCombinators (root: JsonSchemaObject): void {
+  if (!ROOT_COMBINATORS.some((key) => root[key] !== undefined)) return
+  const properties = new Map<string, unknown>(Object.entries(propertiesMap(root.properties) ?? {}))
+  const required = new Set<string>(isStringArray(root.required) ? root.required as string[] : [])
+  for (const key of ROOT_COMBINATORS) {
+    const branches = root[key]
+    delete root[key]
+    if (!Array.isArray(branches)) continue
+    const schemas = branches.map((branch) => localSchema(root, branch))
+    for (const branch of schemas) {
+      for (const [name, child] of Object.entries(propertiesMap(branch?.properties) ?? {})) {
+        if (!properties.has(name)) properties.set(name, child)
+      }
+    }
+    const requiredOf = schemas.map((branch) => isStringArray(branch?.required) ? branch?.required as string[] : [])
+    const kept = key === 'allOf'
+      ? requiredOf.flat()
+      : (requiredOf[0] ?? []).filter((name) => requiredOf.every((list) => list.includes(name)))
+    for (const name of kept) required.add(name)
+  }
+  delete root.not
+  delete root.enum
+  delete root.const
+  if (properties.size > 0) root.properties = Object.fromEntries(properties)
+  if (required.size > 0) root.required = [...required]
+  else delete root.required
+}
+
+/** `branch` itself, or the `$defs`/`definitions` entry a local `$ref` names; undefined if neither is an object. */
+function localSchema (root: JsonSchemaObject, branch: unknown): JsonSchemaObject | undefined {
+  if (typeof branch !== 'object' || branch === null || Array.isArray(branch)) return undefined
+  const ref = (branch as JsonSchemaObject).$ref
+  const match = typeof ref === 'string' ? /^#\/(\$defs|definitions)\/([^/]+)$/.exec(ref) : null
+  if (match === null) return branch as JsonSchemaObject
+  const table = root[match[1] as string]
+  const name = decodeURIComponent(match[2] as string).replaceAll('~1', '/').replaceAll('~0', '~')
+  const target = typeof table === 'object' && table !== null && Object.hasOwn(table, name)
+    ? (table as Record<string, unknown>)[name]
+    : undefined
+  return typeof target === 'object' && target !== null && !Array.isArray(target) ? target as JsonSchemaObject : undefined
+}
+
+/** An array schema (`type` "array" or a list holding it) without `items` or `prefixItems`. */
+function isItemlessArray (node: JsonSchemaObject): boolean {
+  const type = node.type
+  const isArray = type === 'array' || (Array.isArray(type) && type.includes('array'))
+  return isArray && node.items === undefined && node.prefixItems === undefined
 }
 
 function isObjectSchema (schema: JsonSchemaObject): schema is ObjectSchema {
