@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import logging
 import threading
@@ -423,6 +424,38 @@ async def test_the_callback_server_answers_only_toolport_calls(api: Api) -> None
             assert await status("GET", url, {}, None) == 405
             assert await status("POST", url, {"content-type": "text/plain"}) == 415
             assert await status("POST", url.rsplit("/", 1)[0] + "/nope", json_type) == 404
+
+
+async def test_a_direct_caller_cannot_make_the_callback_server_inflate_a_body_or_take_nan_or_a_huge_deadline(api: Api) -> None:
+    """A compressed body is refused before it is read (never inflated on the event loop); NaN and
+    Infinity are not JSON; a deadline header of thousands of digits is not a crash."""
+    plugin = new_plugin(api)
+    seen: list[float] = []
+
+    @plugin.tool
+    async def scale(x: float, ctx: CallContext) -> float:
+        seen.append(ctx.remaining())
+        return x * 2
+
+    async with plugin:
+        url = plugin.callback_url("scale")
+        json_type = {"content-type": "application/json"}
+        async with aiohttp.ClientSession(auto_decompress=False) as s:
+            async def send(data: bytes, headers: dict[str, str]) -> tuple[int, str]:
+                async with s.post(url, data=data, headers={**json_type, **headers}) as res:
+                    return res.status, await res.text()
+            # 8 MiB of zeros, 8 KiB compressed: refused without inflating it.
+            bomb = gzip.compress(b"{" + b" " * (8 * 1024 * 1024) + b"}")
+            for coding in ("gzip", "identity, gzip", "br"):
+                assert (await send(bomb, {"content-encoding": coding}))[0] == 415, coding
+            ok = json.dumps({"name": "scale", "arguments": {"x": 2}}).encode()
+            assert await send(ok, {"content-encoding": "identity"}) == (200, '{"output":4.0,"is_error":false}')
+            for constant in ("NaN", "Infinity", "-Infinity"):
+                body = b'{"name":"scale","arguments":{"x":' + constant.encode() + b"}}"
+                assert (await send(body, {}))[0] == 400, constant
+            status, text = await send(ok, {"x-toolport-deadline-ms": "9" * 5000})
+            assert (status, text) == (200, '{"output":4.0,"is_error":false}')
+    assert len(seen) == 2 and all(left > 0 for left in seen)
 
 
 async def test_start_refuses_an_unknown_role_at_once(api: Api) -> None:

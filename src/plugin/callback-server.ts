@@ -219,7 +219,7 @@ export class CallbackServer {
         // A transform or refinement that throws (JSON.parse of a string field, a check that throws
         // instead of returning false): zod lets it through. It judged these arguments, so the model
         // is told as for any refusal; the log gets its type only, as for a handler's throw.
-        this.#options.logger.debug?.(`tool '${tool.name}' (call ${ctx.callId}): its schema threw ${err instanceof Error ? err.name : typeof err}`)
+        this.#options.logger.debug?.(`tool '${tool.name}' (call ${JSON.stringify(ctx.callId)}): its schema threw ${err instanceof Error ? err.name : typeof err}`)
         return errorEnvelope(`invalid arguments: ${messageOf(err)}`)
       }
       if (!parsed.success) return errorEnvelope(`invalid arguments: ${z.prettifyError(parsed.error)}`)
@@ -239,7 +239,7 @@ export class CallbackServer {
       return outputEnvelope(await tool.handler(args, ctx))
     } catch (err) {
       // Its type only: a handler's message may quote the call's arguments, which are never logged.
-      this.#options.logger.debug?.(`tool '${tool.name}' (call ${ctx.callId}) threw ${err instanceof Error ? err.name : typeof err}`)
+      this.#options.logger.debug?.(`tool '${tool.name}' (call ${JSON.stringify(ctx.callId)}) threw ${err instanceof Error ? err.name : typeof err}`)
       return errorEnvelope(messageOf(err))
     }
   }

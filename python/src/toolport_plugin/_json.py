@@ -31,8 +31,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _VALUE, _TEXT, _LEAVE = 0, 1, 2
 _SPACE = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
-_CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None, "NaN": float("nan"),
-                              "Infinity": float("inf"), "-Infinity": float("-inf")}
+_CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None}
 
 
 def encode(value: Any) -> bytes:
@@ -114,18 +113,24 @@ def _key(key: Any) -> str:
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def decode(data: bytes | str) -> Any:
-    """``json.loads(data)``, at any depth. Raises ``ValueError`` for text that is not JSON."""
+    """``json.loads(data)``, at any depth. Raises ``ValueError`` for text that is not JSON, the
+    tokens ``NaN`` and ``±Infinity`` included (Python's parser takes them; JSON has no such numbers,
+    and Toolport never sends them)."""
     try:
-        return json.loads(data)
+        return json.loads(data, parse_constant=_no_constant)
     except RecursionError:
         text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
         return _loads_deep(text)  # json.loads refused a BOM in a str already; bytes' is decoded away
 
 
 def _loads_deep(text: str) -> Any:
-    """``json.loads(text)`` with a stack of its own instead of recursion: what it accepts, and
-    what it makes of it (NaN and Infinity included, the last of duplicate keys wins)."""
+    """``decode(text)`` with a stack of its own instead of recursion: what it accepts, and what it
+    makes of it (the last of duplicate keys wins)."""
     # Each open container: [list, None] or [dict, the key whose value comes next].
     open_: list[list[Any]] = []
     i = _SPACE.match(text, 0).end()  # type: ignore[union-attr]

@@ -121,6 +121,8 @@ class CallbackServer:
             app.router.add_route("*", r"/{tail:[\s\S]*}", self._handle)
             self._runner = _AppRunner(
                 app, handler_cancellation=True, keepalive_timeout=_KEEPALIVE_SECONDS, access_log=None,
+                # A compressed body is refused (_refusal), never inflated on the event loop first.
+                auto_decompress=False,
                 # Refused requests and the SDK's own failures go to the plugin's logger, not aiohttp's.
                 logger=self._log,
             )
@@ -212,6 +214,11 @@ class CallbackServer:
             return 405, "only POST"
         if request.content_type != "application/json":
             return 415, "the body must be application/json"
+        # Never decoded (auto_decompress off): inflating a body costs the event loop, and Toolport
+        # never compresses one.
+        codings = ",".join(request.headers.getall("content-encoding", [])).lower().split(",")
+        if any(coding.strip() not in ("", "identity") for coding in codings):
+            return 415, "the body must not be compressed"
         return None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -277,7 +284,7 @@ class CallbackServer:
             return error_reply("the tool was cancelled")
         except Exception as err:  # the tool's failure is the model's business, as a tool error
             # Its type and frames, not its message: that may quote the call's arguments.
-            self._log.debug("tool %r (call %s) raised %s\n%s", tool.name, ctx.call_id, type(err).__name__, _frames(err))
+            self._log.debug("tool %r (call %r) raised %s\n%s", tool.name, ctx.call_id, type(err).__name__, _frames(err))
             return exception_reply(err)
         return output_reply(result)
 
@@ -363,10 +370,13 @@ def _reply(body: bytes) -> web.Response:
                         headers={"cache-control": "no-store"})
 
 
+_MAX_DEADLINE_DIGITS = 10  # 2**31 - 1 ms: the longest timer, as the TypeScript SDK caps it
+
+
 def _deadline_ms(header: str | None, timeout_seconds: float) -> int:
     """Toolport's header when it is a positive integer, else the tool's own timeout."""
-    if header is not None and header.isascii() and header.isdigit() and int(header) > 0:
-        return int(header)
+    if header is not None and header.isascii() and header.isdigit() and len(header) <= _MAX_DEADLINE_DIGITS and int(header) > 0:
+        return min(int(header), 2**31 - 1)
     return round(timeout_seconds * 1000)
 
 
