@@ -199,6 +199,36 @@ class Shade(pydantic.BaseModel):
     query: Query
 
 
+class Code(pydantic.BaseModel):
+    # A pattern Python's backtracking `re` takes exponential time over; pydantic's own engine does not.
+    value: str = pydantic.Field(pattern=r"^(a*)*b$")
+
+
+async def test_a_pydantic_pattern_is_checked_by_pydantic_not_by_backtracking_re_so_no_argument_can_stall_the_plugin(api: Api) -> None:
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    async def code(c: Code) -> str:
+        return c.value
+
+    @plugin.tool
+    async def ping() -> str:
+        return "pong"
+
+    async with plugin:
+        url = plugin.callback_url("code")
+        # Sent straight to the callback, as any local process may: Toolport's own check (RE2) is
+        # not in the way. 40 characters would take Python's re hours; a hang guard, not a timing.
+        body = json.dumps({"name": "code", "arguments": {"c": {"value": "a" * 40 + "c"}}})
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url, data=body, headers={"content-type": "application/json"}) as res:
+                reply = await asyncio.wait_for(res.json(), 30)
+        assert reply["is_error"] is True and reply["error"].startswith("invalid arguments: c:"), reply
+        assert "should match pattern" in reply["error"], reply
+        assert (await api.call("code", {"c": {"value": "aaab"}}))["output"] == "aaab"
+        assert (await api.call("ping", {}))["output"] == "pong"
+
+
 async def test_arguments_a_conversion_refuses_or_an_optional_model_are_answered_as_results_never_a_500(
         api: Api, caplog: pytest.LogCaptureFixture) -> None:
     plugin = new_plugin(api)

@@ -273,7 +273,7 @@ class Signature:
             _check_toolport_rules(where, self.schema, jsonschema.Draft202012Validator)
             # The schema from the type hints is the SDK's own (2020-12, no patterns but a pydantic
             # model's): checked again here, as the conversions below rely on it.
-            self._validator = jsonschema.Draft202012Validator(self.schema)
+            self._validator = _HintsValidator(self.schema)
 
     def arguments(self, raw: Any) -> dict[str, Any]:
         """Validates a call's arguments (against the schema from type hints) and converts them to
@@ -428,10 +428,23 @@ def _member_validator(member: Any) -> Any:
     else:
         if builder.defs:
             schema = {**schema, "$defs": builder.defs}
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = _HintsValidator(schema)
     if hashable and len(_MEMBER_VALIDATORS) < _MAX_MEMBER_VALIDATORS:
         _MEMBER_VALIDATORS[member] = validator
     return validator
+
+
+def _checked_by_pydantic(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+    """``pattern`` and ``patternProperties`` in a schema built from type hints come from pydantic
+    models only, and pydantic checks them itself, with its linear-time regular expressions, when it
+    converts the arguments. jsonschema would check them with Python's ``re``, which backtracks: one
+    argument of 28 characters against ``(a*)*b`` stalled the whole plugin for seconds."""
+    return iter(())
+
+
+# The type hints' own schema, checked without Python's backtracking regular expressions.
+_HintsValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"pattern": _checked_by_pydantic, "patternProperties": _checked_by_pydantic})
 
 
 _LEAVE = object()  # to_json_value's work item that ends a container
