@@ -42,6 +42,8 @@ export class CallbackServer {
   /** `/<secret>/tools/`: every callback path starts with it. */
   readonly #prefix: string
   readonly #sockets = new Set<Socket>()
+  /** Sockets with a request being answered: the only ones close() waits for. */
+  readonly #answering = new Set<Socket>()
   #url = ''
 
   constructor (options: CallbackServerOptions) {
@@ -93,13 +95,15 @@ export class CallbackServer {
 
   /**
    * Stops accepting connections and waits up to `graceMs` for calls in flight; then closes every
-   * socket, which aborts the remaining handlers' signals (they see Toolport disconnect).
+   * socket, which aborts the remaining handlers' signals (they see Toolport disconnect). A socket
+   * with no request being answered (idle, or still sending its headers) is closed at once: a
+   * closing server no longer times out headers, so one such socket would hold the whole grace.
    */
   async close (graceMs: number): Promise<void> {
     if (!this.#server.listening) return
     const closed = new Promise<void>((resolve) => { this.#server.close(() => { resolve() }) })
-    // close() already drops idle keep-alive sockets (Node ≥ 19); busy ones finish their call.
     this.#server.closeIdleConnections()
+    for (const socket of this.#sockets) if (!this.#answering.has(socket)) socket.destroy()
     let timer: NodeJS.Timeout | undefined
     // Infinity (or anything past setTimeout's largest delay, which would fire at once) waits as
     // long as a timer can; NaN or a negative grace is none.
@@ -112,6 +116,9 @@ export class CallbackServer {
   }
 
   #onRequest (req: IncomingMessage, res: ServerResponse): void {
+    const socket = req.socket
+    this.#answering.add(socket)
+    res.once('close', () => { this.#answering.delete(socket) })
     const path = (req.url ?? '').split('?', 1)[0] as string
     const refusal = this.#refusal(req, path)
     if (refusal !== null) {

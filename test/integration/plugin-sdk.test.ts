@@ -7,7 +7,7 @@ import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
 import { createServer as createHttpServer } from 'node:http'
-import { createServer, type AddressInfo } from 'node:net'
+import { connect, createServer, type AddressInfo } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
@@ -637,4 +637,33 @@ test('the callback server\'s url spells an IPv6 host as the URL parser does ([::
   assert.match(started.url, /^http:\/\/\[::1\]:\d+$/)
   assert.equal(plugin.url, started.url)
   assert.ok(plugin.callbackUrl('a').startsWith(`${started.url}/`), plugin.callbackUrl('a'))
+})
+
+test('stop() waits its grace for calls only: a socket still sending its headers, or idle, is closed at once (a closing server no longer times headers out)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:stopper',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    tools: { ping: { handler: () => 'pong' } }
+  })
+  await plugin.start()
+  const { port } = new URL(plugin.url)
+  const sockets = await Promise.all([0, 1].map(async () => {
+    const socket = connect(Number(port), '127.0.0.1')
+    await once(socket, 'connect')
+    socket.on('error', () => {})
+    return socket
+  }))
+  // One sends half a request and waits; the other sends nothing.
+  sockets[0]!.write('POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n')
+  t.after(() => { for (const socket of sockets) socket.destroy() })
+  const closedAt = sockets.map(async (socket) => { await once(socket, 'close') })
+  const stopped = plugin.stop({ graceMs: 600_000 })
+  // A hang guard, not a timing: without the fix stop() waits the whole 10-minute grace.
+  const guard = new Promise((resolve) => { setTimeout(resolve, 15_000).unref() }).then(() => 'still waiting')
+  assert.deepEqual(await Promise.race([stopped.then((r) => r.isCleared), guard]), true)
+  await Promise.all(closedAt)
 })
