@@ -488,6 +488,29 @@ async def test_a_direct_caller_cannot_make_the_callback_server_inflate_a_body_or
     assert len(seen) == 2 and all(left > 0 for left in seen)
 
 
+async def test_a_connection_that_sends_no_request_is_closed_so_idle_sockets_cannot_pile_up(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("toolport_plugin._server._FIRST_REQUEST_SECONDS", 0.3)
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    async def ping() -> str:
+        return "pong"
+
+    async with plugin:
+        port = int(plugin.url.rsplit(":", 1)[1])
+        silent_reader, silent_writer = await asyncio.open_connection("127.0.0.1", port)
+        half_reader, half_writer = await asyncio.open_connection("127.0.0.1", port)
+        half_writer.write(b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        # Both are closed by the plugin (read() ends); a hang guard, not a timing.
+        assert await asyncio.wait_for(silent_reader.read(), 10) == b""
+        assert await asyncio.wait_for(half_reader.read(), 10) == b""
+        for writer in (silent_writer, half_writer):
+            writer.close()
+        # A connection that sends its request at once is served.
+        assert (await api.call("ping", {}))["output"] == "pong"
+
+
 async def test_start_refuses_an_unknown_role_at_once(api: Api) -> None:
     plugin = new_plugin(api, role="Nobody")
 

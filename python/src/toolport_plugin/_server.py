@@ -51,6 +51,10 @@ from .errors import LISTEN, PluginError
 
 # Below Toolport's 4 s client keep-alive would race it; 5 s lets Toolport close idle sockets first.
 _KEEPALIVE_SECONDS = 5.0
+# A connection that has not sent a whole request head by then is closed (Toolport sends its call at
+# once): aiohttp never times one out, so idle sockets of any local process would pile up until the
+# plugin ran out of file descriptors and Toolport's calls could no longer connect.
+_FIRST_REQUEST_SECONDS = 10.0
 # aiohttp's shutdown timeout once close() has waited the grace itself: aiohttp bounds its shutdown
 # waits with ceil_timeout(), which reads a timeout <= 0 as no timeout at all (calls in flight would
 # run to their deadline); this is "at once" for it.
@@ -307,6 +311,23 @@ class _RequestHandler(RequestHandler):
                 payload_exception=RequestPayloadError,
                 auto_decompress=kwargs.get("auto_decompress", True), max_msg_queue_size=1,
             )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._first_request_timer: asyncio.TimerHandle | None = self._loop.call_later(
+            _FIRST_REQUEST_SECONDS, self._close_without_request)
+
+    def _close_without_request(self) -> None:
+        self._first_request_timer = None
+        if self._request_count == 0 and self.transport is not None:
+            self.logger.debug("closed a connection that sent no request within %s s", _FIRST_REQUEST_SECONDS)
+            self.transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._first_request_timer is not None:
+            self._first_request_timer.cancel()
+            self._first_request_timer = None
+        super().connection_lost(exc)
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
