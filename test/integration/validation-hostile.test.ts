@@ -415,7 +415,7 @@ test('patterns kept on the main thread past RE2\'s WebAssembly memory do not bre
     calls.push(args)
   }
   let afterFirst = 0
-  for (let round = 0; round < 2; round++) {
+  for (let round = 0; round < 4; round++) {
     for (const [k, args] of calls.entries()) {
       const result = await tp.callTool('A', { name: `many_${k}`, arguments: args })
       // Checked and valid: the call went on to the (closed) callback.
@@ -424,8 +424,9 @@ test('patterns kept on the main thread past RE2\'s WebAssembly memory do not bre
     if (round === 0) afterFirst = await external()
   }
   // Each round loads re2-wasm afresh at least once; a dropped instance (16 MiB) is freed, not kept.
+  // Kept, three rounds would add 48 MiB or more; one instance may still be held at a reading.
   const growth = await external() - afterFirst
-  assert.ok(growth < 16 * 1024 * 1024, `external memory grew by ${(growth / 2 ** 20).toFixed(0)} MiB over a round`)
+  assert.ok(growth < 32 * 1024 * 1024, `external memory grew by ${(growth / 2 ** 20).toFixed(0)} MiB over three rounds`)
   await tp.register({ name: 'probe', callback_url: callback, parameters: { type: 'object', properties: { a: { type: 'string', pattern: '^q+$', format: 'email' } } } })
   const refused = await tp.callTool('A', { name: 'probe', arguments: { a: 'zz' } })
   assert.match(refused.error ?? '', /^arguments do not match the tool's parameters/)
