@@ -161,15 +161,24 @@ export class CallbackServer {
     return null
   }
 
-  async #call (tool: ResolvedTool, bodyText: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  async #call (tool: ResolvedTool, bodyBytes: Buffer, req: IncomingMessage, res: ServerResponse): Promise<void> {
     let body: { arguments?: unknown, raw_arguments?: unknown, call_id?: unknown }
+    // What the Python SDK answers too: a body that is not UTF-8 (no byte replaced), or holds a
+    // byte order mark, or is not one JSON object, is no call.
+    let bodyText: string
+    try {
+      bodyText = UTF8.decode(bodyBytes)
+    } catch {
+      sendPlain(res, 400, 'the body is not valid UTF-8')
+      return
+    }
     try {
       body = JSON.parse(bodyText)
     } catch {
       sendPlain(res, 400, 'the body is not valid JSON')
       return
     }
-    if (typeof body !== 'object' || body === null) {
+    if (typeof body !== 'object' || body === null || Array.isArray(body)) {
       sendPlain(res, 400, 'the body must be a JSON object (docs/protocol.md R9)')
       return
     }
@@ -208,7 +217,8 @@ export class CallbackServer {
   async #answer (tool: ResolvedTool, body: { arguments?: unknown, raw_arguments?: unknown },
     ctx: ToolCallContext): Promise<Envelope> {
     let args: unknown = body.arguments
-    if (args === undefined && typeof body.raw_arguments === 'string') {
+    // `null` as absent, as in the Python SDK: the raw text is then the arguments.
+    if ((args === undefined || args === null) && typeof body.raw_arguments === 'string') {
       try {
         args = JSON.parse(body.raw_arguments === '' ? '{}' : body.raw_arguments)
       } catch {
@@ -381,7 +391,7 @@ function isLoopbackHost (host: string | undefined): boolean {
  * The body as text; null when its declared length passes `maxBytes` (nothing is read, and the 413
  * closes the connection). A chunked body that grows past it rejects, and the socket is dropped.
  */
-async function readBody (req: IncomingMessage, maxBytes: number): Promise<string | null> {
+async function readBody (req: IncomingMessage, maxBytes: number): Promise<Buffer | null> {
   const declared = Number(req.headers['content-length'])
   if (Number.isFinite(declared) && declared > maxBytes) return null
   const chunks: Buffer[] = []
@@ -391,8 +401,11 @@ async function readBody (req: IncomingMessage, maxBytes: number): Promise<string
     if (size > maxBytes) throw new Error(`the body is larger than ${maxBytes} bytes`)
     chunks.push(chunk)
   }
-  return Buffer.concat(chunks).toString('utf8')
+  return Buffer.concat(chunks)
 }
+
+/** Strict UTF-8 that keeps a byte order mark (which JSON.parse then refuses, as JSON has none). */
+const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true })
 
 const DOT_MARK = '='
 /** The segments of the names `.` and `..` (see segmentOf). */

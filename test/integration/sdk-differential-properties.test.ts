@@ -1296,3 +1296,32 @@ test('regression: the Python SDK refuses what the TS SDK refuses at construction
   }
   assert.deepEqual(failures, [])
 })
+
+test('regression: a direct caller\'s malformed body is answered alike by both SDKs — a JSON array, invalid UTF-8, a byte order mark and UTF-16 are 400, and `"arguments": null` beside `raw_arguments` takes the raw text (docs/protocol.md R9)', {
+  skip: pythonMissing, timeout: FAILING_TIMEOUT_MS
+}, async (t) => {
+  const world = await startToolport(t, { roles: ['ts', 'py'] })
+  await startPair(t, world, [{ name: 'echo', parameters: { type: 'object' }, behaviour: { echo: true } }], { watchEvents: false })
+  const urlOf = (role: string): string => {
+    const row = world.tp.list(role).tools_by_role[role]?.find((tool) => tool.name === 'echo')
+    assert.ok(row?.callback_url !== undefined, role)
+    return row.callback_url
+  }
+  const call = '{"name":"echo","arguments":{}}'
+  const bodies: Array<[string, Buffer, number]> = [
+    ['a JSON array', Buffer.from(`[${call}]`), 400],
+    ['invalid UTF-8', Buffer.concat([Buffer.from('{"name":"echo","arguments":{"q":"'), Buffer.from([0xff]), Buffer.from('"}}')]), 400],
+    ['a byte order mark', Buffer.from(`\ufeff${call}`), 400],
+    ['UTF-16', Buffer.from(`\ufeff${call}`, 'utf16le'), 400],
+    ['arguments null beside raw_arguments', Buffer.from('{"name":"echo","arguments":null,"raw_arguments":"{\\"q\\":1}"}'), 200]
+  ]
+  for (const [what, body, status] of bodies) {
+    const answers = await Promise.all(['ts', 'py'].map(async (role) => {
+      const res = await request(urlOf(role), { method: 'POST', headers: { 'content-type': 'application/json' }, body })
+      const text = await res.body.text()
+      return { status: res.statusCode, output: res.statusCode === 200 ? JSON.parse(text).output : undefined }
+    }))
+    const expected = { status, output: status === 200 ? { q: 1 } : undefined }
+    assert.deepEqual(answers, [expected, expected], what)
+  }
+})

@@ -239,10 +239,15 @@ class CallbackServer:
         if tool is None:
             return web.Response(status=404, text="no such tool")
         try:
-            body = decode(await request.read())
+            raw = await request.read()
+            # Strict UTF-8, as the TypeScript SDK reads it: json.loads would also take a byte order
+            # mark, UTF-16 or UTF-32, which no call is.
+            body = decode(raw.decode("utf-8"))
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413, text=f"the body is larger than {self._max_body_bytes} bytes",
                                 headers={"connection": "close"})
+        except UnicodeDecodeError:
+            return web.Response(status=400, text="the body is not valid UTF-8")
         except ValueError:
             return web.Response(status=400, text="the body is not valid JSON")
         if not isinstance(body, dict):
