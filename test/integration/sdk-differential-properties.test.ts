@@ -1303,9 +1303,9 @@ test('regression: a direct caller\'s malformed body is answered alike by both SD
   const world = await startToolport(t, { roles: ['ts', 'py'] })
   await startPair(t, world, [{ name: 'echo', parameters: { type: 'object' }, behaviour: { echo: true } }], { watchEvents: false })
   const urlOf = (role: string): string => {
-    const row = world.tp.list(role).tools_by_role[role]?.find((tool) => tool.name === 'echo')
-    assert.ok(row?.callback_url !== undefined, role)
-    return row.callback_url
+    const url = world.tp.list(role).tools_by_role[role]?.find((tool) => tool.name === 'echo')?.callback_url
+    assert.ok(typeof url === 'string', role)
+    return url
   }
   const call = '{"name":"echo","arguments":{}}'
   const bodies: Array<[string, Buffer, number]> = [
