@@ -905,11 +905,17 @@ function expectedSchema (parameters: Json): Json {
     const branches = schema[key] as Json[]
     delete schema[key]
     const properties: Json = { ...(schema.properties ?? {}) }
+    // A name several branches give differently is each of them: anyOf (allOf under allOf).
+    const forms = new Map<string, Json[]>()
     for (const branch of branches) {
-      for (const [name, child] of Object.entries(branch.properties ?? {})) {
-        if (!Object.hasOwn(properties, name)) properties[name] = child
+      for (const [name, raw] of Object.entries(branch.properties ?? {})) {
+        const child = typeof raw === 'boolean' ? (raw ? {} : { not: {} }) : raw
+        const list = forms.get(name) ?? []
+        if (!list.some((seen) => JSON.stringify(seen) === JSON.stringify(child))) list.push(child)
+        forms.set(name, list)
       }
     }
+    for (const [name, list] of forms) properties[name] = list.length === 1 ? list[0] : { [key === 'allOf' ? 'allOf' : 'anyOf']: list }
     const requireds = branches.map((branch) => (branch.required ?? []) as string[])
     const required = key === 'allOf' ? requireds.flat() : requireds[0]!.filter((name) => requireds.every((r) => r.includes(name)))
     if (Object.keys(properties).length > 0) schema.properties = properties

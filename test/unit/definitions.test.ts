@@ -93,7 +93,8 @@ test('definitions: a root anyOf/oneOf/allOf (zod\'s unions), which OpenAI and An
   assert.deepEqual(objectSchema(union), {
     $schema: 'https://json-schema.org/draft/2020-12/schema',
     type: 'object',
-    properties: { kind: { const: 'a' }, x: { type: 'string' }, y: { type: 'array', items: {} } },
+    // The discriminator keeps both values: the model may pick either branch.
+    properties: { kind: { anyOf: [{ const: 'a' }, { const: 'b' }] }, x: { type: 'string' }, y: { type: 'array', items: {} } },
     required: ['kind']
   })
   // allOf requires what each branch requires; a local $ref branch is followed; root not/enum go.
@@ -111,6 +112,23 @@ test('definitions: a root anyOf/oneOf/allOf (zod\'s unions), which OpenAI and An
   })
   const plain = { type: 'object', properties: { tags: { type: 'array', items: { type: 'string' } }, pair: { type: 'array', prefixItems: [{}, {}] } } }
   assert.equal(objectSchema(plain), plain, 'a schema that needs nothing is passed as it is')
+  // Inside a tuple too; never in data (`default`, `examples`, an extension keyword).
+  assert.deepEqual(objectSchema({
+    type: 'object',
+    properties: { pair: { type: 'array', prefixItems: [{ type: 'array' }], default: { type: 'array' } } },
+    'x-example': { type: 'array' }
+  }), {
+    type: 'object',
+    properties: { pair: { type: 'array', prefixItems: [{ type: 'array', items: {} }], default: { type: 'array' } } },
+    'x-example': { type: 'array' }
+  })
+  // A closed root refuses what its branches add: nothing is added. A malformed %-escape in a $ref names nothing.
+  assert.deepEqual(objectSchema({
+    type: 'object',
+    properties: { a: { type: 'string' } },
+    additionalProperties: false,
+    anyOf: [{ properties: { b: { type: 'string' } } }, { $ref: '#/$defs/%zz' }]
+  }), { type: 'object', properties: { a: { type: 'string' } }, additionalProperties: false })
 })
 
 test('definitions: results are frozen and memoised per registry snapshot; a registry change gives new ones', async (t) => {

@@ -7,7 +7,6 @@
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { JsonSchemaObject } from '../schemas.js'
 import { validationError } from '../errors.js'
-import traverse from 'json-schema-traverse'
 import { deepFreeze } from '../../shared/util.js'
 
 /** The formats `toolDefinitions` and `GET /api/tools/definitions` produce. */
@@ -160,10 +159,40 @@ const ROOT_COMBINATORS = ['allOf', 'anyOf', 'oneOf'] as const
 function isPortable (schema: JsonSchemaObject): boolean {
   if (!isObjectSchema(schema) || ROOT_COMBINATORS.some((key) => schema[key] !== undefined)) return false
   let portable = true
-  traverse(schema, { allKeys: true }, (node) => {
-    if (portable && isItemlessArray(node)) portable = false
+  forEachSubschema(schema, (node) => {
+    if (isItemlessArray(node)) portable = false
   })
   return portable
+}
+
+/** Keywords whose value is one subschema, an array of them, or a map of names to them. */
+const ONE_SCHEMA = ['items', 'additionalItems', 'contains', 'additionalProperties', 'propertyNames', 'not', 'if',
+  'then', 'else', 'unevaluatedItems', 'unevaluatedProperties', 'contentSchema']
+const SCHEMA_LIST = ['allOf', 'anyOf', 'oneOf', 'prefixItems', 'items']
+const SCHEMA_MAP = ['properties', 'patternProperties', '$defs', 'definitions', 'dependentSchemas', 'dependencies']
+
+/**
+ * Calls `visit` with `root` and each of its subschemas, reached through the keywords above only
+ * (never a `default`, `examples`, `const` or an unknown keyword's data), with a stack of its own.
+ */
+function forEachSubschema (root: JsonSchemaObject, visit: (schema: JsonSchemaObject) => void): void {
+  const stack: unknown[] = [root]
+  const push = (value: unknown): void => {
+    if (typeof value === 'object' && value !== null && !Array.isArray(value)) stack.push(value)
+  }
+  while (stack.length > 0) {
+    const schema = stack.pop() as JsonSchemaObject
+    visit(schema)
+    for (const key of ONE_SCHEMA) push(schema[key])
+    for (const key of SCHEMA_LIST) {
+      const list = schema[key]
+      if (Array.isArray(list)) for (const item of list) push(item)
+    }
+    for (const key of SCHEMA_MAP) {
+      const map = schema[key]
+      if (typeof map === 'object' && map !== null && !Array.isArray(map)) for (const item of Object.values(map)) push(item)
+    }
+  }
 }
 
 function portableCopy (parameters: JsonSchemaObject): JsonSchemaObject {
@@ -175,26 +204,44 @@ function portableCopy (parameters: JsonSchemaObject): JsonSchemaObject {
   if (properties === undefined) delete copy.properties
   else copy.properties = properties
   if (!isStringArray(copy.required)) delete copy.required
-  traverse(copy, { allKeys: true }, (node) => {
+  forEachSubschema(copy, (node) => {
     if (isItemlessArray(node)) node.items = {}
   })
   return copy
 }
 
-/** See `objectSchema`: the root's combinators become its own properties and required. */
+/**
+ * See `objectSchema`: the root's combinators become its own properties and required. A property
+ * several branches give differently is each of them (`anyOf`; `allOf` under a root `allOf`), so
+ * a discriminator's `const`s all reach the model; one the root has itself keeps the root's schema
+ * (the branches only narrow it). With `additionalProperties: false` at the root, a property the
+ * root does not name is refused anyway, so none is added.
+ */
 function mergeRootCombinators (root: JsonSchemaObject): void {
   if (!ROOT_COMBINATORS.some((key) => root[key] !== undefined)) return
-  const properties = new Map<string, unknown>(Object.entries(propertiesMap(root.properties) ?? {}))
+  const own = propertiesMap(root.properties) ?? {}
+  const properties = new Map<string, unknown>(Object.entries(own))
   const required = new Set<string>(isStringArray(root.required) ? root.required as string[] : [])
+  const closed = root.additionalProperties === false
   for (const key of ROOT_COMBINATORS) {
     const branches = root[key]
     delete root[key]
     if (!Array.isArray(branches)) continue
     const schemas = branches.map((branch) => localSchema(root, branch))
+    const given = new Map<string, Map<string, unknown>>()
     for (const branch of schemas) {
       for (const [name, child] of Object.entries(propertiesMap(branch?.properties) ?? {})) {
-        if (!properties.has(name)) properties.set(name, child)
+        if (Object.hasOwn(own, name) || closed) continue
+        const forms = given.get(name) ?? new Map<string, unknown>()
+        forms.set(JSON.stringify(child), child)
+        given.set(name, forms)
       }
+    }
+    for (const [name, forms] of given) {
+      const distinct = [...forms.values()]
+      const joined = distinct.length === 1 ? distinct[0] : { [key === 'allOf' ? 'allOf' : 'anyOf']: distinct }
+      const earlier = properties.get(name)
+      properties.set(name, earlier === undefined ? joined : { allOf: [earlier, joined] })
     }
     const requiredOf = schemas.map((branch) => isStringArray(branch?.required) ? branch?.required as string[] : [])
     const kept = key === 'allOf'
@@ -217,7 +264,12 @@ function localSchema (root: JsonSchemaObject, branch: unknown): JsonSchemaObject
   const match = typeof ref === 'string' ? /^#\/(\$defs|definitions)\/([^/]+)$/.exec(ref) : null
   if (match === null) return branch as JsonSchemaObject
   const table = root[match[1] as string]
-  const name = decodeURIComponent(match[2] as string).replaceAll('~1', '/').replaceAll('~0', '~')
+  let name: string
+  try {
+    name = decodeURIComponent(match[2] as string).replaceAll('~1', '/').replaceAll('~0', '~')
+  } catch {
+    return undefined // a malformed %-escape names nothing
+  }
   const target = typeof table === 'object' && table !== null && Object.hasOwn(table, name)
     ? (table as Record<string, unknown>)[name]
     : undefined
