@@ -229,6 +229,31 @@ async def test_a_pydantic_pattern_is_checked_by_pydantic_not_by_backtracking_re_
         assert (await api.call("ping", {}))["output"] == "pong"
 
 
+class Digits(pydantic.BaseModel):
+    value: str = pydantic.Field(pattern=r"^[0-9]+$")
+
+
+class Letters(pydantic.BaseModel):
+    value: str = pydantic.Field(pattern=r"^[a-z]+$")
+
+
+async def test_a_union_of_models_that_differ_by_a_pattern_takes_the_member_whose_pattern_fits(api: Api) -> None:
+    """The schema check leaves patterns to pydantic, so a member whose schema fits but whose
+    pattern does not is passed over for the next one."""
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    async def kind(v: Digits | Letters) -> str:
+        return type(v).__name__
+
+    async with plugin:
+        assert (await api.call("kind", {"v": {"value": "123"}}))["output"] == "Digits"
+        assert (await api.call("kind", {"v": {"value": "abc"}}))["output"] == "Letters"
+        refused = await api.call("kind", {"v": {"value": "ABC"}})
+        # Toolport itself refuses what neither pattern takes (RE2), before any call.
+        assert refused["is_error"] is True and "must match pattern" in refused["error"], refused
+
+
 async def test_arguments_a_conversion_refuses_or_an_optional_model_are_answered_as_results_never_a_500(
         api: Api, caplog: pytest.LogCaptureFixture) -> None:
     plugin = new_plugin(api)

@@ -42,8 +42,8 @@ export class CallbackServer {
   /** `/<secret>/tools/`: every callback path starts with it. */
   readonly #prefix: string
   readonly #sockets = new Set<Socket>()
-  /** Sockets with a request being answered: the only ones close() waits for. */
-  readonly #answering = new Set<Socket>()
+  /** Sockets with requests being answered, and how many (pipelined): the only ones close() waits for. */
+  readonly #answering = new Map<Socket, number>()
   #url = ''
 
   constructor (options: CallbackServerOptions) {
@@ -117,8 +117,12 @@ export class CallbackServer {
 
   #onRequest (req: IncomingMessage, res: ServerResponse): void {
     const socket = req.socket
-    this.#answering.add(socket)
-    res.once('close', () => { this.#answering.delete(socket) })
+    this.#answering.set(socket, (this.#answering.get(socket) ?? 0) + 1)
+    res.once('close', () => {
+      const left = (this.#answering.get(socket) ?? 1) - 1
+      if (left > 0) this.#answering.set(socket, left)
+      else this.#answering.delete(socket)
+    })
     const path = (req.url ?? '').split('?', 1)[0] as string
     const refusal = this.#refusal(req, path)
     if (refusal !== null) {

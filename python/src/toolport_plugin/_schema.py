@@ -351,13 +351,21 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is typing.Annotated or origin in _KEY_QUALIFIERS:
         return _convert(value, args[0], path)
     if origin is Union or origin is types.UnionType:
-        # The first member whose schema the value fits decides (as anyOf did).
+        # The first member whose schema the value fits, and that converts it, decides (as anyOf
+        # did). A member's own checks the schema check leaves to it (a pydantic pattern) may refuse
+        # the value: the next member is tried, and the last refusal is the answer if none takes it.
+        refused: ArgumentsError | None = None
         for member in args:
             if member is _NONE_TYPE:
                 continue
             validator = _member_validator(member)
             if validator is not None and validator.is_valid(value):
-                return _convert(value, member, path)
+                try:
+                    return _convert(value, member, path)
+                except ArgumentsError as err:
+                    refused = err
+        if refused is not None:
+            raise refused
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
