@@ -909,7 +909,7 @@ function expectedSchema (parameters: Json): Json {
     const forms = new Map<string, Json[]>()
     for (const branch of branches) {
       for (const [name, raw] of Object.entries(branch.properties ?? {})) {
-        const child = typeof raw === 'boolean' ? (raw ? {} : { not: {} }) : raw
+        const child: Json = typeof raw === 'boolean' ? (raw ? {} : { not: {} }) : raw as Json
         const list = forms.get(name) ?? []
         if (!list.some((seen) => JSON.stringify(seen) === JSON.stringify(child))) list.push(child)
         forms.set(name, list)
