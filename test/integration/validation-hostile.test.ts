@@ -212,16 +212,20 @@ test('pattern bomb: a schema of 40 costly patterns compiles them on the main thr
   assert.equal(regExpCompileCount(), before + 2)
 })
 
-test('leak: replacing a tool with 60 KB schemas and calling it returns the heap to its baseline', ATTACK, async (t) => {
+/**
+ * Full collections with ticks between (FinalizationRegistry callbacks run after a collection), in
+ * a process started without --expose-gc.
+ */
+async function collect (): Promise<void> {
   setFlagsFromString('--expose-gc')
   const gc = runInNewContext('gc') as () => void
-  const collect = async (): Promise<void> => {
-    // Twice, with ticks between: FinalizationRegistry callbacks run after a collection.
-    for (let i = 0; i < 3; i++) {
-      gc()
-      await tick()
-    }
+  for (let i = 0; i < 3; i++) {
+    gc()
+    await tick()
   }
+}
+
+test('leak: replacing a tool with 60 KB schemas and calling it returns the heap to its baseline', ATTACK, async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], limits: { maxParametersBytes: 128 * 1024 } })
   const schema = (version: number): Record<string, unknown> => {
     const properties: Record<string, unknown> = {}
@@ -386,13 +390,8 @@ test('a schema whose patterns exhaust RE2\'s WebAssembly memory is refused, and 
 })
 
 test('patterns kept on the main thread past RE2\'s WebAssembly memory do not break validation for good: the engine is loaded afresh (the old one freed), and every tool\'s patterns still judge their arguments', { timeout: 180_000 }, async (t) => {
-  setFlagsFromString('--expose-gc')
-  const gc = runInNewContext('gc') as () => void
   const external = async (): Promise<number> => {
-    for (let i = 0; i < 3; i++) {
-      gc()
-      await tick()
-    }
+    await collect()
     return process.memoryUsage().external
   }
   const tp = await createTestToolport(t, {
