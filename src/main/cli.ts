@@ -14,7 +14,7 @@ import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { ENVIRONMENT } from './environment.js'
 import { isToolportError } from './errors.js'
-import { errorText, isPlainObject } from '../shared/util.js'
+import { errorText, isPlainObject, noop } from '../shared/util.js'
 import { kDispatchMode } from './symbols.js'
 
 const USAGE = `Usage: toolport <command> [options]
@@ -252,8 +252,6 @@ function fileFlag (value: string | undefined, flag: string): string | undefined 
   if (value === '') throw new UsageError(`${flag} needs a file name (it was given an empty one)`)
   return value
 }
-
-function noop (): void {}
 
 /** Strict flag parsing; a bad flag is a usage error (printed with the usage text, exit 2). */
 function parseFlags<const T extends NonNullable<ParseArgsConfig['options']>> (args: string[],
