@@ -183,6 +183,16 @@ export function isWasmAbort (err: unknown): err is Error {
   return err instanceof Error && err.name === 'RuntimeError'
 }
 
+/**
+ * Rethrows `err` unless it is a WebAssembly abort, which drops the instance (`reloadRE2`): the
+ * caller then tries once more on a fresh one, and a second abort (a pattern larger than the whole
+ * engine) is thrown.
+ */
+function reloadOnAbort (err: unknown): void {
+  if (!isWasmAbort(err)) throw err
+  reloadRE2()
+}
+
 /** Drops the aborted re2-wasm instance: the next RE2 object loads a fresh one. */
 function reloadRE2 (): void {
   const root = `${sep}re2-wasm${sep}`
@@ -217,19 +227,17 @@ class Re2Pattern implements LinearRegExp {
     try {
       this.#compiled()
     } catch (err) {
-      if (!isWasmAbort(err)) throw err
-      reloadRE2()
+      reloadOnAbort(err)
       this.#compiled()
     }
   }
 
   test (input: string): boolean {
+    // Written out rather than through a callback: no closure per test (a call's hot path).
     try {
       return this.#compiled().test(input)
     } catch (err) {
-      // Once more on a fresh instance; a second abort (a pattern larger than the whole engine) is thrown.
-      if (!isWasmAbort(err)) throw err
-      reloadRE2()
+      reloadOnAbort(err)
       return this.#compiled().test(input)
     }
   }
