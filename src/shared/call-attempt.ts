@@ -39,12 +39,13 @@ export interface CallOwner {
   release: (attempt: CallAttempt) => void
 }
 
-/**
- * The reply bytes the calls to one callback origin hold on this thread. The budget is shared by
- * every plugin; each origin may hold only its share of it, so that one plugin that stalls in the
- * middle of many large replies cannot leave no room for the replies of the others.
- */
+/** What the calls to one callback origin share on this thread. */
 export interface OriginShare {
+  /**
+   * Reply bytes they hold. The budget is shared by every plugin; each origin may hold only its
+   * share of it, so that one plugin that stalls in the middle of many large replies cannot leave
+   * no room for the replies of the others.
+   */
   held: number
   /** Connects to the origin under way. */
   connecting: number
@@ -232,17 +233,14 @@ export class CallAttempt implements Dispatcher.DispatchHandler {
   #keep (chunk: Buffer): boolean {
     const budget = this.#owner.budget
     const share = this.#share as OriginShare
-    if (share.held + chunk.length > this.#owner.maxOriginReplyBytes) {
-      this.stop(OutcomeKind.memory, 'TP_REPLY_BUDGET',
-        `the reply was dropped after ${this.#keptBytes} bytes: replies being received from this callback's ` +
-        `origin already hold its share (${this.#owner.maxOriginReplyBytes} bytes) of Toolport's budget of ` +
-        `${budget.limit} bytes (dispatch.maxBufferedReplyBytes); try again shortly`)
-      return false
-    }
-    if (!budget.take(chunk.length)) {
-      this.stop(OutcomeKind.memory, 'TP_REPLY_BUDGET',
-        `the reply was dropped after ${this.#keptBytes} bytes: replies being received already hold ` +
-        `Toolport's budget of ${budget.limit} bytes (dispatch.maxBufferedReplyBytes); try again shortly`)
+    const max = this.#owner.maxOriginReplyBytes
+    const overShare = share.held + chunk.length > max
+    if (overShare || !budget.take(chunk.length)) {
+      const holders = overShare
+        ? `from this callback's origin already hold its share (${max} bytes) of Toolport's budget`
+        : 'already hold Toolport\'s budget'
+      this.stop(OutcomeKind.memory, 'TP_REPLY_BUDGET', `the reply was dropped after ${this.#keptBytes} bytes: replies ` +
+        `being received ${holders} of ${budget.limit} bytes (dispatch.maxBufferedReplyBytes); try again shortly`)
       return false
     }
     share.held += chunk.length
