@@ -257,6 +257,33 @@ async def test_ownership_mode_binds_the_source_to_the_plugin_key(tmp_path: os.Pa
         await asyncio.to_thread(tp.stop)
 
 
+async def test_a_name_another_source_holds_fails_start_at_once_naming_the_owner(tmp_path: os.PathLike[str]) -> None:
+    """README "Python plugin SDK" → Start and stop: an answer that says the registration is wrong
+    raises at once. A name every role refused because another source holds it (ownership mode) will
+    not heal by waiting: no retrying for ``start_timeout``, and the reason is in the message."""
+    config = os.path.join(tmp_path, "config.json")
+    with open(config, "w") as f:
+        f.write('{"security": {"enforceOwnership": true}}')
+    tp = await asyncio.to_thread(start_toolport, ["default"], ["--config", config])
+    try:
+        owner = Plugin("first-owner", toolport_url=tp.url, poll_interval=0.3)
+        owner.tool(_echo)
+        async with owner:
+            # A start_timeout far beyond the hang guard: a retried refusal would fail the test.
+            second = Plugin("second-comer", toolport_url=tp.url, start_timeout=600)
+            second.tool(_echo)
+            with pytest.raises(PluginError) as info:
+                await asyncio.wait_for(second.start(), 20)
+            assert info.value.code == "TP_ERR_PLUGIN_REFUSED"
+            assert "(default: '_echo' belongs to source 'plugin:first-owner')" in info.value.message, info.value.message
+            assert info.value.details == [{"path": "default", "message": "'_echo' belongs to source 'plugin:first-owner'"}]
+            # Nothing of it was registered, so its failed start() sent no clear.
+            stopped = await second.stop()
+            assert (stopped.is_cleared, stopped.removed, stopped.error) == (False, 0, None)
+    finally:
+        await asyncio.to_thread(tp.stop)
+
+
 async def test_stop_of_a_plugin_whose_role_is_gone_reports_a_clean_clear(own_api: Api) -> None:
     # Its one role went away (here: Toolport restarted without it) and every tool of its source
     # with it: stop() has nothing to clear and says so, as the TypeScript SDK does, instead of

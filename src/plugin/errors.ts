@@ -62,13 +62,22 @@ export class PluginError extends Error {
   }
 }
 
+/** Registrations every role refused because the name is taken (a local tool, another source's). */
+const nameTaken = new WeakSet<PluginError>()
+
+/** Marks `err` as a registration every role refused because another owner holds the name. */
+export function markNameTaken (err: PluginError): void {
+  nameTaken.add(err)
+}
+
 /**
  * True for a failure worth retrying: Toolport is down, overloaded or closing (5xx), or had no role
- * to take the registration. A 4xx answer is the plugin's own mistake and will not heal by itself.
+ * to take the registration. A 4xx answer is the plugin's own mistake and will not heal by itself,
+ * nor does a name every role refused because a local tool or another source holds it.
  */
 export function isTransient (err: unknown): boolean {
   if (!(err instanceof PluginError)) return false
   if (err.code === PLUGIN_ERROR_CODES.unreachable) return true
-  if (err.code !== PLUGIN_ERROR_CODES.refused) return false
+  if (err.code !== PLUGIN_ERROR_CODES.refused || nameTaken.has(err)) return false
   return err.statusCode === undefined || err.statusCode >= 500
 }

@@ -16,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
-import { provesNotRegistered, ToolportClient, type RegisterAnswer, type RegisterBody } from './toolport-client.js'
+import { problemsText, provesNotRegistered, ToolportClient, type RegisterAnswer, type RegisterBody } from './toolport-client.js'
 import { errorText, noop } from '../shared/util.js'
 import { EventWatch } from './event-watch.js'
 
@@ -250,9 +250,13 @@ export class Plugin extends EventEmitter<PluginEvents> {
       }
       names.push(tool.name)
       for (const r of answer.affected_roles) roles.add(r)
-      if (answer.failed_roles.length > 0) {
+      if (answer.refused.length > 0) {
+        // docs/protocol.md R5/R8: those roles keep the local tool or the other source's tool.
+        this.#options.logger.warn?.(`'${tool.name}' registered, but ${answer.refused.length} role(s) refused it: the name is taken${problemsText(answer.refused)}`)
+      }
+      if (answer.unsynced.length > 0) {
         // docs/protocol.md R8: the registry has it; the role's next successful sync carries it to the model.
-        this.#options.logger.warn?.(`'${tool.name}' registered, but ${answer.failed_roles.length} role(s) failed to sync it to their sessions`)
+        this.#options.logger.warn?.(`'${tool.name}' registered, but ${answer.unsynced.length} role(s) failed to sync it to their sessions${problemsText(answer.unsynced)}`)
       }
     }
     return { names, roles: [...roles] }

@@ -5,7 +5,7 @@
 // this loopback traffic or its bearer token. Every failure becomes a `PluginError` so callers can
 // tell "try again later" (unreachable, 5xx, no role took it) from "this request is wrong" (4xx).
 import { Pool } from 'undici'
-import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
+import { PLUGIN_ERROR_CODES, PluginError, markNameTaken, type PluginErrorDetail } from './errors.js'
 import { isPlainObject } from '../shared/util.js'
 
 /** The wire form of a registration (docs/protocol.md "Register"). */
@@ -23,7 +23,10 @@ export interface RegisterBody {
 export interface RegisterAnswer {
   registered: string
   affected_roles: string[]
-  failed_roles: unknown[]
+  /** Roles that refused the tool because its name is taken (`owned_by`): `path` is the role. */
+  refused: PluginErrorDetail[]
+  /** Roles that took the tool and failed to sync it to their sessions (R8): `path` is the role. */
+  unsynced: PluginErrorDetail[]
 }
 
 /** One row of `GET /api/tools` (docs/protocol.md R18). */
@@ -96,18 +99,27 @@ export class ToolportClient {
   }
 
   async register (body: RegisterBody): Promise<RegisterAnswer> {
-    const answer = await this.#request('POST', 'api/tools/register', body) as Partial<RegisterAnswer> & {
+    const answer = await this.#request('POST', 'api/tools/register', body) as {
       ok?: unknown,
-      error?: unknown
+      error?: unknown,
+      registered?: unknown,
+      affected_roles?: unknown,
+      failed_roles?: unknown
     }
+    const failed: unknown[] = Array.isArray(answer.failed_roles) ? answer.failed_roles : []
     if (answer.ok !== true) {
       // docs/protocol.md R8: a well-formed registration no role accepted (e.g. Toolport has no role yet).
       const reason = typeof answer.error === 'string' ? answer.error : 'no role accepted it'
-      const err = new PluginError(PLUGIN_ERROR_CODES.refused, `Toolport did not register '${body.name}': ${reason}`)
+      const details = roleProblems(failed)
+      const err = new PluginError(PLUGIN_ERROR_CODES.refused,
+        `Toolport did not register '${body.name}': ${reason}${problemsText(details)}`, { details })
       // Every role refused it (another source or a local tool owns the name), or there was no
       // role: the registry does not hold it. Otherwise some role took it and its sync failed.
-      const failed: unknown[] = Array.isArray(answer.failed_roles) ? answer.failed_roles : []
-      if (failed.every((f) => isPlainObject(f) && typeof f.owned_by === 'string')) nothingRegistered.add(err)
+      if (failed.every(isOwnerRefusal)) {
+        nothingRegistered.add(err)
+        // A name that is taken stays taken: retrying would only wait out startTimeoutMs.
+        if (failed.length > 0) markNameTaken(err)
+      }
       throw err
     }
     // The answer is read defensively: a field of the wrong type is ignored, never converted (an
@@ -117,7 +129,8 @@ export class ToolportClient {
       affected_roles: Array.isArray(answer.affected_roles)
         ? answer.affected_roles.filter((r): r is string => typeof r === 'string')
         : [],
-      failed_roles: Array.isArray(answer.failed_roles) ? answer.failed_roles : []
+      refused: roleProblems(failed.filter(isOwnerRefusal)),
+      unsynced: roleProblems(failed.filter((f) => !isOwnerRefusal(f)))
     }
   }
 
@@ -248,6 +261,29 @@ async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error
     chunks.push(chunk)
   }
   return Buffer.concat(chunks).toString('utf8')
+}
+
+/** A `failed_roles` entry of a role that refused the tool because another owner holds its name. */
+function isOwnerRefusal (entry: unknown): boolean {
+  return isPlainObject(entry) && typeof entry.owned_by === 'string'
+}
+
+/** `failed_roles` entries as details, `path` naming the role (entries of the wrong shape are skipped). */
+function roleProblems (failed: unknown[]): PluginErrorDetail[] {
+  const problems: PluginErrorDetail[] = []
+  for (const entry of failed) {
+    if (!isPlainObject(entry) || typeof entry.role !== 'string') continue
+    problems.push({ path: entry.role, message: typeof entry.error === 'string' ? entry.error : 'failed' })
+  }
+  return problems
+}
+
+/** ` (Lanlan: …; Yui: …)`, at most three roles named (each message cut at 200 characters), or ''. */
+export function problemsText (problems: readonly PluginErrorDetail[]): string {
+  if (problems.length === 0) return ''
+  const cut = (text: string): string => text.length > 200 ? `${text.slice(0, 200)}…` : text
+  const named = problems.slice(0, 3).map((p) => `${cut(p.path)}: ${cut(p.message)}`).join('; ')
+  return ` (${named}${problems.length > 3 ? `; and ${problems.length - 3} more` : ''})`
 }
 
 function describe (err: unknown): string {

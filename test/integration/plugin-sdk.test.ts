@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
-import { session, startToolport, toolportCliArgs, waitFor } from '../helpers.js'
+import { session, startToolport, toolportCliArgs, waitFor, within } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
@@ -253,6 +253,44 @@ test('a start() answered `ok: false` because no role took the tool (no roles exi
   await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_REFUSED' })
   // A clear would have answered (removed 0) and made this isCleared: true.
   assert.deepEqual(await plugin.stop(), { isCleared: false, removed: 0, error: null })
+})
+
+test('a start() whose tool name every role refused (a local tool holds it) rejects at once naming the reason, never retrying for startTimeoutMs; a role that refused it beside one that took it is warned about as a refusal, not a failed sync (README "Plugin SDK": start and stop)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A', 'B'] })
+  await tp.tp.roles.get('A').registerLocalTool({ name: 'get_time', handler: () => 'local' })
+  const only = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:taken',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    // Long enough that a retried refusal would outlive the test's hang guard below.
+    startTimeoutMs: 600_000,
+    tools: { get_time: { handler: () => 'remote' } }
+  })
+  await within(assert.rejects(only.start(), (err: unknown) => {
+    assert.ok(err instanceof PluginError)
+    assert.equal(err.code, 'TP_ERR_PLUGIN_REFUSED')
+    assert.match(err.message, /did not register 'get_time'.*\(A: 'get_time' is a local tool of this role/)
+    assert.deepEqual(err.details.map((d) => d.path), ['A'])
+    return true
+  }), 'start() to reject', 20_000)
+  // Nothing of it was registered, so its failed start() sent no clear.
+  assert.deepEqual(await only.stop(), { isCleared: false, removed: 0, error: null })
+
+  const warnings: string[] = []
+  const both = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:taken-in-one',
+    role: null,
+    logger: { warn: (message: string) => { warnings.push(message) } },
+    watchEvents: false,
+    tools: { get_time: { handler: () => 'remote' } }
+  })
+  t.after(() => both.stop({ graceMs: 0 }))
+  assert.deepEqual((await both.start()).roles, ['B'])
+  assert.equal(warnings.length, 1, warnings.join('\n'))
+  assert.match(warnings[0] as string, /'get_time' registered, but 1 role\(s\) refused it: the name is taken \(A: 'get_time' is a local tool/)
 })
 
 test('a plugin whose tool another instance of its source took over warns naming that callback\'s origin, never its secret path (README "Plugin SDK" → Privacy)', async (t) => {

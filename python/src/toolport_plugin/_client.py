@@ -75,15 +75,23 @@ class ToolportClient:
     async def register(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /api/tools/register``; an ``ok: false`` answer (no role took it) is an error."""
         answer = await self._request("POST", "api/tools/register", body)
+        failed = answer.get("failed_roles")
+        failed = failed if isinstance(failed, list) else []
         if answer.get("ok") is not True:
             reason = answer.get("error") if isinstance(answer.get("error"), str) else "no role accepted it"
-            err = PluginError(REFUSED, f"Toolport did not register {body.get('name')!r}: {reason}")
+            details = role_problems(failed)
+            err = PluginError(
+                REFUSED, f"Toolport did not register {body.get('name')!r}: {reason}{problems_text(details)}",
+                details=details,
+            )
             # Every role refused it (another source or a local tool owns the name), or there was
             # no role: the registry does not hold it. Otherwise some role took it and its sync failed.
-            failed = answer.get("failed_roles")
-            failed = failed if isinstance(failed, list) else []
-            err._nothing_registered = all(isinstance(f, dict) and isinstance(f.get("owned_by"), str) for f in failed)
+            err._nothing_registered = all(_is_owner_refusal(f) for f in failed)
+            # A name that is taken stays taken: retrying would only wait out start_timeout.
+            err._name_taken = err._nothing_registered and len(failed) > 0
             raise err
+        answer["refused"] = role_problems([f for f in failed if _is_owner_refusal(f)])
+        answer["unsynced"] = role_problems([f for f in failed if not _is_owner_refusal(f)])
         return answer
 
     async def clear(self, source: str, role: str | None) -> int:
@@ -252,6 +260,34 @@ async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, 
 def _describe(err: BaseException) -> str:
     text = str(err)
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _is_owner_refusal(entry: Any) -> bool:
+    """A ``failed_roles`` entry of a role that refused the tool because another owner holds its name."""
+    return isinstance(entry, dict) and isinstance(entry.get("owned_by"), str)
+
+
+def role_problems(failed: list[Any]) -> list[dict[str, str]]:
+    """``failed_roles`` entries as details, ``path`` naming the role (wrong shapes are skipped)."""
+    problems = []
+    for entry in failed:
+        if isinstance(entry, dict) and isinstance(entry.get("role"), str):
+            error = entry.get("error")
+            problems.append({"path": entry["role"], "message": error if isinstance(error, str) else "failed"})
+    return problems
+
+
+def problems_text(problems: list[dict[str, str]]) -> str:
+    """`` (Lanlan: …; Yui: …)``, at most three roles named (each message cut at 200 characters), or ''."""
+    if not problems:
+        return ""
+
+    def cut(text: str) -> str:
+        return text[:200] + "…" if len(text) > 200 else text
+
+    named = "; ".join(f"{cut(p['path'])}: {cut(p['message'])}" for p in problems[:3])
+    more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+    return f" ({named}{more})"
 
 
 def proves_not_registered(err: PluginError) -> bool:

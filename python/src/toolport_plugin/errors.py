@@ -45,6 +45,8 @@ class PluginError(Exception):
         self.details = details or []
         # Set by the API client on an ``ok: false`` registration answer that every role refused.
         self._nothing_registered = False
+        # ... and when they refused it because the name is taken (a local tool, another source's).
+        self._name_taken = False
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"
@@ -53,12 +55,13 @@ class PluginError(Exception):
 def is_transient(err: BaseException) -> bool:
     """True for a failure worth retrying: Toolport down or busy (5xx), or no role took it yet.
 
-    A 4xx answer says the request itself is wrong; it will not heal by waiting.
+    A 4xx answer says the request itself is wrong; it will not heal by waiting, nor does a name
+    every role refused because a local tool or another source holds it.
     """
     if not isinstance(err, PluginError):
         return False
     if err.code == UNREACHABLE:
         return True
-    if err.code != REFUSED:
+    if err.code != REFUSED or err._name_taken:
         return False
     return err.status is None or err.status >= 500

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import errors
-from ._client import NoEventStream, ToolportClient, proves_not_registered
+from ._client import NoEventStream, ToolportClient, problems_text, proves_not_registered
 from ._options import check_options
 from ._schema import JsonSchema, SchemaError, Signature
 from ._server import CallbackServer
@@ -435,11 +435,15 @@ class Plugin:
             # The answer's fields are read defensively: a field of another type is treated as absent.
             affected = answer.get("affected_roles")
             roles.extend(r for r in (affected if isinstance(affected, list) else []) if isinstance(r, str) and r not in roles)
-            failed = answer.get("failed_roles")
-            if isinstance(failed, list) and failed:
+            refused, unsynced = answer["refused"], answer["unsynced"]
+            if refused:
+                # R5/R8: those roles keep the local tool or the other source's tool.
+                self._log.warning("%r registered, but %d role(s) refused it: the name is taken%s",
+                                  tool.name, len(refused), problems_text(refused))
+            if unsynced:
                 # R8: the registry has it; the role's next successful sync carries it to the model.
-                self._log.warning("%r registered, but %d role(s) failed to sync it to their sessions",
-                                  tool.name, len(failed))
+                self._log.warning("%r registered, but %d role(s) failed to sync it to their sessions%s",
+                                  tool.name, len(unsynced), problems_text(unsynced))
         return names, roles
 
     async def _register_at_start(self) -> tuple[list[str], list[str]]:
