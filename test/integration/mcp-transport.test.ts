@@ -512,6 +512,45 @@ test('sessions full: an initialize evicts the least recently active idle session
   for (const s of streams) s.abort()
 })
 
+test('sessions full: a session whose call still runs after its stream dropped is not evicted (its client may resume for the answer); an idle one goes instead, and with none idle it is 503', async (t) => {
+  const { tp } = await startToolport(t, { roles: ['Lanlan'], dispatch: { closeGraceMs: 0 } })
+  const server = await callbacks(t)
+  await tp.register({ name: 'slow', callback_url: `${server.url}/sleep/60000` })
+  const mcp = await mcpOnlyApp(t, tp, { maxSessions: 2 })
+  const endpoint = mcp.endpoint('Lanlan')
+  const calling = await rawSession(endpoint)
+  const stream = await openStream(endpoint, 'POST', { 'mcp-session-id': calling, 'mcp-protocol-version': LATEST },
+    { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } })
+  while (server.requests.length < 1) await once(server.events, 'request')
+  stream.abort()
+  const session = (): { requestsInFlight: number, callsInFlight: number } | undefined =>
+    mcp.sessions.list().find((s) => s.sessionId === calling)
+  await waitFor('the dropped stream to end its request', () => session()?.requestsInFlight === 0)
+  assert.equal(session()?.callsInFlight, 1)
+  // Newer than the calling session, so least-recently-active alone would spare it.
+  const idle = await rawSession(endpoint)
+  const evicted = once(mcp.sessions, 'session-closed')
+  const third = await rawSession(endpoint)
+  const [event] = await evicted
+  assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: idle, reason: 'evicted' })
+  assert.deepEqual(mcp.sessions.list().map((s) => s.sessionId).sort(), [calling, third].sort())
+  assert.equal(session()?.callsInFlight, 1, 'the call still runs')
+
+  const busy = await openStream(endpoint, 'POST', { 'mcp-session-id': third, 'mcp-protocol-version': LATEST },
+    { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } })
+  while (server.requests.length < 2) await once(server.events, 'request')
+  busy.abort()
+  await waitFor('the second dropped stream to end its request',
+    () => mcp.sessions.list().find((s) => s.sessionId === third)?.requestsInFlight === 0)
+  const refused = await httpRequest(endpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify(initialize())
+  })
+  assert.equal(refused.statusCode, 503)
+  await refused.body.dump()
+})
+
 test('one client holds at most maxSessionsPerClient sessions: its next initialize evicts its own oldest, not another client\'s', async (t) => {
   const { tp } = await startToolport(t, { roles: ['Lanlan'] })
   const mcp = await mcpOnlyApp(t, tp, { maxSessionsPerClient: 2 })

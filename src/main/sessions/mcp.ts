@@ -271,15 +271,16 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
   }
 
   /**
-   * Ends the least recently active of `candidates` that has no request in flight, preferring one
-   * without an event stream; false when every candidate is busy. A session already ending is
-   * nobody's room twice: `initialize`s at once each end a session of their own.
+   * Ends the least recently active of `candidates` that has no request in flight and no call
+   * running (one whose stream dropped still runs, and its client may resume for the answer),
+   * preferring one without an event stream; false when every candidate is busy. A session already
+   * ending is nobody's room twice: `initialize`s at once each end a session of their own.
    */
   async #evictOne (candidates: readonly McpSession[]): Promise<boolean> {
     let victim: McpSession | undefined
     const now = performance.now()
     for (const s of candidates) {
-      if (s.isEnding || s.requestsInFlight > 0) continue
+      if (s.isEnding || s.requestsInFlight > 0 || s.callsInFlight > 0) continue
       if (victim === undefined || evictsBefore(s, victim, now)) victim = s
     }
     if (victim === undefined) return false
