@@ -6,6 +6,7 @@ import base64
 import gzip
 import json
 import logging
+import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -330,6 +331,42 @@ async def test_a_tool_error_carries_its_output_and_other_exceptions_never_a_trac
         status, reply = await post_callback(plugin, "get_weather", {"city": "Oslo"})
         assert reply == {"error": "KeyError: 'secret internals'", "is_error": True}
         assert "Traceback" not in json.dumps(reply)
+
+
+class Halt(BaseException):
+    pass
+
+
+async def test_a_tool_raising_system_exit_or_another_base_exception_fails_its_call_never_the_plugin(api: Api) -> None:
+    # A Task lets SystemExit and KeyboardInterrupt out of the event loop: a tool calling sys.exit()
+    # ended the whole plugin (and a host embedding it), and a BaseException of its own left the
+    # call without an answer.
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    def sync_exit(code: int) -> None:
+        sys.exit(code)
+
+    @plugin.tool
+    async def async_exit(code: int) -> None:
+        raise SystemExit(code)
+
+    @plugin.tool
+    def sync_interrupt() -> None:
+        raise KeyboardInterrupt
+
+    @plugin.tool
+    async def halt() -> None:
+        raise Halt("stopped")
+
+    async with plugin:
+        assert await post_callback(plugin, "sync_exit", {"code": 2}) == (200, {"error": "SystemExit: 2", "is_error": True})
+        assert await post_callback(plugin, "async_exit", {"code": 3}) == (200, {"error": "SystemExit: 3", "is_error": True})
+        assert await post_callback(plugin, "sync_interrupt", {}) == (200, {"error": "KeyboardInterrupt", "is_error": True})
+        assert await post_callback(plugin, "halt", {}) == (200, {"error": "Halt: stopped", "is_error": True})
+        # The plugin is still serving, and still registered.
+        result = await api.call("sync_exit", {"code": 4})
+        assert (result["is_error"], result["error"]) == (True, "SystemExit: 4")
 
 
 async def test_images_travel_in_the_reply_images_channel(api: Api) -> None:

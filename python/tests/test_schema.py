@@ -1,9 +1,11 @@
 """Type hints → JSON Schema, argument conversion and reply encoding, without a server."""
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
@@ -129,6 +131,65 @@ def test_an_optional_or_union_model_with_defs_arrives_as_the_model() -> None:
     assert args["shades"] == [Shade(color=Color.RED)]
     assert args["either"] == Outer(inner=Inner(n=2))
     assert sig.arguments({"either": 3, "outer": None}) == {"either": 3, "outer": None}
+
+
+class StrictEvent(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(strict=True)
+    when: datetime.datetime
+    id: uuid.UUID
+    color: Color
+    pair: tuple[int, int]
+
+
+class StrictField(pydantic.BaseModel):
+    day: datetime.date = pydantic.Field(strict=True)
+    count: int = pydantic.Field(strict=True)
+
+
+def test_a_strict_pydantic_model_takes_its_arguments_as_json_as_pydantic_reads_json() -> None:
+    # Arguments are JSON: a strict model must judge them as pydantic's JSON mode does (a datetime,
+    # UUID or Enum as its string, a tuple as an array), or no argument could ever reach it.
+    def f(event: StrictEvent, field: StrictField) -> None:
+        pass
+
+    _, sig = schema_of(f)
+    args = sig.arguments({"event": {"when": "2024-01-01T00:00:00Z", "id": "12345678-1234-5678-1234-567812345678",
+                                    "color": "red", "pair": [1, 2]},
+                          "field": {"day": "2024-02-29", "count": 3}})
+    assert args["event"] == StrictEvent(when=datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+                                        id=uuid.UUID("12345678-1234-5678-1234-567812345678"), color=Color.RED, pair=(1, 2))
+    assert args["field"] == StrictField(day=datetime.date(2024, 2, 29), count=3)
+    # Strictness still holds where the schema check lets a value by: 3.0 is a JSON Schema integer,
+    # and a strict int field refuses it.
+    with pytest.raises(ArgumentsError) as info:
+        sig.arguments({"event": {"when": "2024-01-01T00:00:00Z", "id": "12345678-1234-5678-1234-567812345678",
+                                 "color": "red", "pair": [1, 2]},
+                       "field": {"day": "2024-02-29", "count": 3.0}})
+    assert str(info.value).startswith("field: ") and "count" in str(info.value), str(info.value)
+
+
+def test_an_int_parameter_gets_an_int_for_json_integers_written_as_floats() -> None:
+    # 2.0 and 1e21 are integers to JSON Schema, and json reads them as floats.
+    def f(n: int, ns: list[int], maybe: Optional[int] = None) -> None:
+        pass
+
+    _, sig = schema_of(f)
+    args = sig.arguments(json.loads('{"n": 1e21, "ns": [2.0, 3], "maybe": -4.0}'))
+    assert args == {"n": 10**21, "ns": [2, 3], "maybe": -4}
+    assert all(type(v) is int for v in [args["n"], *args["ns"], args["maybe"]])
+
+
+class Text(pydantic.BaseModel):
+    text: str
+
+
+def test_a_lone_surrogate_in_a_models_arguments_reaches_it() -> None:
+    # JSON allows it as an escape, and pydantic's JSON parser refuses it: Python mode reads it.
+    def f(t: Text) -> None:
+        pass
+
+    _, sig = schema_of(f)
+    assert sig.arguments({"t": {"text": "a\udfffb"}})["t"] == Text(text="a\udfffb")
 
 
 class Keys(TypedDict):

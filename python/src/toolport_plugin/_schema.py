@@ -24,6 +24,7 @@ from typing import Any, Literal, Union
 
 import jsonschema
 
+from ._json import encode
 from ._toolport_schema import not_json, problems, validator_class
 
 try:  # pydantic is optional: models are supported when it is installed
@@ -342,6 +343,19 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{path or '(arguments)'}: {error.message}"
 
 
+def _validate_model(model: Any, value: Any) -> Any:
+    """The arguments are JSON, so pydantic reads them in JSON mode: a strict model (or field) takes a
+    datetime, UUID or Enum as its string and a tuple as an array there, and refuses them as Python
+    objects. Text its JSON parser refuses (a lone surrogate, which JSON allows as an escape) is
+    read in Python mode instead."""
+    try:
+        return model.model_validate_json(encode(value))
+    except pydantic.ValidationError as err:
+        if any(e["type"] != "json_invalid" for e in err.errors()):
+            raise
+    return model.model_validate(value)
+
+
 def _convert(value: Any, tp: Any, path: str) -> Any:
     """JSON value (already valid for the schema) → the annotated Python type."""
     if tp is Any or tp is inspect.Parameter.empty or value is None:
@@ -369,11 +383,14 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is int and isinstance(value, float):
+        # JSON Schema's integer includes 2.0 and 1e21 (json reads both as floats): an int arrives.
+        return int(value)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(value)
     if _is_pydantic_model(tp):
         try:
-            return tp.model_validate(value)
+            return _validate_model(tp, value)
         except pydantic.ValidationError as err:
             raise ArgumentsError(f"{path}: {err}") from err
         except Exception as err:  # a validator raising what pydantic does not wrap (a KeyError, …)

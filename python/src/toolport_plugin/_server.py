@@ -46,7 +46,7 @@ from ._json import decode
 from ._loopback import is_loopback_host_header
 from ._results import error_reply, exception_reply, output_reply
 from ._schema import ArgumentsError
-from ._tool import CallContext, Tool
+from ._tool import CallContext, Tool, ToolRaised
 from .errors import LISTEN, PluginError
 
 # Below Toolport's 4 s client keep-alive would race it; 5 s lets Toolport close idle sockets first.
@@ -291,7 +291,8 @@ class CallbackServer:
             result = task.result()
         except asyncio.CancelledError:
             return error_reply("the tool was cancelled")
-        except Exception as err:  # the tool's failure is the model's business, as a tool error
+        except Exception as caught:  # the tool's failure is the model's business, as a tool error
+            err: BaseException = caught.raised if isinstance(caught, ToolRaised) else caught
             # Its type and frames, not its message: that may quote the call's arguments.
             self._log.debug("tool %r (call %r) raised %s\n%s", tool.name, ctx.call_id, type(err).__name__, _frames(err))
             return exception_reply(err)

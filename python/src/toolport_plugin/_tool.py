@@ -18,6 +18,15 @@ from ._schema import JsonSchema, Signature
 _MAX_AWAITS = 16
 
 
+class ToolRaised(Exception):
+    """A handler raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``…), carried
+    as an ``Exception`` so that it stays the call's failure instead of leaving the event loop."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
+
+
 class CallContext:
     """What a handler gets besides its arguments: annotate one parameter with ``CallContext``.
 
@@ -86,6 +95,23 @@ class Tool:
         return asyncio.ensure_future(self._run(kwargs, executor))
 
     async def _run(self, kwargs: dict[str, Any], executor: Executor) -> Any:
+        try:
+            return await self._call(kwargs, executor)
+        except (Exception, asyncio.CancelledError):
+            raise
+        except KeyboardInterrupt as err:
+            # In a worker thread it can only be the tool's own; in the event loop's thread it may
+            # be the user's Ctrl-C, which must stop the program.
+            if self.is_async:
+                raise
+            raise ToolRaised(err) from None
+        except BaseException as err:
+            # SystemExit (a tool calling sys.exit), GeneratorExit, a BaseException of its own: a
+            # Task lets SystemExit out of the event loop, which would end the whole plugin (and a
+            # host embedding it). The tool failed; the model reads it as any other failure.
+            raise ToolRaised(err) from None
+
+    async def _call(self, kwargs: dict[str, Any], executor: Executor) -> Any:
         if self.is_async:
             result = self.fn(**kwargs)
         else:
