@@ -44,6 +44,9 @@ export class CallbackServer {
   readonly #sockets = new Set<Socket>()
   /** Sockets with requests being answered, and how many (pipelined): the only ones close() waits for. */
   readonly #answering = new Map<Socket, number>()
+  /** Responses not yet finished: close() has them end their connections. */
+  readonly #responses = new Set<ServerResponse>()
+  #isClosing = false
   #url = ''
 
   constructor (options: CallbackServerOptions) {
@@ -98,12 +101,18 @@ export class CallbackServer {
    * socket, which aborts the remaining handlers' signals (they see Toolport disconnect). A socket
    * with no request being answered (idle, or still sending its headers) is closed at once: a
    * closing server no longer times out headers, so one such socket would hold the whole grace.
+   * A call answered during the grace ends its connection with its answer, so close() resolves
+   * once the last call is answered, not when the keep-alive timeout lets its socket go.
    */
   async close (graceMs: number): Promise<void> {
     if (!this.#server.listening) return
+    this.#isClosing = true
     const closed = new Promise<void>((resolve) => { this.#server.close(() => { resolve() }) })
     this.#server.closeIdleConnections()
     for (const socket of this.#sockets) if (!this.#answering.has(socket)) socket.destroy()
+    // `Connection: close` on every answer still to come; one whose head is already out ends its
+    // socket once it is done (#onRequest).
+    for (const res of this.#responses) if (!res.headersSent) res.shouldKeepAlive = false
     let timer: NodeJS.Timeout | undefined
     // Infinity (or anything past setTimeout's largest delay, which would fire at once) waits as
     // long as a timer can; NaN or a negative grace is none.
@@ -118,10 +127,17 @@ export class CallbackServer {
   #onRequest (req: IncomingMessage, res: ServerResponse): void {
     const socket = req.socket
     this.#answering.set(socket, (this.#answering.get(socket) ?? 0) + 1)
+    this.#responses.add(res)
+    if (this.#isClosing) res.shouldKeepAlive = false
     res.once('close', () => {
+      this.#responses.delete(res)
       const left = (this.#answering.get(socket) ?? 1) - 1
       if (left > 0) this.#answering.set(socket, left)
-      else this.#answering.delete(socket)
+      else {
+        this.#answering.delete(socket)
+        // Closing: its last answer is out, and the socket would otherwise idle until keep-alive ends.
+        if (this.#isClosing) socket.end()
+      }
     })
     const path = (req.url ?? '').split('?', 1)[0] as string
     const refusal = this.#refusal(req, path)

@@ -705,3 +705,52 @@ test('stop() waits its grace for calls only: a socket still sending its headers,
   assert.deepEqual(await Promise.race([stopped.then((r) => r.isCleared), guard]), true)
   await Promise.all(closedAt)
 })
+
+test('stop() resolves once the last call in flight is answered: the answer ends its connection (Connection: close) instead of the socket idling until a keep-alive timeout (README "Plugin SDK": start and stop)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  let release!: () => void
+  const released = new Promise<void>((resolve) => { release = resolve })
+  let started!: () => void
+  const running = new Promise<void>((resolve) => { started = resolve })
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:stop-after-call',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    tools: { slow: { handler: async () => { started(); await released; return 'done' } } }
+  })
+  await plugin.start()
+  // Straight to the callback, as Toolport calls it, on a keep-alive connection of the test's own.
+  const socket = connect(Number(new URL(plugin.url).port), '127.0.0.1')
+  await once(socket, 'connect')
+  t.after(() => { socket.destroy() })
+  let answer = ''
+  socket.setEncoding('utf8').on('data', (chunk: string) => { answer += chunk })
+  const ended = once(socket, 'end')
+  const body = JSON.stringify({ name: 'slow', arguments: {}, call_id: 'c1' })
+  const path = new URL(plugin.callbackUrl('slow')).pathname
+  socket.write(`POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n` +
+    `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`)
+  await running
+  const stopped = plugin.stop({ graceMs: 600_000 })
+  // Answer only once the server closed (stop() clears the source first): a new connection is refused.
+  const port = Number(new URL(plugin.url).port)
+  for (let refused = false; !refused;) {
+    const probe = connect(port, '127.0.0.1')
+    refused = await new Promise<boolean>((resolve) => {
+      probe.once('connect', () => { probe.destroy(); resolve(false) })
+      probe.once('error', () => { resolve(true) })
+    })
+    if (!refused) await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+  release()
+  // A hang guard, not a timing: stop() waits for the socket, so without the fix it resolves only
+  // when the server's keep-alive timeout ends it.
+  const guard = new Promise((resolve) => { setTimeout(resolve, 60_000).unref() }).then(() => 'still waiting')
+  assert.deepEqual(await Promise.race([stopped.then((r) => r.isCleared), guard]), true)
+  await ended
+  assert.match(answer, /^HTTP\/1\.1 200 /)
+  assert.match(answer, /\r\nconnection: close\r\n/i, answer)
+  assert.ok(answer.endsWith('"done"}') || answer.includes('"output":"done"'), answer)
+})
