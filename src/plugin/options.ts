@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto'
 import type { ValidateFunction } from 'ajv'
 import { z } from 'zod'
 import {
-  createSchemaAjv, metaSchemaProblems, nonFiniteNumberPath, schemaDialect, type SchemaDialect
+  createSchemaAjv, metaSchemaProblems, nonFiniteNumberPath, removeNonRe2Patterns, schemaDialect, type SchemaDialect
 } from '../shared/json-schema.js'
 import { checkCallbackUrl, isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError, type PluginErrorDetail } from './errors.js'
@@ -396,6 +396,8 @@ function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
   }
   delete converted.$schema
   if (converted.type !== 'object') return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
+  // zod checks every argument itself; a pattern Toolport cannot run would only make it refuse the tool.
+  removeNonRe2Patterns(converted)
   return converted
 }
 

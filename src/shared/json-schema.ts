@@ -267,6 +267,37 @@ class Re2Pattern implements LinearRegExp {
   }
 }
 
+/** Whether RE2 (Toolport's engine for `pattern`) compiles `source` (no lookaround, no backreferences…). */
+export function runsOnRe2 (source: string): boolean {
+  const pattern = new Re2Pattern(source, 'u', null)
+  try {
+    pattern.compile()
+    return true
+  } catch {
+    return false
+  } finally {
+    pattern.free()
+  }
+}
+
+/**
+ * Removes, in place, every `pattern` RE2 cannot run from a schema the plugin SDK generated from a
+ * schema library that checks the arguments itself (zod): zod's own `hostname`, `emoji` and ISO
+ * `duration` formats use lookaheads, and Toolport would refuse the whole tool over them. Returns
+ * the patterns removed. Only subschemas are walked, never `default`, `examples` or `const` data.
+ */
+export function removeNonRe2Patterns (schema: Record<string, unknown>): string[] {
+  const removed: string[] = []
+  traverse(schema as traverse.SchemaObject, (subschema) => {
+    const pattern = subschema.pattern
+    if (typeof pattern === 'string' && !runsOnRe2(pattern)) {
+      delete subschema.pattern
+      removed.push(pattern)
+    }
+  })
+  return removed
+}
+
 /** How standalone validator code (Toolport's compiler thread) names the RE2 engine and the formats. */
 export const STANDALONE_REGEXP_MODULE = 'toolport:re2'
 export const STANDALONE_FORMATS_MODULE = 'toolport:formats'

@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
 import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
+import { toolDefinitions } from '../../src/main/index.js'
 import { session, startToolport, toolportCliArgs, waitFor, within } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
 
@@ -521,6 +522,47 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
     await assert.rejects(http('POST', callbackUrl, { name: 'get_weather', arguments: { location: 'Paris' } }),
       { code: 'ECONNREFUSED' })
   })
+})
+
+test('a zod schema whose own formats use lookaheads (hostname, emoji, ISO duration) or a regex RE2 cannot run starts: the pattern is left out of what Toolport gets, and zod still checks it (README "Plugin SDK" → Arguments)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:zod-formats',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    startTimeoutMs: 0,
+    tools: {
+      lookup: {
+        parameters: z.object({
+          host: z.hostname(),
+          mood: z.emoji().optional(),
+          span: z.iso.duration().optional(),
+          twice: z.string().regex(/^(a)\1$/).optional(),
+          code: z.string().regex(/^[A-Z]{3}$/)
+        }),
+        handler: ({ host }) => host
+      }
+    }
+  })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  await plugin.start()
+  const [row] = tp.tp.list('A').tools_by_role.A ?? []
+  assert.equal(row?.name, 'lookup')
+  const [definition] = toolDefinitions(tp.tp.roles.get('A'), 'mcp')
+  type Properties = Record<string, Record<string, unknown>>
+  const properties = (definition?.inputSchema as unknown as { properties: Properties }).properties
+  for (const name of ['host', 'mood', 'span', 'twice']) assert.equal(properties[name]?.pattern, undefined, name)
+  // A pattern RE2 runs is kept, and Toolport checks it.
+  assert.equal(properties.code?.pattern, '^[A-Z]{3}$')
+  assert.equal((await tp.tp.callTool('A', { name: 'lookup', arguments: { host: 'example.com', code: 'abc' } })).is_error, true)
+  assert.deepEqual(await tp.tp.callTool('A', { name: 'lookup', arguments: { host: 'example.com', code: 'ABC' } }),
+    { is_error: false, output: 'example.com', text: 'example.com' })
+  // zod checks what Toolport was not given.
+  const refused = await tp.tp.callTool('A', { name: 'lookup', arguments: { host: 'example.com', code: 'ABC', twice: 'ab' } })
+  assert.equal(refused.is_error, true)
+  assert.match(String(refused.error), /^invalid arguments: /)
 })
 
 test('createPlugin refuses a JSON Schema that breaks its dialect\'s meta-schema, as Toolport does at registration (README "Plugin SDK" → Arguments)', async (t) => {

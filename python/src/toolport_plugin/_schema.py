@@ -25,7 +25,7 @@ from typing import Any, Literal, Union
 import jsonschema
 
 from ._json import encode
-from ._toolport_schema import not_json, problems, validator_class
+from ._toolport_schema import not_json, problems, re2_problem, validator_class
 
 try:  # pydantic is optional: models are supported when it is installed
     import pydantic
@@ -176,11 +176,41 @@ class _Builder:
 
     def _pydantic(self, model: Any) -> JsonSchema:
         schema = model.model_json_schema(ref_template="#/$defs/{model}")
+        # pydantic checks every value itself; a pattern Toolport cannot run (pydantic's own Decimal
+        # has a lookahead) would only make it refuse the tool.
+        _remove_non_re2_patterns(schema)
         for name, definition in schema.pop("$defs", {}).items():
             if name in self.defs and self.defs[name] != definition:
                 raise SchemaError(f"{self.where}: two different models are both named {name!r}")
             self.defs[name] = definition
         return schema
+
+
+# Keywords whose value is a subschema, a list of them, or a mapping of names to them.
+_ONE_SCHEMA = ("additionalProperties", "items", "additionalItems", "contains", "propertyNames", "not", "if", "then",
+               "else", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _remove_non_re2_patterns(schema: JsonSchema) -> None:
+    """Removes, in place, each ``pattern`` RE2 surely refuses from a schema pydantic generated.
+    Only subschemas are walked, never ``default``, ``examples`` or ``const`` data."""
+    work: list[Any] = [schema]
+    while work:
+        node = work.pop()
+        if not isinstance(node, dict):
+            continue
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and re2_problem(pattern) is not None:
+            del node["pattern"]
+        work.extend(node.get(key) for key in _ONE_SCHEMA)
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                work.extend(node[key])
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                work.extend(node[key].values())
 
 
 def _object(props: JsonSchema, required: list[str], *, closed: bool, title: str | None = None) -> JsonSchema:
