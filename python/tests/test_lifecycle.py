@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import aiohttp
@@ -255,6 +256,31 @@ async def test_ownership_mode_binds_the_source_to_the_plugin_key(tmp_path: os.Pa
                 assert (await res.json())["tools_by_role"]["default"] == []
     finally:
         await asyncio.to_thread(tp.stop)
+
+
+async def test_run_in_another_thread_is_stopped_by_asyncio_run_of_stop_from_this_one(api: Api) -> None:
+    """README "Python plugin SDK" → Life: outside the main thread only ``stop()`` ends ``run()``.
+    Awaited on this thread's own loop, it is handed to the plugin's loop: the tools are cleared
+    and ``run()`` returns (it raised "attached to a different loop", leaving the tools registered)."""
+    plugin = new_plugin(api)
+    plugin.tool(_echo)
+    thread = threading.Thread(target=plugin.run, name="plugin-run")
+    thread.start()
+    try:
+        async def registered() -> bool:
+            return "_echo" in await api.names()
+        await api.wait_for(registered, what="the tool registered")
+        stopped = await asyncio.to_thread(asyncio.run, plugin.stop(grace=0))
+        assert (stopped.is_cleared, stopped.error) == (True, None) and stopped.removed >= 1, stopped
+        await asyncio.to_thread(thread.join, 20)
+        assert not thread.is_alive()
+        assert await api.names() == []
+        # Once its loop is gone, another stop() says the same, and does not raise.
+        again = await asyncio.to_thread(asyncio.run, plugin.stop())
+        assert again == stopped
+    finally:
+        if thread.is_alive():
+            await asyncio.to_thread(asyncio.run, plugin.stop(grace=0))
 
 
 async def test_a_name_another_source_holds_fails_start_at_once_naming_the_owner(tmp_path: os.PathLike[str]) -> None:

@@ -159,6 +159,8 @@ class Plugin:
         self._use_events = use_events
         self._watch = _Watch(use_events=self._use_events)
         self._stopping: asyncio.Future[StopResult] | None = None
+        # The event loop start() ran on: a stop() from another thread's loop is handed to it.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = asyncio.Event()
         self._listener_tasks: set[asyncio.Future[Any]] = set()
 
@@ -283,6 +285,7 @@ class Plugin:
         if not self._tools:
             raise PluginError(errors.OPTIONS, "declare at least one tool with @plugin.tool before start()")
         self._state = "starting"
+        self._loop = asyncio.get_running_loop()
         try:
             url = await self._server.listen()
             names, roles = await self._register_at_start()
@@ -304,7 +307,18 @@ class Plugin:
     async def stop(self, grace: float = 5.0) -> StopResult:
         """Stops watching, clears the source (R16) so no new call arrives, then closes the server,
         letting calls in flight finish for ``grace`` seconds. Never raises: a failed clear is in
-        the result (and an ``error`` event)."""
+        the result (and an ``error`` event).
+
+        From another thread (the plugin runs ``run()`` there), ``asyncio.run(plugin.stop())`` hands
+        the stop to the plugin's own event loop and waits for it.
+        """
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop():
+            if loop.is_closed():  # the loop it ran on is gone: nothing of it is left to stop
+                stopping = self._stopping
+                done = stopping is not None and stopping.done() and not stopping.cancelled()
+                return stopping.result() if done else StopResult(False, 0, None)  # type: ignore[union-attr]
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.stop(grace), loop))
         if self._stopping is None:
             self._stopping = asyncio.ensure_future(self._stop(grace))
         return await asyncio.shield(self._stopping)
