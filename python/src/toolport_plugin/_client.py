@@ -8,6 +8,7 @@ the environment must never see this loopback traffic or its token.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -155,7 +156,7 @@ class ToolportClient:
         return answer
 
     @asynccontextmanager
-    async def events(self, types: list[str] | None) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
+    async def events(self, types: builtins.list[str] | None) -> AsyncIterator[AsyncIterator[tuple[str, dict[str, Any]]]]:
         """Opens ``GET /api/events`` (Server-Sent Events) and yields an iterator of (event, data).
 
         Raises ``NoEventStream`` when this Toolport has no usable stream (404, a 200 that is not an
@@ -228,7 +229,8 @@ async def _read_lines(res: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
 
 async def _read_events(res: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Parses an SSE stream (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
-    event, data, size = "message", [], 0
+    event, size = "message", 0
+    data: list[str] = []
     try:
         async for line_bytes in _read_lines(res):
             line = line_bytes.decode("utf-8", "replace").rstrip("\r")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 from typing import Any
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

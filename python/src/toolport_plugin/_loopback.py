@@ -160,7 +160,8 @@ def _whatwg_ipv4(domain: str) -> int | None:
     values = [n for n in numbers if n is not None]
     if any(n > 255 for n in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
         return None
-    return values[-1] + sum(n * 256 ** (3 - i) for i, n in enumerate(values[:-1]))
+    address: int = values[-1] + sum(n * 256 ** (3 - i) for i, n in enumerate(values[:-1]))
+    return address
 
 
 def _ipv4_number(part: str) -> int | None:

@@ -175,7 +175,7 @@ class _Builder:
         raise SchemaError(f"{self.where}: no JSON Schema for the type {tp!r}; annotate with a JSON type, or give parameters=")
 
     def _pydantic(self, model: Any) -> JsonSchema:
-        schema = model.model_json_schema(ref_template="#/$defs/{model}")
+        schema: JsonSchema = model.model_json_schema(ref_template="#/$defs/{model}")
         # pydantic checks every value itself; a pattern Toolport cannot run (pydantic's own Decimal
         # has a lookahead) would only make it refuse the tool.
         _remove_non_re2_patterns(schema)

@@ -292,10 +292,10 @@ class CallbackServer:
         except asyncio.CancelledError:
             return error_reply("the tool was cancelled")
         except Exception as caught:  # the tool's failure is the model's business, as a tool error
-            err: BaseException = caught.raised if isinstance(caught, ToolRaised) else caught
+            raised: BaseException = caught.raised if isinstance(caught, ToolRaised) else caught
             # Its type and frames, not its message: that may quote the call's arguments.
-            self._log.debug("tool %r (call %r) raised %s\n%s", tool.name, ctx.call_id, type(err).__name__, _frames(err))
-            return exception_reply(err)
+            self._log.debug("tool %r (call %r) raised %s\n%s", tool.name, ctx.call_id, type(raised).__name__, _frames(raised))
+            return exception_reply(raised)
         return output_reply(result)
 
 

@@ -28,7 +28,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import urlsplit
 
 from . import errors
@@ -166,6 +166,14 @@ class Plugin:
 
     # ---- declaring tools -------------------------------------------------------------------
 
+    @overload
+    def tool(self, fn: F, *, name: str | None = None, description: str | None = None,
+             parameters: JsonSchema | None = None, timeout_seconds: float = 30) -> F: ...
+
+    @overload
+    def tool(self, fn: None = None, *, name: str | None = None, description: str | None = None,
+             parameters: JsonSchema | None = None, timeout_seconds: float = 30) -> Callable[[F], F]: ...
+
     def tool(
         self,
         fn: F | None = None,
@@ -174,7 +182,7 @@ class Plugin:
         description: str | None = None,
         parameters: JsonSchema | None = None,
         timeout_seconds: float = 30,
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """Declares a tool; use as ``@plugin.tool`` or ``@plugin.tool(description=..., ...)``.
 
         The parameters' JSON Schema comes from the type hints (``int``, ``float``, ``bool``,
@@ -220,6 +228,12 @@ class Plugin:
         return dict(self._tools)
 
     # ---- events ----------------------------------------------------------------------------
+
+    @overload
+    def on(self, event: Literal["registered"], listener: Callable[[RegisteredEvent], Any]) -> None: ...
+
+    @overload
+    def on(self, event: Literal["error"], listener: Callable[[PluginError], Any]) -> None: ...
 
     def on(self, event: str, listener: Callable[[Any], Any]) -> None:
         """Listens to ``"registered"`` (a ``RegisteredEvent``) or ``"error"`` (a ``PluginError``
@@ -495,7 +509,8 @@ class Plugin:
         """Exponential backoff with equal jitter: ceiling/2 + random(ceiling/2)."""
         base = self._poll_interval if base is None else base
         ceiling = min(self._max_backoff, base * 2 ** min(max(failures - 1, 0), 30))
-        return ceiling / 2 + random.random() * ceiling / 2
+        delay: float = ceiling / 2 + random.random() * ceiling / 2
+        return delay
 
     def _start_follower(self) -> None:
         if self._watch.follower is None or self._watch.follower.done():
@@ -558,7 +573,8 @@ class Plugin:
                     self._log.info("Toolport restarted (instance %s → %s); registering again", previous, instance)
                 self._watch.instance_id = instance
         elif event == "evicted":
-            tools = data.get("tools") if isinstance(data.get("tools"), list) else []
+            listed = data.get("tools")
+            tools: list[Any] = listed if isinstance(listed, list) else []
             ours = any(isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] in self._tools for t in tools)
             if data.get("origin") == self._server.origin or ours:
                 self._log.info("Toolport evicted this plugin's origin %s; registering again", data.get("origin"))
@@ -567,7 +583,8 @@ class Plugin:
             # Only a removal of its origin's or source's tools, or of a name it declares (another
             # source that held it stopped: the name is free for this plugin again), concerns it;
             # without the `types` filter every event comes here, `call` events by the hundred.
-            tools = data.get("tools") if isinstance(data.get("tools"), list) else []
+            listed = data.get("tools")
+            tools = listed if isinstance(listed, list) else []
             named = any(isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] in self._tools for t in tools)
             if named or data.get("origin") == self._server.origin or data.get("source") == self.source:
                 self._watch.wake.set()
