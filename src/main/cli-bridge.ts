@@ -265,7 +265,7 @@ class StdioBridge implements Bridge {
     this.#upstream = null
     for (const retired of this.#retired) this.#closeRetired(retired)
     await Promise.all([
-      upstream === null ? undefined : endUpstream(upstream.client),
+      upstream === null ? undefined : endUpstream(upstream.client, this.endpoint, this.#options.headers),
       this.#connecting?.catch(noop)
     ])
     await this.#server.close().catch(noop)
@@ -395,7 +395,7 @@ class StdioBridge implements Bridge {
       this.#opening = undefined
     }
     if (this.#isClosed) {
-      await endUpstream(client)
+      await endUpstream(client, this.endpoint, this.#options.headers)
       return null
     }
     const upstream: Upstream = { client, requests: 0, closeTimer: undefined }
@@ -814,19 +814,33 @@ function throwForwardable (err: unknown): never {
 }
 
 /**
- * Ends an upstream session politely (DELETE, so Toolport detaches it at once), then closes it. A
- * Toolport that does not answer the DELETE in END_SESSION_TIMEOUT_MS is not waited for: closing
- * the client aborts the request.
+ * Ends an upstream session: closes the client, then sends its DELETE (so Toolport detaches it at
+ * once, and ends a call still running), waiting END_SESSION_TIMEOUT_MS at most.
+ *
+ * In that order: a DELETE sent through the open client ends its streams from Toolport's side (a
+ * call's stream with an error), which the SDK client (1.x) takes for drops to resume, with up to
+ * two retries 2 s and 4 s later each, of which its close() cancels only the last one scheduled:
+ * the bridge's process stayed up ~4 s after its client went away. A client closed first cuts its
+ * streams itself, and resumes nothing.
  */
-async function endUpstream (client: Client): Promise<void> {
+async function endUpstream (client: Client, endpoint: URL,
+  headers: Readonly<Record<string, string>> | undefined): Promise<void> {
   const transport = client.transport
-  if (transport instanceof StreamableHTTPClientTransport) {
-    let timer: NodeJS.Timeout | undefined
-    const gaveUp = new Promise<void>((resolve) => { timer = setTimeout(resolve, END_SESSION_TIMEOUT_MS) })
-    await Promise.race([transport.terminateSession().catch(noop), gaveUp])
-    clearTimeout(timer)
-  }
+  const sessionId = transport instanceof StreamableHTTPClientTransport ? transport.sessionId : undefined
+  const version = transport instanceof StreamableHTTPClientTransport ? transport.protocolVersion : undefined
   await client.close().catch(noop)
+  if (sessionId === undefined) return
+  try {
+    const answer = await fetch(endpoint, {
+      method: 'DELETE',
+      headers: { ...headers, 'mcp-session-id': sessionId, ...(version === undefined ? {} : { 'mcp-protocol-version': version }) },
+      redirect: 'manual',
+      signal: AbortSignal.timeout(END_SESSION_TIMEOUT_MS)
+    })
+    await answer.body?.cancel()
+  } catch {
+    // Toolport gone or slow: it ends the session by itself (its client gone, the server closing).
+  }
 }
 
 /** A call whose connection was lost after it was sent: it may have run. */

@@ -197,6 +197,25 @@ test('bridge: when its stdout is closed (EPIPE: the client is gone) the bridge e
   assert.match(raw.stderr(), /the client is gone/)
 })
 
+test('bridge: stdin ending during a call ends the session, which cancels the call, and the bridge exits 0', async (t) => {
+  const { tp, url } = await startTp(t)
+  const server = await callbacks(t)
+  await register(url, { name: 'slow', role: 'Lanlan', callback_url: `${server.url}/sleep/60000` })
+  const raw = rawBridge(t, ['mcp', '--role', 'Lanlan', '--url', url])
+  raw.send(INITIALIZE)
+  await raw.answer('init')
+  raw.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
+  const arrived = once(server.events, 'request')
+  const finished = once(tp, 'call-finished')
+  raw.send({ jsonrpc: '2.0', id: 'call', method: 'tools/call', params: { name: 'slow', arguments: {} } })
+  await arrived
+  raw.child.stdin.end()
+  const [code, signal] = await within(once(raw.child, 'exit'), 'the bridge exits', 30_000)
+  assert.deepEqual({ code, signal }, { code: 0, signal: null })
+  assert.equal((await finished)[0].outcome, 'cancelled')
+  assert.equal(raw.stderr().trim(), `toolport mcp: connected to ${url}/mcp/Lanlan`)
+})
+
 const INITIALIZE = {
   jsonrpc: '2.0',
   id: 'init',
