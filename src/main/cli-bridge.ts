@@ -553,6 +553,8 @@ class StdioLineTransport implements Transport {
   /** Inside a line over MAX_STDIN_LINE_BYTES: its bytes are dropped up to its newline. */
   #skipping = false
   #initialized = false
+  /** Ids of requests handed to the server and not answered yet (nor cancelled). */
+  readonly #inFlight = new Set<RequestId>()
   #isClosed = false
   #outputGone = false
   /** Set while stdout's buffer is full: writes wait for it to drain. */
@@ -592,6 +594,8 @@ class StdioLineTransport implements Transport {
   }
 
   async send (message: JSONRPCMessage): Promise<void> {
+    const answered = responseId(message)
+    if (answered !== undefined) this.#inFlight.delete(answered)
     const line = `${JSON.stringify(message)}\n`
     const bytes = Buffer.byteLength(line)
     if (bytes <= MAX_STDOUT_LINE_BYTES) {
@@ -710,6 +714,19 @@ class StdioLineTransport implements Transport {
       }
       this.#initialized = true
     }
+    if (isJSONRPCRequest(message)) {
+      // As /mcp/<role> refuses it: the server routes answers and cancellations by id, so a second
+      // request with the id of one in flight would take over the first one's cancellation.
+      if (this.#inFlight.has(message.id)) {
+        this.#refuse(RPC_INVALID_REQUEST, `Invalid Request: the id ${JSON.stringify(message.id)} is in use by a request in flight`)
+        return
+      }
+      this.#inFlight.add(message.id)
+    } else {
+      // A cancelled request is not answered (MCP): its id is free again.
+      const cancelled = cancelledId(message)
+      if (cancelled !== undefined) this.#inFlight.delete(cancelled)
+    }
     this.onmessage?.(message)
   }
 
@@ -737,6 +754,13 @@ class StdioLineTransport implements Transport {
     })
     await this.#draining
   }
+}
+
+/** The request a `notifications/cancelled` names, or undefined (another message, or none named). */
+function cancelledId (message: JSONRPCMessage): RequestId | undefined {
+  if (!('method' in message) || message.method !== 'notifications/cancelled' || 'id' in message) return undefined
+  const id = (message.params as { requestId?: unknown } | undefined)?.requestId
+  return typeof id === 'string' || typeof id === 'number' ? id : undefined
 }
 
 /** The id of a response (what a too-long answer is answered in place of); undefined for others. */

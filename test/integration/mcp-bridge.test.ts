@@ -216,6 +216,36 @@ test('bridge: stdin ending during a call ends the session, which cancels the cal
   assert.equal(raw.stderr().trim(), `toolport mcp: connected to ${url}/mcp/Lanlan`)
 })
 
+test('bridge: a request reusing the id of one in flight is refused (-32600), as /mcp/<role> refuses it; the id is free again once answered or cancelled', async (t) => {
+  const { tp, url } = await startTp(t)
+  const server = await callbacks(t)
+  await register(url, { name: 'slow', role: 'Lanlan', callback_url: `${server.url}/sleep/60000` })
+  await register(url, { name: 'fast', role: 'Lanlan', callback_url: `${server.url}/echo` })
+  const raw = rawBridge(t, ['mcp', '--role', 'Lanlan', '--url', url])
+  raw.send(INITIALIZE)
+  await raw.answer('init')
+  raw.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
+  const call = (id: number, name: string): unknown => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: {} } })
+  const arrived = once(server.events, 'request')
+  raw.send(call(8, 'slow'))
+  await arrived
+  raw.send(call(8, 'fast'))
+  const refused = await raw.answer(null as unknown as number)
+  assert.equal((refused.error as { code: number }).code, -32600)
+  assert.match((refused.error as { message: string }).message, /the id 8 is in use by a request in flight/)
+  // Only the first reached the plugin; a cancel for 8 cancels it, and frees the id.
+  const finished = once(tp, 'call-finished')
+  raw.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 8 } })
+  assert.equal((await finished)[0].outcome, 'cancelled')
+  raw.send(call(8, 'fast'))
+  const answer = await raw.answer(8)
+  assert.equal((answer.result as { isError?: boolean }).isError, false, JSON.stringify(answer))
+  assert.equal(server.requests.filter((r) => r.path.startsWith('/sleep')).length, 1)
+  // Answered: free again.
+  raw.send(call(8, 'fast'))
+  await waitFor('a second answer to 8', () => raw.answers().filter((a) => a.id === 8).length === 2, 8_000)
+})
+
 const INITIALIZE = {
   jsonrpc: '2.0',
   id: 'init',
@@ -228,7 +258,8 @@ function rawBridge (t: TestContext, args: string[]): {
   child: ChildProcessWithoutNullStreams,
   send: (message: unknown) => void,
   answer: (id: string | number) => Promise<Record<string, unknown>>,
-  stderr: () => string
+  stderr: () => string,
+  answers: () => Array<Record<string, unknown>>
 } {
   const child = spawn(process.execPath, [...toolportCliArgs(), ...args], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
   t.after(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
@@ -251,7 +282,8 @@ function rawBridge (t: TestContext, args: string[]): {
       await waitFor(`the answer to ${JSON.stringify(id)} (stderr: ${stderr})`, () => answers.some((a) => a.id === id), 8_000)
       return answers.find((a) => a.id === id)!
     },
-    stderr: () => stderr
+    stderr: () => stderr,
+    answers: () => answers
   }
 }
 
