@@ -35,6 +35,11 @@ type Envelope = string
 // Reasons the handler's signal gives; DOMException names match what fetch and timers use.
 const DEADLINE_NAME = 'TimeoutError'
 const DISCONNECT_NAME = 'AbortError'
+/**
+ * Toolport's deadline runs out up to this long before the plugin's own clock says so (it counts
+ * from before it sent the call): a hang-up within it of the deadline is the deadline.
+ */
+const DEADLINE_SLACK_MS = 200
 
 export class CallbackServer {
   readonly #server: Server
@@ -212,13 +217,19 @@ export class CallbackServer {
     // the deadline counts from the call's arrival (as ctx.deadlineMs says), and a caller who
     // hangs up while the arguments are still being checked is noticed.
     const controller = new AbortController()
-    const timer = setTimeout(() => {
+    const deadlinePassed = (): void => {
       controller.abort(new DOMException(`the call's deadline of ${deadlineMs} ms passed`, DEADLINE_NAME))
-    }, deadlineMs)
+    }
+    const arrivedAt = performance.now()
+    const timer = setTimeout(deadlinePassed, deadlineMs)
     // 'close' on the response fires when the socket goes away; before the reply is finished that
-    // means Toolport gave up on the call (cancelled, or its own deadline ran out first).
+    // means Toolport gave up on the call: cancelled, or at its deadline, which it counted from a
+    // little before the call arrived here. A hang-up that close to the deadline is the deadline,
+    // so the signal's reason does not depend on which of the two clocks ran out first.
     const onClose = (): void => {
-      if (!res.writableFinished) controller.abort(new DOMException('Toolport closed the connection', DISCONNECT_NAME))
+      if (res.writableFinished) return
+      if (performance.now() - arrivedAt >= deadlineMs - DEADLINE_SLACK_MS) deadlinePassed()
+      else controller.abort(new DOMException('Toolport closed the connection', DISCONNECT_NAME))
     }
     res.once('close', onClose)
     let envelope: Envelope

@@ -62,6 +62,8 @@ _AT_ONCE_SECONDS = 0.001
 # The tool names that would be dot segments, which URL canonicalisation removes (Toolport's WHATWG
 # parser, also when spelt %2e): their segment is "=" + the name. Percent-encoding never leaves a
 # bare "=", so no other name's segment starts with one.
+# Toolport's deadline runs out up to this long before the plugin's own clock says so (seconds).
+_DEADLINE_SLACK = 0.2
 _DOT_SEGMENTS = (".", "..")
 _DOT_MARK = "="
 
@@ -277,8 +279,10 @@ class CallbackServer:
             done, _ = await asyncio.wait({task}, timeout=ctx.deadline_ms / 1000)
         except asyncio.CancelledError:
             # aiohttp cancels this handler when Toolport closes the connection: the call was
-            # cancelled, or Toolport's own deadline ran out first. Nobody awaits the answer.
-            ctx._cancel("disconnected")
+            # cancelled, or Toolport's own deadline ran out, which it counts from a little before
+            # the call arrived here: a hang-up that close to the deadline is the deadline, whichever
+            # clock ran out first. Nobody awaits the answer.
+            ctx._cancel("deadline" if ctx.remaining() <= _DEADLINE_SLACK else "disconnected")
             task.cancel()
             task.add_done_callback(_consume)
             raise
