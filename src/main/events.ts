@@ -26,7 +26,7 @@ export interface ToolRegisteredEvent {
   source: string
   isRemote: boolean
   /** `scheme://host:port` of the callback; '' for a local tool. */
-  origin?: string
+  origin: string
 }
 export interface ToolRemovedEvent {
   role: string
@@ -34,7 +34,7 @@ export interface ToolRemovedEvent {
   source: string
   reason: RemovalReason
   /** `scheme://host:port` of the callback; '' for a local tool. */
-  origin?: string
+  origin: string
 }
 export interface OriginEvictedEvent {
   /** `scheme://host:port` of the callbacks that failed. */
@@ -54,9 +54,9 @@ export interface CallFinishedEvent {
   isError: boolean
   durationMs: number
   /** The tool's `source`; '' when the name matched no tool. */
-  source?: string
+  source: string
   /** Bytes of callback reply read; 0 for local tools and calls that never reached a callback. */
-  bytes?: number
+  bytes: number
 }
 export interface SyncFailedEvent { role: string, error: string }
 /** Every sync that ran (the role had sessions), once, however many mutations shared it. */
