@@ -417,9 +417,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         errorResult(problem), entry.source)
     }
     if (entry.handler !== null) {
-      const result = await runLocalTool(entry, args.value, role.name, callId, options?.signal, this.#localCalls)
-      return this.#finish(role, entry.name, callId, started, result.is_error ? 'local_error' : 'ok', result,
-        entry.source)
+      const { outcome, result } = await runLocalTool(entry, args.value, role.name, callId, options?.signal,
+        this.#localCalls)
+      return this.#finish(role, entry.name, callId, started, outcome, result, entry.source)
     }
     // The callback body is built once, here, as a string (R9). `args.raw` is JSON text that was
     // just parsed, so it is spliced in as-is instead of being encoded a second time.

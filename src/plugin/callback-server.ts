@@ -19,7 +19,7 @@ import { z } from 'zod'
 import { isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
-import { errorText, MAX_TIMER_MS } from '../shared/util.js'
+import { errorText, MAX_TIMER_MS, thrownText } from '../shared/util.js'
 
 export interface CallbackServerOptions {
   host: string
@@ -268,7 +268,7 @@ export class CallbackServer {
         // instead of returning false): zod lets it through. It judged these arguments, so the model
         // is told as for any refusal; the log gets its type only, as for a handler's throw.
         this.#options.logger.debug?.(`tool '${tool.name}' (call ${JSON.stringify(ctx.callId)}): its schema threw ${err instanceof Error ? err.name : typeof err}`)
-        return errorEnvelope(`invalid arguments: ${messageOf(err)}`)
+        return errorEnvelope(`invalid arguments: ${thrownText(err)}`)
       }
       if (!parsed.success) return errorEnvelope(`invalid arguments: ${z.prettifyError(parsed.error)}`)
       args = parsed.data
@@ -281,14 +281,14 @@ export class CallbackServer {
     }
     // The caller left, or the deadline passed, while the arguments were checked: nobody waits for
     // the handler's answer any more, so it is not run at all.
-    if (ctx.signal.aborted) return errorEnvelope(messageOf(ctx.signal.reason))
+    if (ctx.signal.aborted) return errorEnvelope(thrownText(ctx.signal.reason))
 
     try {
       return outputEnvelope(await tool.handler(args, ctx))
     } catch (err) {
       // Its type only: a handler's message may quote the call's arguments, which are never logged.
       this.#options.logger.debug?.(`tool '${tool.name}' (call ${JSON.stringify(ctx.callId)}) threw ${err instanceof Error ? err.name : typeof err}`)
-      return errorEnvelope(messageOf(err))
+      return errorEnvelope(thrownText(err))
     }
   }
 }
@@ -300,7 +300,7 @@ function outputEnvelope (output: unknown): Envelope {
     envelope = JSON.stringify({ output: output === undefined ? null : output, is_error: false })
   } catch (err) {
     // BigInt, a cycle, or too deep: the model gets a readable error, not a broken reply.
-    return errorEnvelope(`the tool's output could not be encoded as JSON: ${messageOf(err)}`)
+    return errorEnvelope(`the tool's output could not be encoded as JSON: ${thrownText(err)}`)
   }
   // JSON.stringify writes NaN and ±Infinity as `null`: an output that is not JSON would reach the
   // model as another value (README "Plugin SDK" → Calls). Only a text with `null` in it can hide
@@ -342,16 +342,6 @@ const NON_FINITE = Symbol('non-finite number')
 
 function errorEnvelope (error: string): Envelope {
   return JSON.stringify({ error, is_error: true })
-}
-
-function messageOf (err: unknown): string {
-  if (err instanceof Error) return err.message === '' ? err.name : err.message
-  if (typeof err === 'string') return err
-  try {
-    return JSON.stringify(err) ?? String(err)
-  } catch {
-    return String(err)
-  }
 }
 
 function send (res: ServerResponse, envelope: Envelope): void {

@@ -44,6 +44,29 @@ export function errorText (err: unknown): string {
 }
 
 /**
+ * What a tool's handler threw, as the error the model reads: an Error's message (its name when the
+ * message is empty), a string as it is, else the value's JSON or its string. Never throws.
+ *
+ * @example
+ * thrownText({ code: 7 }) // '{"code":7}'
+ */
+export function thrownText (err: unknown): string {
+  try {
+    // `instanceof` itself throws on a revoked Proxy.
+    if (typeof err === 'string' || err instanceof Error) return errorText(err)
+    const json = JSON.stringify(err)
+    if (json !== undefined) return json
+  } catch {
+    // a cycle, a BigInt, a revoked Proxy: its string below
+  }
+  try {
+    return String(err)
+  } catch {
+    return errorText(err)
+  }
+}
+
+/**
  * Freezes `value` and every object and array reachable from it, iteratively (any depth), and
  * returns it. An object already frozen is taken as frozen all the way down (as this leaves it).
  */

@@ -277,3 +277,20 @@ test('library: toolportPlugin also mounts under a prefix', async (t) => {
   assert.equal(res.statusCode, 200)
   assert.deepEqual(res.json(), { ok: true, tools_by_role: { Lanlan: [] } })
 })
+
+test('library: a local tool\'s deadline and cancellation end its call-finished event as `timeout` and `cancelled`, as for a callback; a non-Error it throws is the error as its JSON, as the plugin SDKs answer it', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const role = tp.roles.get('A')
+  await role.registerLocalTool({ name: 'stuck', timeoutSeconds: 0.05, handler: async () => await new Promise(() => {}) })
+  const thrown: unknown = { code: 7 }
+  await role.registerLocalTool({ name: 'odd', handler: () => { throw thrown } })
+  const outcomes: string[] = []
+  tp.on('call-finished', (event) => { outcomes.push(`${event.name}:${event.outcome}`) })
+  assert.match((await tp.callTool('A', { name: 'stuck' })).error ?? '', /timed out after 0\.05 s/)
+  const controller = new AbortController()
+  const cancelled = tp.callTool('A', { name: 'stuck' }, { signal: controller.signal })
+  controller.abort()
+  assert.match((await cancelled).error ?? '', /call was cancelled/)
+  assert.equal((await tp.callTool('A', { name: 'odd' })).error, '{"code":7}')
+  assert.deepEqual(outcomes, ['stuck:timeout', 'stuck:cancelled', 'odd:local_error'])
+})

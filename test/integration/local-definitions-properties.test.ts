@@ -540,12 +540,16 @@ test('property: a local tool call with a random deadline and cancellation is ans
       const ends = finished.get(key) ?? []
       assert.equal(ends.length, 1, `${what}: ${ends.length} call-finished events`)
       assert.equal(ends[0]?.isError, result.is_error, `${what}: call-finished isError`)
-      assert.equal(ends[0]?.outcome, result.is_error ? 'local_error' : 'ok', `${what}: call-finished outcome`)
       const natural = call.fails
         ? { is_error: true, output: null, error: `failed ${key}`, text: JSON.stringify({ error: `failed ${key}` }) }
         : { is_error: false, output: { done: key }, text: JSON.stringify({ done: key }) }
       const timedOut = `tool '${tool}' timed out after ${DEADLINES[call.deadline]} s`
       const cancelled = `tool '${tool}' call was cancelled`
+      // As for a callback call: a deadline is `timeout`, a cancellation `cancelled`.
+      const outcome = result.error === timedOut
+        ? 'timeout'
+        : result.error === cancelled ? 'cancelled' : result.is_error ? 'local_error' : 'ok'
+      assert.equal(ends[0]?.outcome, outcome, `${what}: call-finished outcome`)
       const ran = seen.get(key)
       if (call.abortAt === -1) {
         assert.equal(result.error, cancelled, `${what}: a call cancelled before it started`)

@@ -2,8 +2,14 @@
 // to the caller's cancellation like a callback call is, and never throws into the Runtime.
 import type { ToolEntry } from '../roles/tool-registry.js'
 import { errorResult, outputResult, type ToolResult } from './result.js'
-import { errorText, noop } from '../../shared/util.js'
+import { errorText, noop, thrownText } from '../../shared/util.js'
 import type { CancelSignal } from '../../shared/cancel.js'
+
+/** How a local tool's call ended (a `call-finished` event's outcome, as for a callback call) and its result. */
+export interface LocalOutcome {
+  outcome: 'ok' | 'local_error' | 'timeout' | 'cancelled'
+  result: ToolResult
+}
 
 /**
  * Runs an in-process tool with the tool's deadline; a throw becomes a tool error result. While it
@@ -13,31 +19,33 @@ import type { CancelSignal } from '../../shared/cancel.js'
  * `TimeoutError` DOMException at the deadline, an `AbortError` one when the call is cancelled.
  */
 export async function runLocalTool (entry: ToolEntry, args: unknown, role: string, callId: string,
-  signal: CancelSignal | undefined, running: Set<() => void>): Promise<ToolResult> {
+  signal: CancelSignal | undefined, running: Set<() => void>): Promise<LocalOutcome> {
   const handler = entry.handler
-  if (handler === null) return errorResult(`tool '${entry.name}' has no handler`)
-  if (signal?.aborted === true) return errorResult(`tool '${entry.name}' call was cancelled`)
+  if (handler === null) return { outcome: 'local_error', result: errorResult(`tool '${entry.name}' has no handler`) }
+  if (signal?.aborted === true) return { outcome: 'cancelled', result: errorResult(`tool '${entry.name}' call was cancelled`) }
   const controller = new AbortController()
   let timer: NodeJS.Timeout | undefined
   let cancel: () => void = noop
-  const stopped = new Promise<ToolResult>((resolve) => {
+  const stopped = new Promise<LocalOutcome>((resolve) => {
     timer = setTimeout(() => {
       controller.abort(new DOMException(`the tool's deadline of ${entry.timeoutMs} ms passed`, 'TimeoutError'))
-      resolve(errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`))
+      resolve({ outcome: 'timeout', result: errorResult(`tool '${entry.name}' timed out after ${entry.timeoutMs / 1000} s`) })
     }, entry.timeoutMs)
     cancel = () => {
       controller.abort(new DOMException('the call was cancelled', 'AbortError'))
-      resolve(errorResult(`tool '${entry.name}' call was cancelled`))
+      resolve({ outcome: 'cancelled', result: errorResult(`tool '${entry.name}' call was cancelled`) })
     }
   })
   running.add(cancel)
   signal?.addEventListener('abort', cancel, { once: true })
-  const ran = (async (): Promise<ToolResult> => {
+  const ran = (async (): Promise<LocalOutcome> => {
+    let result: ToolResult
     try {
-      return localResult(entry.name, await handler(args, { role, callId, signal: controller.signal }))
+      result = localResult(entry.name, await handler(args, { role, callId, signal: controller.signal }))
     } catch (err) {
-      return errorResult(errorText(err))
+      result = errorResult(thrownText(err))
     }
+    return { outcome: result.is_error ? 'local_error' : 'ok', result }
   })()
   try {
     return await Promise.race([ran, stopped])
