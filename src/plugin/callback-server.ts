@@ -20,6 +20,7 @@ import { isLoopbackAddress } from '../shared/loopback.js'
 import { PLUGIN_ERROR_CODES, PluginError } from './errors.js'
 import type { PluginLogger, ResolvedTool, ToolCallContext } from './options.js'
 import { errorText, MAX_TIMER_MS, thrownText } from '../shared/util.js'
+import { splitImages, ToolError } from './results.js'
 
 export interface CallbackServerOptions {
   host: string
@@ -288,28 +289,47 @@ export class CallbackServer {
     } catch (err) {
       // Its type only: a handler's message may quote the call's arguments, which are never logged.
       this.#options.logger.debug?.(`tool '${tool.name}' (call ${JSON.stringify(ctx.callId)}) threw ${err instanceof Error ? err.name : typeof err}`)
+      if (err instanceof ToolError) return toolErrorEnvelope(err)
       return errorEnvelope(thrownText(err))
     }
   }
 }
 
-function outputEnvelope (output: unknown): Envelope {
+function outputEnvelope (result: unknown): Envelope {
+  const { output, images } = splitImages(result)
+  // undefined (a handler that returns nothing) is sent as null: the key must be there (R10).
+  const reply = images.length === 0
+    ? { output: output === undefined ? null : output, is_error: false }
+    : { output: output === undefined ? null : output, is_error: false, images }
+  const envelope = encodeWithOutput(reply, output)
+  return typeof envelope === 'string' ? envelope : errorEnvelope(`the tool's output could not be encoded as JSON: ${envelope.problem}`)
+}
+
+/** A ToolError's reply: its message as `error`, its output (unless none) beside it. */
+function toolErrorEnvelope (err: ToolError): Envelope {
+  const message = errorText(err)
+  if (err.output === undefined || err.output === null) return errorEnvelope(message)
+  const envelope = encodeWithOutput({ error: message, output: err.output, is_error: true }, err.output)
+  return typeof envelope === 'string'
+    ? envelope
+    : errorEnvelope(`${message} (its output could not be encoded as JSON: ${envelope.problem})`)
+}
+
+/** `reply` as JSON, or what keeps its `output` from being JSON (BigInt, a cycle, NaN…). */
+function encodeWithOutput (reply: object, output: unknown): Envelope | { problem: string } {
   let envelope: Envelope
   try {
-    // undefined (a handler that returns nothing) is sent as null: the key must be there (R10).
-    envelope = JSON.stringify({ output: output === undefined ? null : output, is_error: false })
+    envelope = JSON.stringify(reply)
   } catch (err) {
     // BigInt, a cycle, or too deep: the model gets a readable error, not a broken reply.
-    return errorEnvelope(`the tool's output could not be encoded as JSON: ${thrownText(err)}`)
+    return { problem: thrownText(err) }
   }
   // JSON.stringify writes NaN and ±Infinity as `null`: an output that is not JSON would reach the
   // model as another value (README "Plugin SDK" → Calls). Only a text with `null` in it can hide
   // one, so most outputs cost one substring search.
   if (output !== null && output !== undefined && envelope.includes('null')) {
     const bad = nonFiniteNumber(output)
-    if (bad !== undefined) {
-      return errorEnvelope(`the tool's output could not be encoded as JSON: ${String(bad)} is not a JSON number`)
-    }
+    if (bad !== undefined) return { problem: `${String(bad)} is not a JSON number` }
   }
   return envelope
 }

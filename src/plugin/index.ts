@@ -53,4 +53,5 @@ export type {
   PluginOptions, PluginTool, PluginLogger, ToolParameters, ToolArguments, ToolCallContext, JsonSchemaObject
 } from './options.js'
 export { PluginError, PLUGIN_ERROR_CODES } from './errors.js'
+export { Image, ToolError, ToolOutput } from './results.js'
 export type { PluginErrorCode, PluginErrorDetail } from './errors.js'

@@ -8,11 +8,14 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
 import { createServer as createHttpServer } from 'node:http'
 import { connect, createServer, type AddressInfo } from 'node:net'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
-import { createPlugin, PluginError, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
-import { toolDefinitions } from '../../src/main/index.js'
+import { createPlugin, Image, PluginError, ToolError, ToolOutput, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
+import { toolDefinitions, type ToolResult } from '../../src/main/index.js'
 import { session, startToolport, toolportCliArgs, waitFor, within } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
 
@@ -796,4 +799,55 @@ test('stop() resolves once the last call in flight is answered: the answer ends 
   assert.match(answer, /^HTTP\/1\.1 200 /)
   assert.match(answer, /\r\nconnection: close\r\n/i, answer)
   assert.ok(answer.endsWith('"done"}') || answer.includes('"output":"done"'), answer)
+})
+
+test('a handler answers an error with an output beside it (ToolError) and images (ToolOutput, Image, Image.fromFile), which reach the ToolResult as a plugin\'s reply carries them (README "Plugin SDK" → Calls; "Errors and images from a plugin")', async (t) => {
+  const png = Buffer.from('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==', 'base64')
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-image-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const file = join(dir, 'radar.PNG')
+  await writeFile(file, png)
+  const tp = await startToolport(t, { roles: ['A'] })
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:results',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    tools: {
+      radar: { handler: async () => new ToolOutput({ city: 'Oslo' }, { images: [await Image.fromFile(file, { visionPrompt: 'Describe it.' })] }) },
+      picture: { handler: () => new Image(png, 'image/png') },
+      no_data: { handler: () => { throw new ToolError('NO_DATA', { output: { reason: 'no such city' } }) } },
+      bare: { handler: () => { throw new ToolError('BARE') } },
+      unencodable: { handler: () => { throw new ToolError('BAD', { output: { n: Number.NaN } }) } }
+    }
+  })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  await plugin.start()
+  const call = async (name: string): Promise<ToolResult> => await tp.tp.callTool('A', { name, arguments: {} })
+
+  const radar = await call('radar')
+  assert.deepEqual({ ...radar }, {
+    is_error: false,
+    output: { city: 'Oslo' },
+    text: '{"city":"Oslo"}',
+    images: [{ mime_type: 'image/png', data_base64: png.toString('base64'), prompt: 'Describe it.' }]
+  })
+  const picture = await call('picture')
+  assert.equal(picture.is_error, false)
+  assert.equal(picture.output, null)
+  assert.deepEqual(picture.images, [{ mime_type: 'image/png', data_base64: png.toString('base64') }])
+  assert.deepEqual({ ...await call('no_data') }, {
+    is_error: true,
+    error: 'NO_DATA',
+    output: { reason: 'no such city' },
+    text: '{"error":"NO_DATA","output":{"reason":"no such city"}}'
+  })
+  assert.deepEqual({ ...await call('bare') }, { is_error: true, error: 'BARE', output: null, text: '{"error":"BARE"}' })
+  const unencodable = await call('unencodable')
+  assert.equal(unencodable.is_error, true)
+  assert.equal(unencodable.error, 'BAD (its output could not be encoded as JSON: NaN is not a JSON number)')
+
+  assert.throws(() => new Image(png, 'text/plain'), TypeError)
+  await assert.rejects(Image.fromFile(join(dir, 'radar.bin')), /cannot tell the image type/)
 })
