@@ -16,8 +16,12 @@ import { codePointLength, errorText, isPlainObject, isWellFormedText, MAX_TIMER_
 /** A JSON Schema object, as Toolport shows it to the model. */
 export type JsonSchemaObject = Record<string, unknown>
 
-/** A tool's parameters: a JSON Schema object, or a zod object schema (converted to JSON Schema). */
-export type ToolParameters = JsonSchemaObject | z.core.$ZodType
+/**
+ * A tool's parameters: a JSON Schema object, or a zod schema of an object (`z.object`, or a union of
+ * them), converted to JSON Schema. A zod schema of anything else is a type error (tool arguments
+ * are a JSON object).
+ */
+export type ToolParameters = JsonSchemaObject | z.core.$ZodType<Record<string, unknown>>
 
 /**
  * The arguments a handler receives: the zod schema's output for a zod schema (validated before the
@@ -395,10 +399,20 @@ function toJsonSchema (schema: z.core.$ZodType): JsonSchemaObject | string {
     return `the zod schema has no JSON Schema form: ${errorText(err)}`
   }
   delete converted.$schema
-  if (converted.type !== 'object') return 'must be a zod object schema (z.object({...})): tool arguments are a JSON object'
+  if (!describesObjects(converted)) {
+    return 'must be a zod schema of an object (z.object({...}), or a union of them): tool arguments are a JSON object'
+  }
   // zod checks every argument itself; a pattern Toolport cannot run would only make it refuse the tool.
   removeNonRe2Patterns(converted)
   return converted
+}
+
+/** An object schema, or an `anyOf`/`oneOf` (zod's unions) whose every branch is one. */
+function describesObjects (schema: unknown): boolean {
+  if (!isPlainObject(schema)) return false
+  if (schema.type === 'object') return true
+  const branches = schema.anyOf ?? schema.oneOf
+  return schema.type === undefined && Array.isArray(branches) && branches.length > 0 && branches.every(describesObjects)
 }
 
 function resolveLogger (logger: PluginLogger | false | undefined, problem: (path: string,

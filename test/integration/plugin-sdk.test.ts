@@ -116,7 +116,8 @@ test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PL
     tools: {
       '': { handler },
       ok: { handler, timeoutSeconds: 301 },
-      list: { handler, parameters: z.array(z.string()) },
+      // A type error too (ToolParameters): refused at run time for JavaScript callers.
+      list: { handler, parameters: z.array(z.string()) as never },
       nohandler: {} as never
     }
   }), (err: unknown) => {
@@ -850,4 +851,44 @@ test('a handler answers an error with an output beside it (ToolError) and images
 
   assert.throws(() => new Image(png, 'text/plain'), TypeError)
   await assert.rejects(Image.fromFile(join(dir, 'radar.bin')), /cannot tell the image type/)
+})
+
+test('a zod union of object schemas (z.discriminatedUnion, z.union) is a tool\'s parameters: registered as its anyOf/oneOf, checked by Toolport and by zod, the handler typed by the union (README "Plugin SDK" → Arguments)', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  const circle = z.object({ shape: z.literal('circle'), r: z.number().positive() })
+  const square = z.object({ shape: z.literal('square'), side: z.number().positive() })
+  const plugin = createPlugin({
+    toolportUrl: tp.url,
+    source: 'plugin:shapes',
+    role: 'A',
+    logger: false,
+    watchEvents: false,
+    tools: {
+      area: {
+        parameters: z.discriminatedUnion('shape', [circle, square]),
+        handler: (args) => args.shape === 'circle' ? Math.round(Math.PI * args.r * args.r) : args.side * args.side
+      },
+      either: {
+        parameters: z.union([z.object({ a: z.string() }), z.object({ b: z.number() })]),
+        handler: (args) => 'a' in args ? args.a : args.b
+      }
+    }
+  })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  await plugin.start()
+  const call = async (name: string, args: Record<string, unknown>): Promise<ToolResult> =>
+    await tp.tp.callTool('A', { name, arguments: args })
+  assert.equal((await call('area', { shape: 'circle', r: 2 })).output, 13)
+  assert.equal((await call('area', { shape: 'square', side: 3 })).output, 9)
+  assert.equal((await call('either', { b: 4 })).output, 4)
+  // Toolport's check of the schema as registered: no branch fits.
+  const refused = await call('area', { shape: 'triangle', side: 3 })
+  assert.equal(refused.is_error, true)
+  assert.doesNotMatch(String(refused.error), /^invalid arguments: /, 'refused by Toolport, before the plugin')
+  // A branch's own bounds hold (positive()).
+  const negative = await call('area', { shape: 'square', side: 0 })
+  assert.equal(negative.is_error, true)
+  // A provider's definition: one object, the branches merged.
+  const openai = toolDefinitions(tp.tp.roles.get('A'), 'openai-chat').find((d) => d.function.name === 'area')
+  assert.equal((openai?.function.parameters as { type?: unknown }).type, 'object')
 })
