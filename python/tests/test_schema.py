@@ -179,6 +179,34 @@ def test_an_int_parameter_gets_an_int_for_json_integers_written_as_floats() -> N
     assert all(type(v) is int for v in [args["n"], *args["ns"], args["maybe"]])
 
 
+BillingAddress = pydantic.create_model("Address", __module__="billing", street=(str, ...))
+ShippingAddress = pydantic.create_model("Address", __module__="shipping", street=(str, ...), dock=(int, ...))
+
+
+class Bill(pydantic.BaseModel):
+    to: BillingAddress  # type: ignore[valid-type]
+
+
+class Ship(pydantic.BaseModel):
+    to: ShippingAddress  # type: ignore[valid-type]
+
+
+def test_two_parameters_whose_models_nest_different_models_of_one_name_each_get_their_own() -> None:
+    # pydantic names each model's nested Address "Address": the second is renamed, not refused.
+    def f(bill: Bill, ship: Ship) -> None:
+        pass
+
+    schema, sig = schema_of(f)
+    assert schema["properties"]["bill"]["properties"]["to"] == {"$ref": "#/$defs/Address"}
+    assert schema["properties"]["ship"]["properties"]["to"] == {"$ref": "#/$defs/Address_2"}
+    assert schema["$defs"]["Address_2"]["required"] == ["street", "dock"]
+    args = sig.arguments({"bill": {"to": {"street": "a"}}, "ship": {"to": {"street": "b", "dock": 4}}})
+    assert args["ship"].to.dock == 4
+    with pytest.raises(ArgumentsError) as info:
+        sig.arguments({"bill": {"to": {"street": "a"}}, "ship": {"to": {"street": "b"}}})
+    assert "ship/to: 'dock' is a required property" in str(info.value)
+
+
 class Text(pydantic.BaseModel):
     text: str
 

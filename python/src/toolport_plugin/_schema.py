@@ -179,10 +179,20 @@ class _Builder:
         # pydantic checks every value itself; a pattern Toolport cannot run (pydantic's own Decimal
         # has a lookahead) would only make it refuse the tool.
         _remove_non_re2_patterns(schema)
-        for name, definition in schema.pop("$defs", {}).items():
+        defs: dict[str, Any] = schema.pop("$defs", {})
+        # Another parameter's model of the same name (from another module) that differs: this
+        # model's one is renamed, as pydantic itself tells them apart within one model.
+        renames: dict[str, str] = {}
+        for name, definition in defs.items():
             if name in self.defs and self.defs[name] != definition:
-                raise SchemaError(f"{self.where}: two different models are both named {name!r}")
-            self.defs[name] = definition
+                n = 2
+                while f"{name}_{n}" in self.defs or f"{name}_{n}" in defs:
+                    n += 1
+                renames[f"#/$defs/{name}"] = f"#/$defs/{name}_{n}"
+        if renames:
+            _rename_refs([schema, *defs.values()], renames)
+            defs = {renames.get(f"#/$defs/{k}", f"#/$defs/{k}")[len("#/$defs/"):]: v for k, v in defs.items()}
+        self.defs.update(defs)
         return schema
 
 
@@ -191,6 +201,20 @@ _ONE_SCHEMA = ("additionalProperties", "items", "additionalItems", "contains", "
                "else", "unevaluatedItems", "unevaluatedProperties")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _rename_refs(schemas: list[Any], renames: dict[str, str]) -> None:
+    """Points each ``$ref`` of ``schemas`` (and their subschemas) named in ``renames`` at its new name."""
+    work: list[Any] = list(schemas)
+    while work:
+        node = work.pop()
+        if isinstance(node, list):
+            work.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref in renames:
+                node["$ref"] = renames[ref]
+            work.extend(node.values())
 
 
 def _remove_non_re2_patterns(schema: JsonSchema) -> None:
