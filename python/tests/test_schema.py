@@ -354,11 +354,17 @@ def test_a_callable_object_and_a_partial_are_typed_by_what_they_call() -> None:
     assert info.value.code == "TP_ERR_PLUGIN_OPTIONS"
 
 
+class Person(pydantic.BaseModel):
+    full_name: str = pydantic.Field(alias="fullName")
+
+
 def test_replies_encode_outputs_images_and_errors() -> None:
     assert json.loads(output_reply(Box(corner={"x": 1, "y": 2}, size=1.5))) == {
         "output": {"corner": {"x": 1, "y": 2}, "size": 1.5, "tags": []}, "is_error": False}
     assert json.loads(output_reply(Outer(inner=Inner(n=1)))) == {"output": {"inner": {"n": 1}, "label": "x"}, "is_error": False}
     assert json.loads(output_reply(None)) == {"output": None, "is_error": False}
+    # By alias, the names the model's schema shows the model (its arguments use them too).
+    assert json.loads(output_reply(Person(fullName="Ada")))["output"] == {"fullName": "Ada"}
     image = Image.from_bytes(b"\x89PNG", mime="image/png")
     assert json.loads(output_reply([image, image]))["images"] == [{"data_b64": "iVBORw==", "mime": "image/png"}] * 2
     assert json.loads(output_reply(ToolOutput("ok", images=[image])))["output"] == "ok"

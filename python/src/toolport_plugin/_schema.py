@@ -550,7 +550,7 @@ def to_json_value(value: Any) -> Any:
         while isinstance(item, enum.Enum):
             item = item.value
         if _is_pydantic_model(type(item)):
-            item = item.model_dump(mode="json")
+            item = item.model_dump(mode="json", by_alias=True)
             made.append(item)
         elif dataclasses.is_dataclass(item) and not isinstance(item, type):
             if id(item) in on_path:
