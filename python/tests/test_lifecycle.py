@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -349,3 +351,20 @@ async def test_a_tool_taken_over_by_another_instance_is_left_alone_and_the_warni
     warnings = [r.getMessage() for r in caplog.records if "another callback" in r.getMessage()]
     assert warnings == [f"'_echo' in role 'default' now belongs to another callback ({second.url}); leaving it alone"], warnings
     assert not any(secret in r.getMessage() for r in caplog.records)
+
+
+async def test_a_start_that_could_not_connect_sends_no_clear_and_warns_of_none(caplog: pytest.LogCaptureFixture) -> None:
+    """A registration that was never sent (no connection to Toolport) registered nothing: the
+    failed start() and stop() send no clear, so Ctrl-C while Toolport is down warns of nothing."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    plugin = Plugin(f"test-{uuid.uuid4().hex[:8]}", toolport_url=f"http://127.0.0.1:{port}", start_timeout=0)
+    plugin.tool(_echo)
+    with caplog.at_level(logging.WARNING, logger="toolport_plugin"):
+        with pytest.raises(PluginError) as info:
+            await plugin.start()
+        assert info.value.code == "TP_ERR_PLUGIN_UNREACHABLE"
+        stopped = await plugin.stop()
+    assert (stopped.is_cleared, stopped.removed, stopped.error) == (False, 0, None)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -63,13 +63,15 @@ const nothingRegistered = new WeakSet<PluginError>()
 
 /**
  * Whether `err`, thrown by `register`, proves the tool was not registered: Toolport refused the
- * request (4xx), or answered `ok: false` with every role refusing it. An `ok: false` whose roles
- * took the tool and failed to sync it (R8), or no answer at all, proves nothing.
+ * request (4xx), answered `ok: false` with every role refusing it, or could not be connected to.
+ * An `ok: false` whose roles took the tool and failed to sync it (R8), or a request sent and never
+ * answered, proves nothing.
  */
 export function provesNotRegistered (err: unknown): boolean {
-  if (!(err instanceof PluginError) || err.code !== PLUGIN_ERROR_CODES.refused) return false
+  if (!(err instanceof PluginError)) return false
   if (nothingRegistered.has(err)) return true
-  return err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500
+  return err.code === PLUGIN_ERROR_CODES.refused && err.statusCode !== undefined && err.statusCode >= 400 &&
+    err.statusCode < 500
 }
 
 export class ToolportClient {
@@ -211,8 +213,11 @@ export class ToolportClient {
           { statusCode, cause: err })
       }
       const what = timedOut ? `no answer within ${this.#timeoutMs} ms` : describe(err)
-      throw new PluginError(PLUGIN_ERROR_CODES.unreachable,
+      const unreachable = new PluginError(PLUGIN_ERROR_CODES.unreachable,
         `cannot reach Toolport at ${this.#base.href} (${method} /${relative}): ${what}`, { cause: err })
+      // No connection, so no request: a registration that was never sent registered nothing.
+      if (!timedOut && isConnectFailure(err)) nothingRegistered.add(unreachable)
+      throw unreachable
     } finally {
       clearTimeout(timer)
       signal?.removeEventListener('abort', onAbort)
@@ -284,6 +289,13 @@ export function problemsText (problems: readonly PluginErrorDetail[]): string {
   const cut = (text: string): string => text.length > 200 ? `${text.slice(0, 200)}…` : text
   const named = problems.slice(0, 3).map((p) => `${cut(p.path)}: ${cut(p.message)}`).join('; ')
   return ` (${named}${problems.length > 3 ? `; and ${problems.length - 3} more` : ''})`
+}
+
+/** A connection that could not be made (refused, unreachable, connect timeout): nothing was sent. */
+function isConnectFailure (err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code
+  return code === 'ECONNREFUSED' || code === 'EHOSTUNREACH' || code === 'ENETUNREACH' || code === 'EADDRNOTAVAIL' ||
+    code === 'UND_ERR_CONNECT_TIMEOUT'
 }
 
 function describe (err: unknown): string {

@@ -162,17 +162,20 @@ test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PL
   })
 })
 
-test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and startTimeoutMs is 0', async () => {
+test('start() rejects with TP_ERR_PLUGIN_UNREACHABLE when nothing listens and startTimeoutMs is 0; a registration never sent (no connection) is not cleared, so nothing warns of a failed clear', async () => {
   const port = await closedPort()
+  const warnings: string[] = []
   const plugin = createPlugin({
     toolportUrl: `http://127.0.0.1:${port}`,
     source: SOURCE,
-    logger: false,
+    logger: { warn: (message: string) => { warnings.push(message) } },
     startTimeoutMs: 0,
     tools: { noop: { handler: () => null } }
   })
   await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_UNREACHABLE' })
   assert.equal(plugin.isRunning, false)
+  assert.deepEqual(warnings, [])
+  assert.deepEqual(await plugin.stop(), { isCleared: false, removed: 0, error: null })
   // A failed start leaves a stopped plugin behind: its server is closed, and it cannot start again.
   await assert.rejects(plugin.start(), { code: 'TP_ERR_PLUGIN_STATE' })
 })

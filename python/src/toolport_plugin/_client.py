@@ -136,7 +136,10 @@ class ToolportClient:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             what = f"no answer within {self._timeout} s" if isinstance(err, asyncio.TimeoutError) else _describe(err)
-            raise PluginError(UNREACHABLE, f"cannot reach Toolport at {self.base_url} ({method} /{path}): {what}") from err
+            unreachable = PluginError(UNREACHABLE, f"cannot reach Toolport at {self.base_url} ({method} /{path}): {what}")
+            # No connection, so no request: a registration that was never sent registered nothing.
+            unreachable._nothing_registered = isinstance(err, aiohttp.ClientConnectorError)
+            raise unreachable from err
         try:
             parsed = json.loads(raw) if raw else {}
         except ValueError:
@@ -295,9 +298,8 @@ def problems_text(problems: list[dict[str, str]]) -> str:
 def proves_not_registered(err: PluginError) -> bool:
     """Whether ``err``, raised by ``register``, proves the tool was not registered: Toolport refused
     the request (4xx), or answered ``ok: false`` with every role refusing it. An ``ok: false``
-    whose roles took the tool and failed to sync it (R8), or no answer at all, proves nothing."""
-    if err.code != REFUSED:
-        return False
+    whose roles took the tool and failed to sync it (R8), or a request sent and never answered,
+    proves nothing; a connection that could not be made proves it too (nothing was sent)."""
     if err._nothing_registered:
         return True
-    return err.status is not None and 400 <= err.status < 500
+    return err.code == REFUSED and err.status is not None and 400 <= err.status < 500
