@@ -51,10 +51,14 @@ export class LocalCounter<L extends string> {
     this.#counts.set(key, { labels, value: 1 })
   }
 
-  /** Drops every series whose `label` is `value` (a removed role's, so removed roles do not pile up). */
-  remove (label: L, value: string): void {
+  /**
+   * Drops every series whose labels hold all of `match` (a removed role's, a removed tool's in its
+   * role), so that what no longer exists does not pile up.
+   */
+  remove (match: Partial<Record<L, string>>): void {
+    const pairs = Object.entries(match) as Array<[L, string]>
     for (const [key, entry] of this.#counts) {
-      if (entry.labels[label] === value) this.#counts.delete(key)
+      if (pairs.every(([label, value]) => entry.labels[label] === value)) this.#counts.delete(key)
     }
   }
 

@@ -1,8 +1,8 @@
 // Prometheus metrics (prom-client), one Registry per Runtime so that two instances in one process
 // never share or clash; the process's own metrics (CPU, memory, GC, event loop) come from one
 // registry shared by every instance. Labels are bounded: roles that exist (a removed role's series
-// are dropped), registered tool names (at most
-// `limits.maxToolsPerRole` × roles of them ever, later ones count as `(other)`), outcome kinds;
+// are dropped), tool names registered now (at most `limits.maxToolsPerRole` × roles of them, more
+// count as `(other)`) and the last STALE_TOOL_NAMES names that left every role, outcome kinds;
 // never call ids, argument values or a name that matched no tool.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
 import type { EventEmitter } from 'node:events'
@@ -21,9 +21,19 @@ export interface MetricsSource {
   bufferedReplyBytes: () => number
   replyBudgetBytes: () => number
   registrySizes: () => Iterable<[string, number]>
-  /** How many distinct tool names `toolport_calls_total` may label (beyond: `(other)`). */
+  /** How many distinct tool names `toolport_calls_total` may label at once (beyond: `(other)`). */
   maxToolLabels: () => number
+  /** Whether `role` holds a tool named `name` now (local or remote). */
+  hasTool: (role: string, name: string) => boolean
+  /** Whether any role holds a tool named `name` now. */
+  isRegistered: (name: string) => boolean
 }
+
+/**
+ * Tool names no role holds any more whose `toolport_calls_total` series are kept (the longest gone
+ * are dropped first): a tool that came and went between two scrapes is still seen.
+ */
+export const STALE_TOOL_NAMES = 256
 
 /**
  * The process's default metrics, collected once: prom-client's collector installs a process-wide
@@ -119,9 +129,43 @@ export class Metrics {
       }
     })
 
-    // Tool names labelled so far: a plugin that registers, is called and unregisters ever new
-    // names would otherwise grow the series without bound.
-    const toolLabels = new Set<string>()
+    // Tool names with series, and the roles they have them in. A name no role holds any more
+    // (unregistered, cleared, evicted) keeps its series for a while, so that a scrape still sees
+    // the calls of a tool that came and went between two scrapes; past STALE_TOOL_NAMES such
+    // names, the longest gone lose their series. So plugins that register, are called and
+    // unregister ever new names (or restart under new ones) keep a bounded number of series, and
+    // only names registered now count towards the cap beyond which a name is `(other)`.
+    const toolLabels = new Map<string, Set<string>>()
+    /** Names no role holds, oldest first. */
+    const staleNames = new Set<string>()
+    const markStale = (name: string): void => {
+      staleNames.delete(name)
+      staleNames.add(name)
+      for (const oldest of staleNames) {
+        if (staleNames.size <= STALE_TOOL_NAMES) break
+        staleNames.delete(oldest)
+        toolLabels.delete(oldest)
+        calls.remove({ tool: oldest })
+      }
+    }
+    /** The `tool` label of a call of `name` in `role` that ended just now. */
+    const toolLabel = (role: string, name: string, toolSource: string): string => {
+      // A name that matches no tool (no source) is the model's free text: unbounded, so not a label.
+      if (toolSource === '') return '(unknown)'
+      const isHeld = source.hasTool(role, name)
+      let roles = toolLabels.get(name)
+      if (roles === undefined) {
+        if (isHeld && toolLabels.size - staleNames.size >= source.maxToolLabels()) return '(other)'
+        roles = new Set()
+        toolLabels.set(name, roles)
+        // Its tool left while the call ran: counted, and gone with the other stale names.
+        if (!isHeld) markStale(name)
+      } else if (isHeld) {
+        staleNames.delete(name)
+      }
+      roles.add(role)
+      return name
+    }
     source.events.on('call-finished', (event) => {
       const outcome = event.outcome
       // The whole call's duration is not labelled by role; the role-labelled count of a role
@@ -129,19 +173,15 @@ export class Metrics {
       // a new role of the same name.
       callSeconds.observe(outcome, event.durationMs / 1000)
       if ((event as unknown as Record<symbol, unknown>)[kFromRemovedRole] === true) return
-      // A name that matches no tool (no source) is the model's free text: unbounded, so not a label.
-      let tool = event.source === '' || event.source === undefined ? '(unknown)' : event.name
-      if (tool !== '(unknown)' && !toolLabels.has(tool)) {
-        if (toolLabels.size < source.maxToolLabels()) toolLabels.add(tool)
-        else tool = '(other)'
-      }
-      calls.inc(event.role, tool, outcome)
+      calls.inc(event.role, toolLabel(event.role, event.name, event.source), outcome)
     })
     source.events.on('origin-evicted', () => { evictions.inc() })
     // One `tool-removed` per registration an eviction removed: `origin-evicted` names the tools
     // and the roles, not which tool was in which role.
     source.events.on('tool-removed', (event) => {
       if (event.reason === 'evicted') evictedTools.inc()
+      // Replaced (by another registration, or a local tool), the name goes on in its role.
+      if (toolLabels.has(event.name) && !source.isRegistered(event.name)) markStale(event.name)
     })
     source.events.on('sync-finished', (event) => {
       syncSeconds.observe({ role: event.role }, event.durationMs / 1000)
@@ -150,7 +190,12 @@ export class Metrics {
     // Roles come and go at run time (agents named per conversation): a removed role's series go
     // with it, so their number follows the roles that exist, not every role there ever was.
     source.events.on('role-removed', ({ role }) => {
-      calls.remove('role', role)
+      calls.remove({ role })
+      for (const [name, roles] of toolLabels) {
+        if (!roles.delete(role) || roles.size > 0) continue
+        toolLabels.delete(name)
+        staleNames.delete(name)
+      }
       syncSeconds.remove({ role })
       syncFailures.remove({ role })
     })

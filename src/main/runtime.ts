@@ -126,7 +126,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
         bufferedReplyBytes: () => this.#dispatcher.bufferedReplyBytes,
         replyBudgetBytes: () => this.options.dispatch.maxBufferedReplyBytes,
         registrySizes: () => this.roles.list().map((r): [string, number] => [r.name, r.registry.size]),
-        maxToolLabels: () => this.options.limits.maxToolsPerRole * Math.max(1, this.roles.size)
+        maxToolLabels: () => this.options.limits.maxToolsPerRole * Math.max(1, this.roles.size),
+        hasTool: (role, name) => this.roles.find(role)?.registry.get(name) !== undefined,
+        isRegistered: (name) => this.roles.list().some((role) => role.registry.get(name) !== undefined)
       })
       : null
     this.#dispatcher = new Dispatcher(this.options.dispatch, this.metrics?.observeDispatch ?? null)

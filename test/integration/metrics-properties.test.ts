@@ -36,6 +36,7 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { createToolport, toolportPlugin, type Toolport, type ToolportOptions } from '../../src/main/index.js'
 import type { CallFinishedEvent, OriginEvictedEvent, SyncFinishedEvent } from '../../src/main/events.js'
 import { kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
+import { STALE_TOOL_NAMES } from '../../src/main/metrics.js'
 import { assertError, httpJson, session, startToolport, subscribeEvents, waitFor, within, type FakeSession, type SseItem } from '../helpers.js'
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
@@ -1186,24 +1187,30 @@ test('regression: a NUL in a tool name and in a role name never merges two serie
   ])), 'toolport_calls_total by role, tool and outcome')
 })
 
-test('regression: a plugin that churns tool names (register, call, unregister) cannot grow toolport_calls_total without bound (src/main/metrics.ts: labels are "registered tool names (capped by the registry limits)")', async (t) => {
+test('regression: a plugin that churns tool names (register, call, unregister) cannot grow toolport_calls_total without bound, and a tool registered after the churn is counted under its own name, not (other) (src/main/metrics.ts: labels are "tool names registered now … and the last STALE_TOOL_NAMES names that left every role")', async (t) => {
   const plugin = await startPlugin(t)
   const MAX_TOOLS = 3
-  const CHURN = 40
+  const CHURN = STALE_TOOL_NAMES + 40
   const { url } = await startToolport(t, { roles: ['R'], limits: { maxToolsPerRole: MAX_TOOLS } })
-  for (let i = 0; i < CHURN; i++) {
-    const name = `churn_${i}`
+  const callOnce = async (name: string): Promise<void> => {
     const reply = await httpJson(`${url}/api/tools/register`, 'POST', { name, callback_url: `${plugin.origin}/cb`, source: 'plugin:churn', parameters: PARAMS })
     assert.equal(reply.statusCode, 200, JSON.stringify(reply.body))
     const call = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'R', name, arguments: { b: 'ok', t: `t${++tokenSeq}` } })
     assert.equal(call.body.is_error, false)
-    assert.equal((await httpJson(`${url}/api/tools/unregister`, 'POST', { name })).body.removed, true)
   }
+  for (let i = 0; i < CHURN; i++) {
+    await callOnce(`churn_${i}`)
+    assert.equal((await httpJson(`${url}/api/tools/unregister`, 'POST', { name: `churn_${i}` })).body.removed, true)
+  }
+  await callOnce('fresh')
   const exposition = strict((await scrape(url)).body, 'after the churn')
   const tools = new Set(exposition.samples.filter((s) => s.name === 'toolport_calls_total').map((s) => s.labels.tool))
-  // Room for the registered names and two catch-all values ("(unknown)" and one for the overflow).
-  assert.ok(tools.size <= MAX_TOOLS + 2,
-    `${tools.size} tool label values after ${CHURN} names came and went, with at most ${MAX_TOOLS} registered at a time`)
+  // The registered name, the last STALE_TOOL_NAMES that left, and nothing else.
+  assert.equal(tools.size, 1 + STALE_TOOL_NAMES, `${tools.size} tool label values after ${CHURN} names came and went`)
+  assert.ok(tools.has('fresh'), 'a tool registered after the churn has a series of its own, not (other)')
+  assert.ok(tools.has(`churn_${CHURN - 1}`), 'a tool that came and went since the last scrape is still seen')
+  assert.ok(!tools.has('churn_0'), 'the name gone longest lost its series')
+  assert.ok(!tools.has('(other)'))
 })
 
 test('regression: roles that come and go (one per conversation) leave no series behind, also for a call still running when its role went (src/main/metrics.ts: labels are "roles that exist")', async (t) => {
