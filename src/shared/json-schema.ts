@@ -280,15 +280,47 @@ export function runsOnRe2 (source: string): boolean {
   }
 }
 
+/** Keywords whose value is one subschema, an array of them, or a map of names to them. */
+const ONE_SCHEMA = ['items', 'additionalItems', 'contains', 'additionalProperties', 'propertyNames', 'not', 'if',
+  'then', 'else', 'unevaluatedItems', 'unevaluatedProperties', 'contentSchema']
+const SCHEMA_LIST = ['allOf', 'anyOf', 'oneOf', 'prefixItems', 'items']
+const SCHEMA_MAP = ['properties', 'patternProperties', '$defs', 'definitions', 'dependentSchemas', 'dependencies']
+
+/**
+ * Calls `visit` with `root` and each of its subschemas, reached through the keywords above only
+ * (never a `default`, `examples`, `const` or an unknown keyword's data), with a stack of its own.
+ */
+export function forEachSubschema (root: Record<string, unknown>,
+  visit: (schema: Record<string, unknown>) => void): void {
+  const stack: unknown[] = [root]
+  const push = (value: unknown): void => {
+    if (typeof value === 'object' && value !== null && !Array.isArray(value)) stack.push(value)
+  }
+  while (stack.length > 0) {
+    const schema = stack.pop() as Record<string, unknown>
+    visit(schema)
+    for (const key of ONE_SCHEMA) push(schema[key])
+    for (const key of SCHEMA_LIST) {
+      const list = schema[key]
+      if (Array.isArray(list)) for (const item of list) push(item)
+    }
+    for (const key of SCHEMA_MAP) {
+      const map = schema[key]
+      if (typeof map === 'object' && map !== null && !Array.isArray(map)) for (const item of Object.values(map)) push(item)
+    }
+  }
+}
+
 /**
  * Removes, in place, every `pattern` RE2 cannot run from a schema the plugin SDK generated from a
  * schema library that checks the arguments itself (zod): zod's own `hostname`, `emoji` and ISO
  * `duration` formats use lookaheads, and Toolport would refuse the whole tool over them. Returns
- * the patterns removed. Only subschemas are walked, never `default`, `examples` or `const` data.
+ * the patterns removed. Only subschemas are walked (`forEachSubschema`: tuples' `prefixItems`
+ * too), never `default`, `examples` or `const` data.
  */
 export function removeNonRe2Patterns (schema: Record<string, unknown>): string[] {
   const removed: string[] = []
-  traverse(schema as traverse.SchemaObject, (subschema) => {
+  forEachSubschema(schema, (subschema) => {
     const pattern = subschema.pattern
     if (typeof pattern === 'string' && !runsOnRe2(pattern)) {
       delete subschema.pattern

@@ -548,6 +548,7 @@ test('a zod schema whose own formats use lookaheads (hostname, emoji, ISO durati
           mood: z.emoji().optional(),
           span: z.iso.duration().optional(),
           twice: z.string().regex(/^(a)\1$/).optional(),
+          hosts: z.tuple([z.hostname(), z.hostname()]).optional(),
           code: z.string().regex(/^[A-Z]{3}$/)
         }),
         handler: ({ host }) => host
@@ -562,6 +563,8 @@ test('a zod schema whose own formats use lookaheads (hostname, emoji, ISO durati
   type Properties = Record<string, Record<string, unknown>>
   const properties = (definition?.inputSchema as unknown as { properties: Properties }).properties
   for (const name of ['host', 'mood', 'span', 'twice']) assert.equal(properties[name]?.pattern, undefined, name)
+  const tuple = properties.hosts?.prefixItems as Array<Record<string, unknown>>
+  for (const item of tuple) assert.equal(item.pattern, undefined)
   // A pattern RE2 runs is kept, and Toolport checks it.
   assert.equal(properties.code?.pattern, '^[A-Z]{3}$')
   assert.equal((await tp.tp.callTool('A', { name: 'lookup', arguments: { host: 'example.com', code: 'abc' } })).is_error, true)

@@ -8,6 +8,7 @@ import type { ToolDefinition } from '../roles/tool-registry.js'
 import type { JsonSchemaObject } from '../schemas.js'
 import { validationError } from '../errors.js'
 import { deepFreeze } from '../../shared/util.js'
+import { forEachSubschema } from '../../shared/json-schema.js'
 
 /** The formats `toolDefinitions` and `GET /api/tools/definitions` produce. */
 export const DEFINITION_FORMATS = ['openai-chat', 'openai-realtime', 'anthropic', 'gemini', 'mcp'] as const
@@ -163,36 +164,6 @@ function isPortable (schema: JsonSchemaObject): boolean {
     if (isItemlessArray(node)) portable = false
   })
   return portable
-}
-
-/** Keywords whose value is one subschema, an array of them, or a map of names to them. */
-const ONE_SCHEMA = ['items', 'additionalItems', 'contains', 'additionalProperties', 'propertyNames', 'not', 'if',
-  'then', 'else', 'unevaluatedItems', 'unevaluatedProperties', 'contentSchema']
-const SCHEMA_LIST = ['allOf', 'anyOf', 'oneOf', 'prefixItems', 'items']
-const SCHEMA_MAP = ['properties', 'patternProperties', '$defs', 'definitions', 'dependentSchemas', 'dependencies']
-
-/**
- * Calls `visit` with `root` and each of its subschemas, reached through the keywords above only
- * (never a `default`, `examples`, `const` or an unknown keyword's data), with a stack of its own.
- */
-function forEachSubschema (root: JsonSchemaObject, visit: (schema: JsonSchemaObject) => void): void {
-  const stack: unknown[] = [root]
-  const push = (value: unknown): void => {
-    if (typeof value === 'object' && value !== null && !Array.isArray(value)) stack.push(value)
-  }
-  while (stack.length > 0) {
-    const schema = stack.pop() as JsonSchemaObject
-    visit(schema)
-    for (const key of ONE_SCHEMA) push(schema[key])
-    for (const key of SCHEMA_LIST) {
-      const list = schema[key]
-      if (Array.isArray(list)) for (const item of list) push(item)
-    }
-    for (const key of SCHEMA_MAP) {
-      const map = schema[key]
-      if (typeof map === 'object' && map !== null && !Array.isArray(map)) for (const item of Object.values(map)) push(item)
-    }
-  }
 }
 
 function portableCopy (parameters: JsonSchemaObject): JsonSchemaObject {
