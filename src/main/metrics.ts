@@ -152,7 +152,8 @@ export class Metrics {
     const toolLabel = (role: string, name: string, toolSource: string): string => {
       // A name that matches no tool (no source) is the model's free text: unbounded, so not a label.
       if (toolSource === '') return '(unknown)'
-      const isHeld = source.hasTool(role, name)
+      // Its own role first: the common case costs one lookup, not one per role.
+      const isHeld = source.hasTool(role, name) || source.isRegistered(name)
       let roles = toolLabels.get(name)
       if (roles === undefined) {
         if (isHeld && toolLabels.size - staleNames.size >= source.maxToolLabels()) return '(other)'
@@ -192,9 +193,14 @@ export class Metrics {
     source.events.on('role-removed', ({ role }) => {
       calls.remove({ role })
       for (const [name, roles] of toolLabels) {
-        if (!roles.delete(role) || roles.size > 0) continue
-        toolLabels.delete(name)
-        staleNames.delete(name)
+        if (!roles.delete(role)) continue
+        if (roles.size === 0) {
+          toolLabels.delete(name)
+          staleNames.delete(name)
+        } else if (!source.isRegistered(name)) {
+          // Its last holder was this role: the name left every role with it.
+          markStale(name)
+        }
       }
       syncSeconds.remove({ role })
       syncFailures.remove({ role })

@@ -1213,6 +1213,30 @@ test('regression: a plugin that churns tool names (register, call, unregister) c
   assert.ok(!tools.has('(other)'))
 })
 
+test('regression: a tool name whose last holder was a role that was removed stops counting towards the label cap, so the next tool is counted under its own name (src/main/metrics.ts: only "tool names registered now" count towards the cap)', async (t) => {
+  const plugin = await startPlugin(t)
+  const { tp, url } = await startToolport(t, { roles: ['A', 'B'], limits: { maxToolsPerRole: 1 } })
+  const register = async (name: string, role: string): Promise<void> => {
+    const reply = await httpJson(`${url}/api/tools/register`, 'POST', { name, role, callback_url: `${plugin.origin}/cb`, source: 'plugin:p', parameters: PARAMS })
+    assert.equal(reply.body.ok, true, JSON.stringify(reply.body))
+  }
+  const call = async (name: string, role: string): Promise<void> => {
+    const reply = await httpJson(`${url}/api/tools/call`, 'POST', { role, name, arguments: { b: 'ok', t: `t${++tokenSeq}` } })
+    assert.equal(reply.body.is_error, false, JSON.stringify(reply.body))
+  }
+  await register('x', 'A')
+  await register('x', 'B')
+  await call('x', 'A')
+  await call('x', 'B')
+  assert.equal((await httpJson(`${url}/api/tools/unregister`, 'POST', { name: 'x', role: 'B' })).body.removed, true)
+  tp.roles.remove('A')
+  await register('y', 'B')
+  await call('y', 'B')
+  const exposition = strict((await scrape(url)).body, 'after the role went')
+  assert.equal(value(exposition, 'toolport_calls_total', { role: 'B', tool: 'y', outcome: 'ok' }), 1)
+  assert.equal(value(exposition, 'toolport_calls_total', { role: 'B', tool: '(other)', outcome: 'ok' }), undefined)
+})
+
 test('regression: roles that come and go (one per conversation) leave no series behind, also for a call still running when its role went (src/main/metrics.ts: labels are "roles that exist")', async (t) => {
   const plugin = await startPlugin(t)
   const started = await startToolport(t, { roles: ['R'] })
