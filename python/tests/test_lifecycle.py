@@ -285,6 +285,20 @@ async def test_run_in_another_thread_is_stopped_by_asyncio_run_of_stop_from_this
             await asyncio.to_thread(asyncio.run, plugin.stop(grace=0))
 
 
+async def test_stop_after_the_loop_start_ran_on_ended_clears_the_tools(api: Api) -> None:
+    """``asyncio.run(plugin.start())`` then ``asyncio.run(plugin.stop())``: the first loop took the
+    callback server with it, but its tools are still registered; stop() clears them from its own
+    loop instead of reporting a clean stop that left them there."""
+    plugin = new_plugin(api)
+    plugin.tool(_echo)
+    await asyncio.to_thread(asyncio.run, plugin.start())
+    assert "_echo" in await api.names()
+    stopped = await asyncio.to_thread(asyncio.run, plugin.stop())
+    assert (stopped.is_cleared, stopped.error) == (True, None) and stopped.removed >= 1, stopped
+    assert await api.names() == []
+    assert await asyncio.to_thread(asyncio.run, plugin.stop()) == stopped
+
+
 async def test_a_name_another_source_holds_fails_start_at_once_naming_the_owner(tmp_path: os.PathLike[str]) -> None:
     """README "Python plugin SDK" → Start and stop: an answer that says the registration is wrong
     raises at once. A name every role refused because another source holds it (ownership mode) will

@@ -49,6 +49,10 @@ class ToolportClient:
         self._timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
 
+    def fresh(self) -> ToolportClient:
+        """A client of the same Toolport, with sessions of its own (for another event loop)."""
+        return ToolportClient(self.base_url, self._token, self._timeout, self._plugin_key)
+
     def _headers(self, *, json_body: bool = False) -> dict[str, str]:
         headers = {"accept": "application/json", "user-agent": "toolport-plugin-python"}
         if self._token is not None:

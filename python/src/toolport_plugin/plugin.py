@@ -324,14 +324,20 @@ class Plugin:
         the result (and an ``error`` event).
 
         From another thread (the plugin runs ``run()`` there), ``asyncio.run(plugin.stop())`` hands
-        the stop to the plugin's own event loop and waits for it.
+        the stop to the plugin's own event loop and waits for it. Once the loop ``start()`` ran on
+        has ended without a stop (``asyncio.run(plugin.start())``, later
+        ``asyncio.run(plugin.stop())``), the server went with it and ``stop()`` clears the tools.
         """
         loop = self._loop
         if loop is not None and loop is not asyncio.get_running_loop():
-            if loop.is_closed():  # the loop it ran on is gone: nothing of it is left to stop
-                stopping = self._stopping
-                done = stopping is not None and stopping.done() and not stopping.cancelled()
-                return stopping.result() if done else StopResult(False, 0, None)  # type: ignore[union-attr]
+            stopping = self._stopping
+            if loop.is_closed():
+                if stopping is not None and stopping.done() and not stopping.cancelled():
+                    return stopping.result()
+                # This loop runs the stop from now on (a later stop() here awaits the same one).
+                self._loop = asyncio.get_running_loop()
+                self._stopping = asyncio.ensure_future(self._stop_after_loop_ended())
+                return await asyncio.shield(self._stopping)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.stop(grace), loop))
         if self._stopping is None:
             self._stopping = asyncio.ensure_future(self._stop(grace))
@@ -347,24 +353,39 @@ class Plugin:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            result = StopResult(False, 0, None)
-            # Nothing of ours can be registered if no registration was ever sent (or each was
-            # refused); another instance's tools under the same source are then none of our business.
-            if self._has_registered:
-                try:
-                    removed = await self._client.clear(self.source, self.role)
-                    result = StopResult(True, removed, None)
-                except PluginError as err:
-                    if self.role is not None and _is_role_not_found(err):
-                        # The plugin's one role is gone, and every tool of ours went with it.
-                        result = StopResult(True, 0, None)
-                    else:
-                        result = StopResult(False, 0, err)
-                        self._report(err, logging.WARNING)
+            result = await self._clear(self._client)
         await self._server.close(grace)
         await self._client.close()
         self._state = "stopped"
         return result
+
+    async def _clear(self, client: ToolportClient) -> StopResult:
+        """Clears the source with ``client`` (R16), as stop() reports it."""
+        # Nothing of ours can be registered if no registration was ever sent (or each was
+        # refused); another instance's tools under the same source are then none of our business.
+        if not self._has_registered:
+            return StopResult(False, 0, None)
+        try:
+            removed = await client.clear(self.source, self.role)
+            return StopResult(True, removed, None)
+        except PluginError as err:
+            if self.role is not None and _is_role_not_found(err):
+                # The plugin's one role is gone, and every tool of ours went with it.
+                return StopResult(True, 0, None)
+            self._report(err, logging.WARNING)
+            return StopResult(False, 0, err)
+
+    async def _stop_after_loop_ended(self) -> StopResult:
+        """stop() once the event loop start() ran on is gone without one (``asyncio.run(start())``,
+        then ``asyncio.run(stop())``): the server went with that loop, and its tools are still
+        registered. They are cleared with a client of this loop."""
+        self._state = "stopped"
+        self._stop_requested.set()
+        client = self._client.fresh()
+        try:
+            return await self._clear(client)
+        finally:
+            await client.close()
 
     async def __aenter__(self) -> Plugin:
         await self.start()
