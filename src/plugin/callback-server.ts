@@ -38,7 +38,8 @@ const DEADLINE_NAME = 'TimeoutError'
 const DISCONNECT_NAME = 'AbortError'
 /**
  * Toolport's deadline runs out up to this long before the plugin's own clock says so (it counts
- * from before it sent the call): a hang-up within it of the deadline is the deadline.
+ * from before it sent the call): a hang-up within it of the deadline (within a quarter of a
+ * deadline shorter than four times this) is the deadline.
  */
 const DEADLINE_SLACK_MS = 200
 
@@ -229,7 +230,7 @@ export class CallbackServer {
     // so the signal's reason does not depend on which of the two clocks ran out first.
     const onClose = (): void => {
       if (res.writableFinished) return
-      if (performance.now() - arrivedAt >= deadlineMs - DEADLINE_SLACK_MS) deadlinePassed()
+      if (performance.now() - arrivedAt >= deadlineMs - Math.min(DEADLINE_SLACK_MS, deadlineMs / 4)) deadlinePassed()
       else controller.abort(new DOMException('Toolport closed the connection', DISCONNECT_NAME))
     }
     res.once('close', onClose)

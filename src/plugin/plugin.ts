@@ -237,8 +237,9 @@ export class Plugin extends EventEmitter<PluginEvents> {
       if (this.#stopController.signal.aborted) break
       // Set before the request: Toolport may take the registration and its answer never arrive
       // (start() timed out, stop() began), and the clear that follows must not be skipped then.
-      // Only a refusal proves nothing was registered (provesNotRegistered): an `ok: false` answer
-      // may come with the registry holding it, when roles took it and their syncs failed (R8).
+      // Only a refusal, or a connection that could not be made, proves nothing was registered
+      // (provesNotRegistered): an `ok: false` answer may come with the registry holding it, when
+      // roles took it and their syncs failed (R8).
       const hadRegistered = this.#hasRegistered
       this.#hasRegistered = true
       let answer: RegisterAnswer

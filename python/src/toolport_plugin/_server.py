@@ -59,11 +59,12 @@ _FIRST_REQUEST_SECONDS = 10.0
 # waits with ceil_timeout(), which reads a timeout <= 0 as no timeout at all (calls in flight would
 # run to their deadline); this is "at once" for it.
 _AT_ONCE_SECONDS = 0.001
+# Toolport's deadline runs out up to this long before the plugin's own clock says so (seconds;
+# at most a quarter of a shorter deadline): a hang-up that close to the deadline is the deadline.
+_DEADLINE_SLACK = 0.2
 # The tool names that would be dot segments, which URL canonicalisation removes (Toolport's WHATWG
 # parser, also when spelt %2e): their segment is "=" + the name. Percent-encoding never leaves a
 # bare "=", so no other name's segment starts with one.
-# Toolport's deadline runs out up to this long before the plugin's own clock says so (seconds).
-_DEADLINE_SLACK = 0.2
 _DOT_SEGMENTS = (".", "..")
 _DOT_MARK = "="
 
@@ -282,7 +283,8 @@ class CallbackServer:
             # cancelled, or Toolport's own deadline ran out, which it counts from a little before
             # the call arrived here: a hang-up that close to the deadline is the deadline, whichever
             # clock ran out first. Nobody awaits the answer.
-            ctx._cancel("deadline" if ctx.remaining() <= _DEADLINE_SLACK else "disconnected")
+            slack = min(_DEADLINE_SLACK, ctx.deadline_ms / 4000)
+            ctx._cancel("deadline" if ctx.remaining() <= slack else "disconnected")
             task.cancel()
             task.add_done_callback(_consume)
             raise

@@ -471,8 +471,9 @@ class Plugin:
                 break
             # Set before the request: Toolport may take the registration and its answer never
             # arrive (start() cancelled, its request timed out), and stop()'s clear must not be
-            # skipped then. Only a refusal proves this one was not registered (an `ok: false`
-            # answer may come with the registry holding it, when its roles' syncs failed: R8).
+            # skipped then. Only a refusal, or a connection that could not be made, proves this
+            # one was not registered (an `ok: false` answer may come with the registry holding
+            # it, when its roles' syncs failed: R8).
             had_registered, self._has_registered = self._has_registered, True
             try:
                 answer = await self._client.register(self._registration(tool, role))
