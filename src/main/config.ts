@@ -192,7 +192,7 @@ const limitsSchema = z.strictObject({
 const mcpSchema = z.strictObject({
   /** MCP sessions at once, all roles together; when full, idle ones are evicted. */
   maxSessions: z.number().int().min(1).max(100_000).default(256),
-  /** MCP sessions one client (the connection that initializes) holds; its next evicts its oldest. */
+  /** MCP sessions one client (the connection that initializes) holds; its next evicts its oldest idle one. */
   maxSessionsPerClient: z.number().int().min(1).max(100_000).default(32),
   /** `tools/call` in flight per MCP session; beyond it a call answers a tool error. */
   maxCallsPerSession: z.number().int().min(1).max(1_000_000).default(32),

@@ -15,8 +15,9 @@
 // - Only the standalone GET stream is the session's event stream (a GET with the Last-Event-ID of a
 //   request's stream is that request's): each fresh one is sent `list_changed` when the tools
 //   differ from what the client last listed, so a notice lost with a dropped stream is sent again.
-// - A session Toolport ends (role removed, eviction, server close) first answers its running calls
-//   with a JSON-RPC error, so that no client waits for its own timeout.
+// - A session Toolport ends (role removed, server close) first answers its running calls with a
+//   JSON-RPC error, so that no client waits for its own timeout; eviction never picks a session
+//   with a call running.
 // - Bounds: sessions in all, sessions per client, calls in flight per session, per client and
 //   for all MCP sessions together, so one MCP client cannot take the dispatcher's whole budget.
 //   A client is the TCP connection (peer address and port) that sent `initialize`: on loopback
@@ -56,14 +57,14 @@ export interface McpSessionsOptions {
   reconnectGraceMs?: number
   /**
    * Most sessions at once, all roles together (default 256). When full, an `initialize` evicts
-   * the least recently active session with no request in flight (one without an event stream
-   * first, a session of the last 5 s that has not yet opened one counting as one with); only when
-   * every session has a request in flight does it get 503.
+   * the least recently active session with no request in flight and no call running (one without
+   * an event stream first, a session of the last 5 s that has not yet opened one counting as one
+   * with); only when every session is that busy does it get 503.
    */
   maxSessions?: number
   /**
    * Most sessions one client holds (default 32): its next `initialize` evicts its own least
-   * recently active session with no request in flight, else gets 503.
+   * recently active session with no request in flight and no call running, else gets 503.
    */
   maxSessionsPerClient?: number
   /** Most `tools/call` in flight in one session; beyond it a call answers a tool error (default 32). */
@@ -218,7 +219,7 @@ export class McpSessions extends EventEmitter<McpSessionsEvents> {
 
   /**
    * A new session of `role` for an `initialize` request from `client` (see the file comment), or
-   * null when closing or full of sessions that all have a request in flight. Makes room first by
+   * null when closing or full of sessions that all have a request in flight or a call running. Makes room first by
    * evicting (see `maxSessions`, `maxSessionsPerClient`). The session joins the map and attaches
    * to its role once that request succeeds; otherwise it closes.
    */
