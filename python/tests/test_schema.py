@@ -193,17 +193,21 @@ class Ship(pydantic.BaseModel):
 
 def test_two_parameters_whose_models_nest_different_models_of_one_name_each_get_their_own() -> None:
     # pydantic names each model's nested Address "Address": the second is renamed, not refused.
-    def f(bill: Bill, ship: Ship) -> None:
+    def f(bill: Bill, ship: Ship, ship_too: Ship) -> None:
         pass
 
     schema, sig = schema_of(f)
+    # The same model nested again shares the name it was given.
+    assert schema["properties"]["ship_too"]["properties"]["to"] == {"$ref": "#/$defs/Address_2"}
+    assert "Address_3" not in schema["$defs"]
     assert schema["properties"]["bill"]["properties"]["to"] == {"$ref": "#/$defs/Address"}
     assert schema["properties"]["ship"]["properties"]["to"] == {"$ref": "#/$defs/Address_2"}
     assert schema["$defs"]["Address_2"]["required"] == ["street", "dock"]
-    args = sig.arguments({"bill": {"to": {"street": "a"}}, "ship": {"to": {"street": "b", "dock": 4}}})
+    ship = {"to": {"street": "b", "dock": 4}}
+    args = sig.arguments({"bill": {"to": {"street": "a"}}, "ship": ship, "ship_too": ship})
     assert args["ship"].to.dock == 4
     with pytest.raises(ArgumentsError) as info:
-        sig.arguments({"bill": {"to": {"street": "a"}}, "ship": {"to": {"street": "b"}}})
+        sig.arguments({"bill": {"to": {"street": "a"}}, "ship": {"to": {"street": "b"}}, "ship_too": ship})
     assert "ship/to: 'dock' is a required property" in str(info.value)
 
 

@@ -19,7 +19,7 @@ import functools
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Union
 
 import jsonschema
@@ -185,8 +185,9 @@ class _Builder:
         renames: dict[str, str] = {}
         for name, definition in defs.items():
             if name in self.defs and self.defs[name] != definition:
+                # The same model under a name given it before (a third parameter nesting it again).
                 n = 2
-                while f"{name}_{n}" in self.defs or f"{name}_{n}" in defs:
+                while f"{name}_{n}" in defs or (f"{name}_{n}" in self.defs and self.defs[f"{name}_{n}"] != definition):
                     n += 1
                 renames[f"#/$defs/{name}"] = f"#/$defs/{name}_{n}"
         if renames:
@@ -203,31 +204,15 @@ _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
-def _rename_refs(schemas: list[Any], renames: dict[str, str]) -> None:
-    """Points each ``$ref`` of ``schemas`` (and their subschemas) named in ``renames`` at its new name."""
-    work: list[Any] = list(schemas)
-    while work:
-        node = work.pop()
-        if isinstance(node, list):
-            work.extend(node)
-        elif isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref in renames:
-                node["$ref"] = renames[ref]
-            work.extend(node.values())
-
-
-def _remove_non_re2_patterns(schema: JsonSchema) -> None:
-    """Removes, in place, each ``pattern`` RE2 surely refuses from a schema pydantic generated.
-    Only subschemas are walked, never ``default``, ``examples`` or ``const`` data."""
-    work: list[Any] = [schema]
+def _subschemas(*roots: Any) -> Iterator[dict[str, Any]]:
+    """``roots`` and each of their subschemas, reached through the keywords above only (never a
+    ``default``, ``examples`` or ``const`` value)."""
+    work: list[Any] = list(roots)
     while work:
         node = work.pop()
         if not isinstance(node, dict):
             continue
-        pattern = node.get("pattern")
-        if isinstance(pattern, str) and re2_problem(pattern) is not None:
-            del node["pattern"]
+        yield node
         work.extend(node.get(key) for key in _ONE_SCHEMA)
         for key in _SCHEMA_LISTS:
             if isinstance(node.get(key), list):
@@ -235,6 +220,22 @@ def _remove_non_re2_patterns(schema: JsonSchema) -> None:
         for key in _SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 work.extend(node[key].values())
+
+
+def _rename_refs(schemas: list[Any], renames: dict[str, str]) -> None:
+    """Points each ``$ref`` of ``schemas`` (and their subschemas) named in ``renames`` at its new name."""
+    for node in _subschemas(*schemas):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in renames:
+            node["$ref"] = renames[ref]
+
+
+def _remove_non_re2_patterns(schema: JsonSchema) -> None:
+    """Removes, in place, each ``pattern`` RE2 surely refuses from a schema pydantic generated."""
+    for node in _subschemas(schema):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and re2_problem(pattern) is not None:
+            del node["pattern"]
 
 
 def _object(props: JsonSchema, required: list[str], *, closed: bool, title: str | None = None) -> JsonSchema:
