@@ -798,8 +798,8 @@ test('stop() resolves once the last call in flight is answered: the answer ends 
     if (!refused) await new Promise((resolve) => setTimeout(resolve, 10))
   }
   release()
-  // A hang guard, not a timing: stop() waits for the socket, so without the fix it resolves only
-  // when the server's keep-alive timeout ends it.
+  // A hang guard, not a timing (stop() resolves in ms with the answer ending its connection, and
+  // after the server's 5 s keep-alive timeout without): the header below is what fails without it.
   const guard = new Promise((resolve) => { setTimeout(resolve, 60_000).unref() }).then(() => 'still waiting')
   assert.deepEqual(await Promise.race([stopped.then((r) => r.isCleared), guard]), true)
   await ended
