@@ -37,11 +37,11 @@ type Envelope = string
 const DEADLINE_NAME = 'TimeoutError'
 const DISCONNECT_NAME = 'AbortError'
 /**
- * Toolport's deadline runs out up to this long before the plugin's own clock says so (it counts
- * from before it sent the call): a hang-up within it of the deadline (within a quarter of a
+ * Toolport's deadline runs out before the plugin's own clock says so, by the time the call took to
+ * arrive (more on a busy machine): a hang-up within this of the deadline (within a quarter of a
  * deadline shorter than four times this) is the deadline.
  */
-const DEADLINE_SLACK_MS = 200
+const DEADLINE_SLACK_MS = 1000
 
 export class CallbackServer {
   readonly #server: Server

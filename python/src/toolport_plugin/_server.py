@@ -59,9 +59,10 @@ _FIRST_REQUEST_SECONDS = 10.0
 # waits with ceil_timeout(), which reads a timeout <= 0 as no timeout at all (calls in flight would
 # run to their deadline); this is "at once" for it.
 _AT_ONCE_SECONDS = 0.001
-# Toolport's deadline runs out up to this long before the plugin's own clock says so (seconds;
-# at most a quarter of a shorter deadline): a hang-up that close to the deadline is the deadline.
-_DEADLINE_SLACK = 0.2
+# Toolport's deadline runs out before the plugin's own clock says so, by the time the call took to
+# arrive (more on a busy machine): a hang-up within this of the deadline (seconds; a quarter of a
+# deadline shorter than four times this) is the deadline.
+_DEADLINE_SLACK = 1.0
 # The tool names that would be dot segments, which URL canonicalisation removes (Toolport's WHATWG
 # parser, also when spelt %2e): their segment is "=" + the name. Percent-encoding never leaves a
 # bare "=", so no other name's segment starts with one.
