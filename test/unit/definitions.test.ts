@@ -110,18 +110,22 @@ test('definitions: a root anyOf/oneOf/allOf (zod\'s unions), which OpenAI and An
     properties: { z: { type: ['array', 'null'], items: {} }, a: { type: 'integer' } },
     required: ['a', 'z']
   })
-  const plain = { type: 'object', properties: { tags: { type: 'array', items: { type: 'string' } }, pair: { type: 'array', prefixItems: [{}, {}] } } }
+  const plain = { type: 'object', properties: { tags: { type: 'array', items: { type: 'string' } }, pair: { type: 'array', prefixItems: [{}, {}], items: false } } }
   assert.equal(objectSchema(plain), plain, 'a schema that needs nothing is passed as it is')
-  // Inside a tuple too; never in data (`default`, `examples`, an extension keyword).
+  // A tuple without items (the Python SDK's tuple[float, float]: OpenAI refuses it), and inside a
+  // tuple too; never in data (`default`, `examples`, an extension keyword).
   assert.deepEqual(objectSchema({
     type: 'object',
     properties: { pair: { type: 'array', prefixItems: [{ type: 'array' }], default: { type: 'array' } } },
     'x-example': { type: 'array' }
   }), {
     type: 'object',
-    properties: { pair: { type: 'array', prefixItems: [{ type: 'array', items: {} }], default: { type: 'array' } } },
+    properties: { pair: { type: 'array', prefixItems: [{ type: 'array', items: {} }], default: { type: 'array' }, items: {} } },
     'x-example': { type: 'array' }
   })
+  // A root not, enum or const is left out without a root combinator too.
+  assert.deepEqual(objectSchema({ type: 'object', properties: { a: { type: 'string' } }, not: { required: ['a'] }, enum: [{}], const: {} }),
+    { type: 'object', properties: { a: { type: 'string' } } })
   // A closed root refuses what its branches add: nothing is added. A malformed %-escape in a $ref names nothing.
   assert.deepEqual(objectSchema({
     type: 'object',

@@ -157,8 +157,12 @@ export function objectSchema (parameters: JsonSchemaObject): ObjectSchema {
 
 const ROOT_COMBINATORS = ['allOf', 'anyOf', 'oneOf'] as const
 
+/** Root keywords the portable form leaves out (see `objectSchema`). */
+const ROOT_DROPPED = ['not', 'enum', 'const'] as const
+
 function isPortable (schema: JsonSchemaObject): boolean {
-  if (!isObjectSchema(schema) || ROOT_COMBINATORS.some((key) => schema[key] !== undefined)) return false
+  if (!isObjectSchema(schema) || ROOT_COMBINATORS.some((key) => schema[key] !== undefined) ||
+    ROOT_DROPPED.some((key) => schema[key] !== undefined)) return false
   let portable = true
   forEachSubschema(schema, (node) => {
     if (isItemlessArray(node)) portable = false
@@ -170,6 +174,7 @@ function portableCopy (parameters: JsonSchemaObject): JsonSchemaObject {
   // A JSON round trip: a deep copy in which `__proto__` stays an own key.
   const copy = JSON.parse(JSON.stringify(parameters)) as JsonSchemaObject
   mergeRootCombinators(copy)
+  for (const key of ROOT_DROPPED) delete copy[key]
   copy.type = 'object'
   const properties = propertiesMap(copy.properties)
   if (properties === undefined) delete copy.properties
@@ -220,9 +225,6 @@ function mergeRootCombinators (root: JsonSchemaObject): void {
       : (requiredOf[0] ?? []).filter((name) => requiredOf.every((list) => list.includes(name)))
     for (const name of kept) required.add(name)
   }
-  delete root.not
-  delete root.enum
-  delete root.const
   if (properties.size > 0) root.properties = Object.fromEntries(properties)
   if (required.size > 0) root.required = [...required]
   else delete root.required
@@ -247,11 +249,15 @@ function localSchema (root: JsonSchemaObject, branch: unknown): JsonSchemaObject
   return typeof target === 'object' && target !== null && !Array.isArray(target) ? target as JsonSchemaObject : undefined
 }
 
-/** An array schema (`type` "array" or a list holding it) without `items` or `prefixItems`. */
+/**
+ * An array schema (`type` "array" or a list holding it) without `items`, a tuple's `prefixItems`
+ * included (the Python SDK's `tuple[float, float]`): OpenAI refuses either ("array schema missing
+ * items"). `items: {}` beside `prefixItems` means what no `items` means (any further items).
+ */
 function isItemlessArray (node: JsonSchemaObject): boolean {
   const type = node.type
   const isArray = type === 'array' || (Array.isArray(type) && type.includes('array'))
-  return isArray && node.items === undefined && node.prefixItems === undefined
+  return isArray && node.items === undefined
 }
 
 function isObjectSchema (schema: JsonSchemaObject): schema is ObjectSchema {
