@@ -953,7 +953,7 @@ function withItems (schema: Json): Json {
     }
   }
   const type = out.type
-  if ((type === 'array' || (Array.isArray(type) && type.includes('array'))) && out.items === undefined && out.prefixItems === undefined) out.items = {}
+  if ((type === 'array' || (Array.isArray(type) && type.includes('array'))) && out.items === undefined) out.items = {}
   return out
 }
 
