@@ -1,11 +1,12 @@
 // Callback reply → ToolResult → the text a model reads (docs/protocol.md R10–R12, "Model-visible result").
 import type { CallOutcome } from '../../workers/protocol.js'
 import { decodeReplyText, mapReply, safeStringify } from '../../shared/reply.js'
+import type { ImageMimeType } from '../../shared/images.js'
 
 /** One image a tool returned (the reply's `images`, checked where it arrived). */
 export interface ToolImage {
   /** `image/png`, `image/jpeg`, `image/webp` or `image/gif`: what the data's magic bytes say. */
-  mime_type: string
+  mime_type: ImageMimeType
   /** The image, standard padded base64. */
   data_base64: string
   /** The plugin's `vision_prompt` for this image, when it gave one. */
@@ -243,7 +244,8 @@ function lazyTextResult (bytes: Uint8Array, textIsJson: boolean): ToolResult {
 function toolImages (parts: readonly string[]): ToolImage[] {
   const images: ToolImage[] = []
   for (let i = 0; i + 2 < parts.length; i += 3) {
-    const image: ToolImage = { mime_type: parts[i] as string, data_base64: parts[i + 1] as string }
+    // checkImages wrote the type the data's bytes say: one of IMAGE_MIME_TYPES.
+    const image: ToolImage = { mime_type: parts[i] as ImageMimeType, data_base64: parts[i + 1] as string }
     const prompt = parts[i + 2] as string
     if (prompt !== '') image.prompt = prompt
     images.push(image)

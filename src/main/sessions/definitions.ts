@@ -93,11 +93,12 @@ const cache = new WeakMap<readonly ToolDefinition[], Map<DefinitionFormat, unkno
 
 /**
  * A role's tools in one provider's format, in registration order. The result is frozen and shared
- * until the registry changes: copy it before editing. An unknown format throws TP_ERR_VALIDATION.
+ * until the registry changes: copy it before editing (the provider SDKs' types want a mutable array:
+ * pass `[...tools]`). An unknown format throws TP_ERR_VALIDATION.
  *
  * @example
  * const tools = toolDefinitions(tp.roles.get('Lanlan'), 'openai-chat')
- * await openai.chat.completions.create({ model, messages, tools })
+ * await openai.chat.completions.create({ model, messages, tools: [...tools] })
  */
 export function toolDefinitions<F extends DefinitionFormat> (source: DefinitionSource,
   format: F): DefinitionsByFormat[F] {

@@ -3,6 +3,7 @@
 // image blocks beside the text; text-only formats say how many images were left out.
 import type { ToolImage, ToolResult } from '../dispatch/result.js'
 import { validationError } from '../errors.js'
+import type { ImageMimeType } from '../../shared/images.js'
 
 /** The formats `toolResultBlock` produces. */
 export const RESULT_FORMATS = ['anthropic', 'openai-responses', 'openai-chat'] as const
@@ -11,7 +12,7 @@ export type ResultFormat = typeof RESULT_FORMATS[number]
 /** An Anthropic Messages content block inside a `tool_result`. */
 export type AnthropicResultContent =
   | { type: 'text', text: string }
-  | { type: 'image', source: { type: 'base64', media_type: string, data: string } }
+  | { type: 'image', source: { type: 'base64', media_type: ImageMimeType, data: string } }
 
 /** Anthropic Messages: the `tool_result` block that goes into the next `user` message's content. */
 export interface AnthropicToolResultBlock {
