@@ -42,26 +42,52 @@ export function h (tag, props = {}, ...children) {
 // ---------------------------------------------------------------------------------------------
 // API access (token mode: the token lives in sessionStorage, for this tab only)
 
+/** Toolport's tokens are visible ASCII (0x21–0x7E): the only text a header carries unchanged. */
+const TOKEN_TEXT = /^[\x21-\x7e]+$/
+
 let token = sessionStorage.getItem(TOKEN_KEY)
+// A stored token no header can carry (pasted with a typographic quote…) would fail every request.
+if (token !== null && !TOKEN_TEXT.test(token)) {
+  sessionStorage.removeItem(TOKEN_KEY)
+  token = null
+}
 let tokenPrompt = null
 
 function authHeaders (extra = {}) {
   return token === null ? { ...extra } : { ...extra, authorization: `Bearer ${token}` }
 }
 
-/** Asks for the token once (a second caller waits for the same dialog). */
+/**
+ * Asks for the token once (a second caller waits for the same dialog). The page can do nothing
+ * without it: the dialog opens again when dismissed (Escape), and keeps asking while the text is
+ * not a token (a header cannot carry it).
+ */
 function askToken (message = '') {
   tokenPrompt ??= new Promise((resolve) => {
     const dialog = $('token-dialog')
+    const form = $('token-form')
+    let answered = false
     $('token-error').textContent = message
     $('token-input').value = ''
-    dialog.showModal()
-    $('token-form').addEventListener('submit', () => {
-      token = $('token-input').value.trim()
+    const onSubmit = (event) => {
+      const value = $('token-input').value.trim()
+      if (!TOKEN_TEXT.test(value)) {
+        event.preventDefault()
+        $('token-error').textContent = 'A token is visible ASCII only (no spaces, no typographic quotes).'
+        return
+      }
+      answered = true
+      token = value
       sessionStorage.setItem(TOKEN_KEY, token)
+      form.removeEventListener('submit', onSubmit)
+      dialog.removeEventListener('close', onClose)
       tokenPrompt = null
       resolve()
-    }, { once: true })
+    }
+    const onClose = () => { if (!answered) dialog.showModal() }
+    form.addEventListener('submit', onSubmit)
+    dialog.addEventListener('close', onClose)
+    dialog.showModal()
   })
   return tokenPrompt
 }
@@ -528,7 +554,9 @@ async function main () {
   })
   window.addEventListener('resize', () => drawCharts())
   await refreshState()
-  await loadStats()
+  // A first read that fails (Toolport restarting) must not keep the event stream from opening:
+  // the stream's reconnects and the next interval read again.
+  await loadStats().catch(() => {})
   setInterval(() => { loadStats().catch(() => {}) }, STATS_EVERY_MS)
   // Relative times ("12 s ago") age even without events.
   setInterval(() => { if (state !== null) { renderRoles(); renderEvictions() } }, 15_000)

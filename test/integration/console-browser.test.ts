@@ -206,6 +206,30 @@ describe('the console in chromium', { skip }, () => {
     assert.equal(await page.$('#token-dialog[open]'), null, 'not asked again in the same tab')
   })
 
+  test('token mode: the token dialog cannot be dismissed (Escape opens it again), and text no header can carry is refused there, never stored to break the tab', async (t) => {
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'], security: { token: TOKEN } })
+    await tp.register({ name: 'guarded', callback_url: 'http://127.0.0.1:9333/guarded' })
+    const { page } = await open(`${url}/`, t)
+    await page.waitForSelector('#token-dialog[open]', { timeout: 5000 })
+    await page.keyboard.press('Escape')
+    await page.waitForSelector('#token-dialog[open]', { timeout: 5000 })
+    // A pasted token ending in a typographic quote: a header cannot carry it.
+    await page.type('#token-input', `${TOKEN}\u201d`)
+    await page.click('#token-submit')
+    await page.waitForFunction('document.getElementById("token-error").textContent.includes("visible ASCII")', { timeout: 5000 })
+    assert.notEqual(await page.$('#token-dialog[open]'), null, 'still asking')
+    assert.equal(await page.evaluate('sessionStorage.getItem("toolport.token")'), null)
+    await page.$eval('#token-input', (el) => { (el as unknown as { value: string }).value = '' })
+    await page.type('#token-input', TOKEN)
+    await page.click('#token-submit')
+    await page.waitForSelector('[data-tool="guarded"]', { timeout: 5000 })
+    await page.waitForSelector('#live[data-state="live"]', { timeout: 5000 })
+    // A bad token stored by an older page is dropped on load: the dialog asks again.
+    await page.evaluate('sessionStorage.setItem("toolport.token", "bad\u201d")')
+    await page.reload({ waitUntil: 'load' })
+    await page.waitForSelector('#token-dialog[open]', { timeout: 5000 })
+  })
+
   test('a page opened through a foreign Host name is refused', async (t) => {
     const { port } = await startToolport(t, { roles: ['Lanlan'] })
     const page = await browser.newPage()
