@@ -134,17 +134,31 @@ function outcomeBadge (outcome, isError) {
 // Registry view: roles, plugins, evictions
 
 let state = null
+/**
+ * Whether the registry may have changed since the last state read (a registry event, a new
+ * stream): only then does the playground read the shown tool's definition again. Calls ask for
+ * state reads too, once a second, and must not make it fetch the role's definitions each time.
+ */
+let registryChanged = true
 
 /** Reads the state and shows it; throws when the read fails (the caller tries again). */
 async function loadState () {
   // `call` events after this one may come before or after the server wrote the state.
   const eventsBefore = callEvents
-  const { status, body } = await api('/api/console/state')
-  if (status !== 200 || body === null) throw new Error(`GET /api/console/state: HTTP ${status}`)
-  state = body
+  const changed = registryChanged
+  registryChanged = false
+  let answer
+  try {
+    answer = await api('/api/console/state')
+    if (answer.status !== 200 || answer.body === null) throw new Error(`GET /api/console/state: HTTP ${answer.status}`)
+  } catch (err) {
+    registryChanged ||= changed
+    throw err
+  }
+  state = answer.body
   renderState()
-  mergeCalls(body.calls, eventsBefore)
-  playground.update(state.roles)
+  mergeCalls(state.calls, eventsBefore)
+  playground.update(state.roles, changed)
 }
 
 function renderState () {
@@ -472,6 +486,7 @@ function onEvent (message) {
   if (message.id !== undefined) lastEventId = message.id
   const data = JSON.parse(message.data)
   if (message.event === 'hello') {
+    registryChanged = true
     setLive('live', 'live')
     // Fetch the whole view again, even when the replay is complete: `call` events are never
     // replayed, and the calls made while the stream was down show only in the state.
@@ -485,7 +500,10 @@ function onEvent (message) {
     scheduleStateRefresh(CALL_REFRESH_MS)
     return
   }
-  if (REGISTRY_EVENTS.has(message.event)) scheduleStateRefresh()
+  if (REGISTRY_EVENTS.has(message.event)) {
+    registryChanged = true
+    scheduleStateRefresh()
+  }
 }
 
 /** Reads the stream until it ends; `onOpen` once it is open. */

@@ -18,7 +18,8 @@ export function setupPlayground ({ api, h }) {
   /** Reads of a definition started so far: an answer to an older one is dropped. */
   let reads = 0
 
-  function update (nextRoles) {
+  /** New roles from a state read; `registryChanged`: the registry may have changed since the last. */
+  function update (nextRoles, registryChanged = true) {
     roles = nextRoles
     const role = roleSelect.value
     const names = roles.map((r) => r.name)
@@ -26,7 +27,7 @@ export function setupPlayground ({ api, h }) {
       roleSelect.replaceChildren(...names.map((name) => h('option', { value: name, selected: name === role }, name)))
     }
     // After a registry change: the tool shown may have been registered again with another schema.
-    fillTools(true)
+    fillTools(registryChanged)
   }
 
   function fillTools (reread = false) {

@@ -5,7 +5,7 @@ import { existsSync } from 'node:fs'
 import { after, before, describe, test } from 'node:test'
 import puppeteer, { type Browser, type Page } from 'puppeteer-core'
 import { startCallbackServer } from '../fixtures/callback-server.js'
-import { httpJson, startToolport } from '../helpers.js'
+import { httpJson, startToolport, waitFor } from '../helpers.js'
 import { CONSOLE_CSP } from '../../src/main/http/console.js'
 
 /**
@@ -149,6 +149,38 @@ describe('the console in chromium', { skip }, () => {
     await page.waitForSelector('#pg-tool option[value="other"]', { timeout: 5000 })
     await new Promise((resolve) => setTimeout(resolve, 300))
     assert.equal(await page.$eval('#pg-form input[name="lat"]', (el) => (el as unknown as { value: string }).value), '38.7')
+    assert.deepEqual(errors, [])
+  })
+
+  test('calls do not make the playground read the role\'s definitions again (only registry changes do): a state read after calls fetches no definitions', async (t) => {
+    const callback = await startCallbackServer()
+    t.after(() => callback.close())
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    await tp.register({ name: 'echo', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { a: { type: 'string' } } } })
+    const { page, errors } = await open(`${url}/`, t)
+    const fetched = { definitions: 0, state: 0 }
+    let lastRequestAt = Date.now()
+    page.on('requestfinished', (request) => {
+      lastRequestAt = Date.now()
+      const path = new URL(request.url()).pathname
+      if (path === '/api/tools/definitions') fetched.definitions++
+      if (path === '/api/console/state') fetched.state++
+    })
+    await page.waitForSelector('#pg-form input[name="a"]', { timeout: 5000 })
+    await page.waitForSelector('#live[data-state="live"]', { timeout: 5000 })
+    // The stream's `hello` reads the whole view again, the shown tool's definition with it: wait
+    // until the page is quiet (no request for 1.5 s) before counting.
+    await waitFor('the page to settle', () => Date.now() - lastRequestAt > 1500, 15_000)
+    const before = { ...fetched }
+    for (let i = 0; i < 5; i++) assert.equal((await tp.callTool('Lanlan', { name: 'echo', arguments: { a: String(i) } })).is_error, false)
+    // The calls' state read (once a second at most) has come and gone.
+    await waitFor('a state read after the calls', () => fetched.state > before.state, 10_000)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    assert.equal(fetched.definitions, before.definitions, 'definitions read again after calls')
+    // A registry change does read them again: the tool's new schema shows.
+    await tp.register({ name: 'echo', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { b: { type: 'string' } } } })
+    await page.waitForSelector('#pg-form input[name="b"]', { timeout: 5000 })
+    assert.ok(fetched.definitions > before.definitions)
     assert.deepEqual(errors, [])
   })
 
