@@ -27,6 +27,25 @@ test('calls are counted per second and per tool, with p50 and p99 of their laten
   assert.equal(tool.p50[0], null, 'a second without calls has no percentile')
 })
 
+test('percentiles stay within the range of the second\'s calls: eight calls of 103.8–109.4 ms (one doubling bucket) read inside it, not as p50 145 / p99 203 ms', () => {
+  const stats = new CallStats()
+  for (const ms of [103.8, 104.5, 105.2, 106, 106.9, 107.7, 108.6, 109.4]) stats.record('r', 't', ms, false, T0)
+  for (const ms of [5, 5, 5]) stats.record('r', 'same', ms, false, T0)
+  const check = (snap: ReturnType<CallStats['snapshot']>, at: number, what: string): void => {
+    const series = snap.tools.find((s) => s.tool === 't')
+    const p50 = series?.p50.at(at) as number
+    const p99 = series?.p99.at(at) as number
+    assert.ok(p50 >= 103.8 && p50 <= 109.4, `${what}: p50 ${p50}`)
+    assert.ok(p99 >= p50 && p99 <= 109.4, `${what}: p99 ${p99}`)
+    const same = snap.tools.find((s) => s.tool === 'same')
+    assert.deepEqual([same?.p50.at(at), same?.p99.at(at)], [5, 5], what)
+  }
+  check(stats.snapshot(2, T0 + 500), -1, 'the second in progress')
+  stats.record('r', 't', 1, false, T0 + 1000)
+  stats.record('r', 'same', 1, false, T0 + 1000)
+  check(stats.snapshot(2, T0 + 1500), -2, 'the second once closed')
+})
+
 test('seconds older than the window are forgotten, and a slot is reused for a new second', () => {
   const stats = new CallStats()
   stats.record('r', 't', 1, false, T0)

@@ -43,6 +43,9 @@ class Series {
   readonly #p50 = new Float32Array(WINDOW_SECONDS)
   readonly #p99 = new Float32Array(WINDOW_SECONDS)
   readonly #histogram = new Uint32Array(BOUNDS_MS.length + 1)
+  /** The shortest and longest call of the open second: percentiles never leave their range. */
+  #min = Infinity
+  #max = -Infinity
   /** The second the histogram belongs to, or -1. */
   #open = -1
   lastSecond = -1
@@ -59,6 +62,8 @@ class Series {
     if (isError) this.#errors[slot] = (this.#errors[slot] as number) + 1
     const bucket = bucketOf(durationMs)
     this.#histogram[bucket] = (this.#histogram[bucket] as number) + 1
+    if (durationMs < this.#min) this.#min = durationMs
+    if (durationMs > this.#max) this.#max = durationMs
     this.lastSecond = second
   }
 
@@ -78,8 +83,8 @@ class Series {
       out.errors.push(this.#errors[slot] as number)
       out.total += calls
       if (second === this.#open) {
-        out.p50.push(round(quantile(this.#histogram, 0.5)))
-        out.p99.push(round(quantile(this.#histogram, 0.99)))
+        out.p50.push(round(quantile(this.#histogram, 0.5, this.#min, this.#max)))
+        out.p99.push(round(quantile(this.#histogram, 0.99, this.#min, this.#max)))
       } else {
         out.p50.push(round(this.#p50[slot] as number))
         out.p99.push(round(this.#p99[slot] as number))
@@ -92,9 +97,11 @@ class Series {
   #roll (second: number): void {
     if (this.#open !== -1) {
       const slot = this.#open % WINDOW_SECONDS
-      this.#p50[slot] = quantile(this.#histogram, 0.5)
-      this.#p99[slot] = quantile(this.#histogram, 0.99)
+      this.#p50[slot] = quantile(this.#histogram, 0.5, this.#min, this.#max)
+      this.#p99[slot] = quantile(this.#histogram, 0.99, this.#min, this.#max)
       this.#histogram.fill(0)
+      this.#min = Infinity
+      this.#max = -Infinity
     }
     const slot = second % WINDOW_SECONDS
     this.#stamp[slot] = second
@@ -161,8 +168,12 @@ function bucketOf (ms: number): number {
   return BOUNDS_MS.length
 }
 
-/** The q-quantile of a histogram, interpolated inside its bucket (geometrically: log buckets). */
-function quantile (histogram: Uint32Array, q: number): number {
+/**
+ * The q-quantile of a histogram, interpolated inside its bucket (geometrically: log buckets), the
+ * bucket narrowed to the calls' own range [`min`, `max`]: buckets double in width, and without it
+ * eight calls of 104–109 ms read as p50 145 ms and p99 203 ms.
+ */
+function quantile (histogram: Uint32Array, q: number, min: number, max: number): number {
   let total = 0
   for (const n of histogram) total += n
   if (total === 0) return 0
@@ -172,8 +183,10 @@ function quantile (histogram: Uint32Array, q: number): number {
     const n = histogram[i] as number
     if (n === 0) continue
     if (seen + n >= rank) {
-      const upper = BOUNDS_MS[i] ?? (BOUNDS_MS[BOUNDS_MS.length - 1] as number) * 2
-      const lower = i === 0 ? upper / 2 : (BOUNDS_MS[i - 1] as number)
+      const upper = Math.min(max, BOUNDS_MS[i] ?? (BOUNDS_MS[BOUNDS_MS.length - 1] as number) * 2)
+      const lower = Math.max(min, i === 0 ? upper / 2 : (BOUNDS_MS[i - 1] as number))
+      // Every call of the bucket took the same time (or none took any).
+      if (lower >= upper) return upper
       const within = Math.min(1, Math.max(0, (rank - seen) / n))
       return lower * (upper / lower) ** within
     }
