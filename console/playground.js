@@ -17,6 +17,8 @@ export function setupPlayground ({ api, h }) {
   let shownDefinition = ''
   /** Reads of a definition started so far: an answer to an older one is dropped. */
   let reads = 0
+  /** Whether a call is in flight: the button stays disabled until it is answered. */
+  let calling = false
 
   /** New roles from a state read; `registryChanged`: the registry may have changed since the last. */
   function update (nextRoles, registryChanged = true) {
@@ -37,7 +39,7 @@ export function setupPlayground ({ api, h }) {
     if ([...toolSelect.options].map((o) => o.value).join('\n') !== tools.join('\n')) {
       toolSelect.replaceChildren(...tools.map((name) => h('option', { value: name, selected: name === current }, name)))
     }
-    $('pg-call').disabled = tools.length === 0
+    $('pg-call').disabled = calling || tools.length === 0
     loadSchema(reread === true).catch(() => {})
   }
 
@@ -185,6 +187,8 @@ export function setupPlayground ({ api, h }) {
       return
     }
     const button = $('pg-call')
+    if (calling) return
+    calling = true
     button.disabled = true
     const started = performance.now()
     try {
@@ -197,6 +201,7 @@ export function setupPlayground ({ api, h }) {
     } catch (err) {
       showResult(0, { is_error: true, error: String(err?.message ?? err) }, performance.now() - started)
     } finally {
+      calling = false
       button.disabled = toolSelect.value === ''
     }
   }

@@ -184,6 +184,24 @@ describe('the console in chromium', { skip }, () => {
     assert.deepEqual(errors, [])
   })
 
+  test('the playground\'s Call button stays disabled while its call runs, also across a registry change, so no older answer can replace a newer one', async (t) => {
+    const callback = await startCallbackServer()
+    t.after(() => callback.close())
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    await tp.register({ name: 'slow', callback_url: `${callback.url}/sleep/1500` })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('#pg-tool option[value="slow"]', { timeout: 5000 })
+    await page.click('#pg-call')
+    await page.waitForSelector('#pg-call:disabled', { timeout: 2000 })
+    await tp.register({ name: 'other', callback_url: `${callback.url}/echo` })
+    await page.waitForSelector('#pg-tool option[value="other"]', { timeout: 5000 })
+    assert.equal(await page.$eval('#pg-result', (el) => (el as unknown as { hidden: boolean }).hidden), true, 'not answered yet')
+    assert.notEqual(await page.$('#pg-call:disabled'), null, 'the registry change re-enabled Call during the call')
+    await page.waitForSelector('#pg-result:not([hidden])', { timeout: 10_000 })
+    await page.waitForSelector('#pg-call:not(:disabled)', { timeout: 2000 })
+    assert.deepEqual(errors, [])
+  })
+
   test('the chart picker tells apart role/tool series that spell alike (role "a" with tool "b/c", role "a/b" with tool "c")', async (t) => {
     const callback = await startCallbackServer()
     t.after(() => callback.close())
