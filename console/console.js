@@ -34,9 +34,17 @@ export function h (tag, props = {}, ...children) {
   }
   for (const child of children.flat()) {
     if (child === null || child === undefined || child === false) continue
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)))
+    el.append(child instanceof Node ? child : document.createTextNode(visible(String(child))))
   }
   return el
+}
+
+/** Bidirectional-text controls: in a name, they make it display as another (`a\u202etxt.exe` as `aexe.txt`). */
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/gu
+
+/** `text` with each bidi control shown as its code point (`⟨U+202E⟩`), so names read as they are. */
+function visible (text) {
+  return text.replace(BIDI_CONTROLS, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`)
 }
 
 // ---------------------------------------------------------------------------------------------

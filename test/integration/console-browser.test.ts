@@ -202,6 +202,20 @@ describe('the console in chromium', { skip }, () => {
     assert.deepEqual(errors, [])
   })
 
+  test('a name with bidi controls reads as it is: a right-to-left override shows as its code point instead of reversing the text (a tool "a\\u202etxt.exe" never displays as "aexe.txt")', async (t) => {
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    await tp.register({ name: 'a\u202etxt.exe', callback_url: 'http://127.0.0.1:9333/spoof' })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('#pg-tool option', { timeout: 5000 })
+    const shown = await page.$eval('#pg-tool option', (el) => el.textContent ?? '')
+    assert.equal(shown, 'a⟨U+202E⟩txt.exe')
+    // The option still names the tool itself.
+    assert.equal(await page.$eval('#pg-tool option', (el) => (el as unknown as { value: string }).value), 'a\u202etxt.exe')
+    const cells = await page.evaluate('[...document.querySelectorAll("td")].map((td) => td.textContent).filter((s) => s.includes("txt.exe"))') as string[]
+    assert.ok(cells.length > 0 && cells.every((s) => !s.includes('\u202e')), JSON.stringify(cells))
+    assert.deepEqual(errors, [])
+  })
+
   test('the chart picker tells apart role/tool series that spell alike (role "a" with tool "b/c", role "a/b" with tool "c")', async (t) => {
     const callback = await startCallbackServer()
     t.after(() => callback.close())

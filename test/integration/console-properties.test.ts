@@ -246,9 +246,17 @@ async function expectedView (url: string, views: readonly View[]): Promise<Json>
   return view
 }
 
+/**
+ * Page-side: text as the console shows it, with each bidi control it shows as its code point
+ * (\`⟨U+202E⟩\`: a name must not display as another) read back as the character, so that what is
+ * compared is exactly what the server holds.
+ */
+const UNMARK = '(s) => s.replace(/⟨U\\+([0-9A-F]{4,6})⟩/g, (_, hex) => String.fromCodePoint(parseInt(hex, 16)))'
+
 /** The console's DOM, read in the page (as text: this project's TypeScript has no DOM types). */
 const READ_DOM = `(() => {
-  const text = (el) => el === null || el === undefined ? null : el.textContent
+  const unmark = ${UNMARK}
+  const text = (el) => el === null || el === undefined ? null : unmark(el.textContent)
   const $ = (id) => document.getElementById(id)
   return {
     registry: {
@@ -285,7 +293,7 @@ const READ_DOM = `(() => {
     health: [...document.querySelectorAll('#origins tr[data-origin]')].map((tr) => ({
       origin: tr.dataset.origin, health: text(tr.cells[4])
     })),
-    calls: [...document.querySelectorAll('#calls tr')].map((tr) => [...tr.cells].slice(1).map((td) => td.textContent))
+    calls: [...document.querySelectorAll('#calls tr')].map((tr) => [...tr.cells].slice(1).map((td) => text(td)))
   }
 })()`
 
@@ -717,15 +725,17 @@ describe('the console in chromium: properties', { skip }, () => {
     await page.select('#pg-role', c.role)
     await page.select('#pg-tool', c.tools[0])
     await within(page.waitForFunction(`(() => {
+      const unmark = ${UNMARK}
       const help = document.querySelector('#pg-form .field-help')
-      return document.getElementById('pg-description').textContent === ${JSON.stringify(c.description)} &&
-        help !== null && help.textContent === ${JSON.stringify(c.propertyHelp)}
+      return unmark(document.getElementById('pg-description').textContent) === ${JSON.stringify(c.description)} &&
+        help !== null && unmark(help.textContent) === ${JSON.stringify(c.propertyHelp)}
     })()`, { timeout: GUARD_MS }), 'the playground shows the tool', GUARD_MS)
-    assert.equal(await page.evaluate('document.querySelector("#pg-form .field-name").textContent'), c.property)
+    assert.equal(await page.evaluate(`(${UNMARK})(document.querySelector("#pg-form .field-name").textContent)`), c.property)
     await page.click('#pg-call')
     await within(page.waitForSelector('#pg-result:not([hidden])'), 'the playground result', GUARD_MS)
     const shown = await page.evaluate(`(() => {
-      const block = (id) => document.getElementById(id + '-block').hidden ? null : document.getElementById(id).textContent
+      const unmark = ${UNMARK}
+      const block = (id) => document.getElementById(id + '-block').hidden ? null : unmark(document.getElementById(id).textContent)
       return {
         status: document.getElementById('pg-status').textContent,
         text: block('pg-text'),
@@ -736,7 +746,7 @@ describe('the console in chromium: properties', { skip }, () => {
           : [...document.querySelectorAll('#pg-images figure')].map((f) => ({
               src: f.querySelector('img').getAttribute('src'),
               alt: f.querySelector('img').alt,
-              caption: f.querySelector('figcaption')?.textContent ?? null
+              caption: f.querySelector('figcaption') === null ? null : unmark(f.querySelector('figcaption').textContent)
             }))
       }
     })()`)
