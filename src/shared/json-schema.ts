@@ -598,7 +598,9 @@ export function createSchemaAjv (dialect: SchemaDialect, options: SchemaAjvOptio
     ownProperties: true,
     validateSchema: false,
     meta: false,
-    addUsedSchema: false,
+    // The schema joins its own (one-schema) instance, so that a `$ref` to its root ("#", what
+    // zod writes for a recursive object) resolves; nothing else is ever in that instance.
+    addUsedSchema: true,
     logger: false,
     formats: SCHEMA_FORMATS as Options['formats'],
     code: {

@@ -6,6 +6,7 @@ import fastify from 'fastify'
 import { createToolport, isToolportError, toolportPlugin, type Toolport } from '../../src/main/index.js'
 import { assertError, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
 import { kDispatchMode } from '../../src/main/symbols.js'
+import { startCallbackServer } from '../fixtures/callback-server.js'
 
 /** The JSON value of a result (list() keys tools_by_role on a null-prototype object). */
 function plain (value: unknown): unknown {
@@ -293,4 +294,24 @@ test('library: a local tool\'s deadline and cancellation end its call-finished e
   assert.match((await cancelled).error ?? '', /call was cancelled/)
   assert.equal((await tp.callTool('A', { name: 'odd' })).error, '{"code":7}')
   assert.deepEqual(outcomes, ['stuck:timeout', 'stuck:cancelled', 'odd:local_error'])
+})
+
+test('library: a schema that refers to its own root (`$ref: "#"`, what zod writes for a recursive object) registers and checks its arguments, local or remote', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'] })
+  const callback = await startCallbackServer()
+  t.after(() => callback.close())
+  const tree = {
+    type: 'object',
+    properties: { name: { type: 'string' }, children: { type: 'array', items: { $ref: '#' } } },
+    required: ['name', 'children']
+  }
+  await tp.roles.get('A').registerLocalTool({ name: 'local_tree', parameters: tree, handler: (args) => (args as { name: string }).name })
+  assert.equal((await tp.register({ name: 'remote_tree', role: 'A', callback_url: `${callback.url}/echo`, parameters: tree })).ok, true)
+  for (const name of ['local_tree', 'remote_tree']) {
+    const ok = await tp.callTool('A', { name, arguments: { name: 'a', children: [{ name: 'b', children: [] }] } })
+    assert.equal(ok.is_error, false, `${name}: ${ok.text}`)
+    const bad = await tp.callTool('A', { name, arguments: { name: 'a', children: [{ name: 'b' }] } })
+    assert.equal(bad.is_error, true)
+    assert.match(bad.error ?? '', /\/children\/0 must have required property 'children'/)
+  }
 })
