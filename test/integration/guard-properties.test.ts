@@ -927,7 +927,7 @@ function modelSchema (schema: Record<string, unknown>, regexps: RE2Type[]): Mode
     ownProperties: true,
     validateSchema: false,
     meta: false,
-    addUsedSchema: false,
+    addUsedSchema: true,
     logger: false,
     formats: fullFormats as unknown as Record<string, Format>,
     code: { regExp }
