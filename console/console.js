@@ -197,7 +197,7 @@ function renderRoles () {
     const head = h('div', { className: 'role-head' },
       h('span', { className: 'role-name' }, role.name),
       h('span', { className: 'role-meta' },
-        h('span', { className: 'badge info' }, `${role.tools.length} tools`),
+        h('span', { className: 'badge info' }, `${role.tools.length} ${role.tools.length === 1 ? 'tool' : 'tools'}`),
         h('span', { className: 'badge' }, `${role.sessions} session${role.sessions === 1 ? '' : 's'}`),
         syncText))
     const body = role.tools.length === 0

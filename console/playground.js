@@ -83,7 +83,8 @@ export function setupPlayground ({ api, h }) {
     }
     if (rows.length === 0) rows.push(h('div', { className: 'muted small' }, 'no arguments'))
     $('pg-form').replaceChildren(h('legend', {}, 'Arguments'), ...rows)
-    syncRawFromForm()
+    // A new form starts the raw editor afresh: keys typed for another tool are not this one's.
+    syncRawFromForm(false)
   }
 
   function buildField (name, prop, isRequired) {
@@ -148,13 +149,27 @@ export function setupPlayground ({ api, h }) {
     return { element: h('label', {}, title, input, help), read, write }
   }
 
-  function syncRawFromForm () {
+  /**
+   * Writes the form's values into the raw editor. Keys the form has no field for, typed in the raw
+   * editor (`keepOthers`), stay: a field typed into never drops them silently.
+   */
+  function syncRawFromForm (keepOthers = true) {
     const args = {}
+    const define = (name, value) => {
+      // Defined, not assigned: `args[name] = value` sets no key for a property named `__proto__`.
+      Object.defineProperty(args, name, { value, enumerable: true, writable: true, configurable: true })
+    }
+    if (keepOthers !== false) { // an event listener passes its event
+      let before = null
+      try { before = JSON.parse(raw.value) } catch {}
+      if (before !== null && typeof before === 'object' && !Array.isArray(before)) {
+        for (const name of Object.keys(before)) if (!fields.has(name)) define(name, before[name])
+      }
+    }
     for (const [name, field] of fields) {
       const value = field.read()
       if (value === undefined) continue
-      // Defined, not assigned: `args[name] = value` sets no key for a property named `__proto__`.
-      Object.defineProperty(args, name, { value, enumerable: true, writable: true, configurable: true })
+      define(name, value)
     }
     raw.value = JSON.stringify(args, null, 2)
     $('pg-raw-error').textContent = ''

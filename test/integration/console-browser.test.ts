@@ -216,6 +216,29 @@ describe('the console in chromium', { skip }, () => {
     assert.deepEqual(errors, [])
   })
 
+  test('typing in the playground\'s form keeps the keys of the raw JSON editor the form has no field for; another tool\'s form starts it afresh', async (t) => {
+    const callback = await startCallbackServer()
+    t.after(() => callback.close())
+    const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+    await tp.register({ name: 'echo', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { city: { type: 'string' } } } })
+    const { page, errors } = await open(`${url}/`, t)
+    await page.waitForSelector('#pg-form input[name="city"]', { timeout: 5000 })
+    await page.$eval('#pg-raw', (el) => {
+      const raw = el as unknown as { value: string, dispatchEvent: (e: unknown) => boolean }
+      raw.value = '{"extra":{"deep":true},"n":"7"}'
+    })
+    await page.evaluate('document.getElementById("pg-raw").dispatchEvent(new Event("input"))')
+    await page.type('#pg-form input[name="city"]', 'Oslo')
+    const raw = JSON.parse(await page.evaluate('document.getElementById("pg-raw").value') as string)
+    assert.deepEqual(raw, { extra: { deep: true }, n: '7', city: 'Oslo' })
+    await tp.register({ name: 'other', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { b: { type: 'string' } } } })
+    await page.waitForSelector('#pg-tool option[value="other"]', { timeout: 5000 })
+    await page.select('#pg-tool', 'other')
+    await page.waitForSelector('#pg-form input[name="b"]', { timeout: 5000 })
+    assert.deepEqual(JSON.parse(await page.evaluate('document.getElementById("pg-raw").value') as string), {})
+    assert.deepEqual(errors, [])
+  })
+
   test('the chart picker tells apart role/tool series that spell alike (role "a" with tool "b/c", role "a/b" with tool "c")', async (t) => {
     const callback = await startCallbackServer()
     t.after(() => callback.close())

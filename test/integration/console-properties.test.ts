@@ -212,7 +212,7 @@ async function expectedView (url: string, views: readonly View[]): Promise<Json>
       roles: (s.roles as Json[]).map((role) => ({
         name: role.name,
         shown: role.name,
-        count: `${role.tools.length} tools`,
+        count: `${role.tools.length} ${role.tools.length === 1 ? 'tool' : 'tools'}`,
         tools: (role.tools as Json[]).map((tool) => ({
           name: tool.name,
           shown: tool.name,
