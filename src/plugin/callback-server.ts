@@ -49,10 +49,11 @@ export class CallbackServer {
   /** `/<secret>/tools/`: every callback path starts with it. */
   readonly #prefix: string
   readonly #sockets = new Set<Socket>()
-  /** Sockets with requests being answered, and how many (pipelined): the only ones close() waits for. */
-  readonly #answering = new Map<Socket, number>()
-  /** Responses not yet finished: close() has them end their connections. */
-  readonly #responses = new Set<ServerResponse>()
+  /**
+   * Responses not yet finished, and their sockets: the only sockets close() waits for (a socket
+   * may carry several, pipelined), and the answers it has end their connections.
+   */
+  readonly #responses = new Map<ServerResponse, Socket>()
   #isClosing = false
   #url = ''
 
@@ -116,10 +117,11 @@ export class CallbackServer {
     this.#isClosing = true
     const closed = new Promise<void>((resolve) => { this.#server.close(() => { resolve() }) })
     this.#server.closeIdleConnections()
-    for (const socket of this.#sockets) if (!this.#answering.has(socket)) socket.destroy()
+    const answering = new Set(this.#responses.values())
+    for (const socket of this.#sockets) if (!answering.has(socket)) socket.destroy()
     // `Connection: close` on every answer still to come; one whose head is already out ends its
     // socket once it is done (#onRequest).
-    for (const res of this.#responses) if (!res.headersSent) res.shouldKeepAlive = false
+    for (const res of this.#responses.keys()) if (!res.headersSent) res.shouldKeepAlive = false
     let timer: NodeJS.Timeout | undefined
     // Infinity (or anything past setTimeout's largest delay, which would fire at once) waits as
     // long as a timer can; NaN or a negative grace is none.
@@ -133,18 +135,13 @@ export class CallbackServer {
 
   #onRequest (req: IncomingMessage, res: ServerResponse): void {
     const socket = req.socket
-    this.#answering.set(socket, (this.#answering.get(socket) ?? 0) + 1)
-    this.#responses.add(res)
+    this.#responses.set(res, socket)
     if (this.#isClosing) res.shouldKeepAlive = false
     res.once('close', () => {
       this.#responses.delete(res)
-      const left = (this.#answering.get(socket) ?? 1) - 1
-      if (left > 0) this.#answering.set(socket, left)
-      else {
-        this.#answering.delete(socket)
-        // Closing: its last answer is out, and the socket would otherwise idle until keep-alive ends.
-        if (this.#isClosing) socket.end()
-      }
+      // Closing, and its socket's last answer is out: the socket would otherwise idle until its
+      // keep-alive ends.
+      if (this.#isClosing && ![...this.#responses.values()].includes(socket)) socket.end()
     })
     const path = (req.url ?? '').split('?', 1)[0] as string
     const refusal = this.#refusal(req, path)
