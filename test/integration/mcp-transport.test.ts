@@ -480,75 +480,78 @@ test('a client whose event stream dropped misses no tool change: Last-Event-ID r
   assert.deepEqual(listed.result.tools.map((tool: { name: string }) => tool.name), ['a', 'b'])
 })
 
-test('sessions full: an initialize evicts the least recently active idle session; with every session busy it is 503', async (t) => {
+/** A Toolport whose MCP routes take two sessions, with a tool `slow` whose calls never end. */
+async function twoSessionServer (t: TestContext): Promise<{
+  server: CallbackServer,
+  sessions: McpSessions,
+  endpoint: string
+}> {
   const { tp } = await startToolport(t, { roles: ['Lanlan'], dispatch: { closeGraceMs: 0 } })
   const server = await callbacks(t)
   await tp.register({ name: 'slow', callback_url: `${server.url}/sleep/60000` })
   const mcp = await mcpOnlyApp(t, tp, { maxSessions: 2 })
-  const endpoint = mcp.endpoint('Lanlan')
-  const oldest = await rawSession(endpoint)
-  const newer = await rawSession(endpoint)
-  const evicted = once(mcp.sessions, 'session-closed')
-  const third = await rawSession(endpoint)
-  const [event] = await evicted
-  assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: oldest, reason: 'evicted' })
-  assert.deepEqual(mcp.sessions.list().map((s) => s.sessionId).sort(), [newer, third].sort())
+  return { server, sessions: mcp.sessions, endpoint: mcp.endpoint('Lanlan') }
+}
 
-  // Both sessions now have a call in flight: nothing may be evicted, so a new client waits (503).
-  const calls = [newer, third].map((id) => openStream(endpoint, 'POST', {
-    'mcp-session-id': id,
-    'mcp-protocol-version': LATEST
-  },
-  { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } }))
-  const streams = await Promise.all(calls)
-  while (server.requests.length < 2) await once(server.events, 'request')
-  const refused = await httpRequest(endpoint, {
+/** Opens a `tools/call` of `slow` in session `sessionId`, its answer streamed. */
+async function callSlow (endpoint: string, sessionId: string): ReturnType<typeof openStream> {
+  return await openStream(endpoint, 'POST', { 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST },
+    { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } })
+}
+
+/** The HTTP status a new client's `initialize` gets. */
+async function initializeStatus (endpoint: string): Promise<number> {
+  const answer = await httpRequest(endpoint, {
     method: 'POST',
     headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
     body: JSON.stringify(initialize())
   })
-  assert.equal(refused.statusCode, 503)
-  await refused.body.dump()
+  await answer.body.dump()
+  return answer.statusCode
+}
+
+test('sessions full: an initialize evicts the least recently active idle session; with every session busy it is 503', async (t) => {
+  const { server, sessions, endpoint } = await twoSessionServer(t)
+  const oldest = await rawSession(endpoint)
+  const newer = await rawSession(endpoint)
+  const evicted = once(sessions, 'session-closed')
+  const third = await rawSession(endpoint)
+  const [event] = await evicted
+  assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: oldest, reason: 'evicted' })
+  assert.deepEqual(sessions.list().map((s) => s.sessionId).sort(), [newer, third].sort())
+
+  // Both sessions now have a call in flight: nothing may be evicted, so a new client waits (503).
+  const streams = await Promise.all([newer, third].map(async (id) => await callSlow(endpoint, id)))
+  while (server.requests.length < 2) await once(server.events, 'request')
+  assert.equal(await initializeStatus(endpoint), 503)
   for (const s of streams) s.abort()
 })
 
 test('sessions full: a session whose call still runs after its stream dropped is not evicted (its client may resume for the answer); an idle one goes instead, and with none idle it is 503', async (t) => {
-  const { tp } = await startToolport(t, { roles: ['Lanlan'], dispatch: { closeGraceMs: 0 } })
-  const server = await callbacks(t)
-  await tp.register({ name: 'slow', callback_url: `${server.url}/sleep/60000` })
-  const mcp = await mcpOnlyApp(t, tp, { maxSessions: 2 })
-  const endpoint = mcp.endpoint('Lanlan')
+  const { server, sessions, endpoint } = await twoSessionServer(t)
   const calling = await rawSession(endpoint)
-  const stream = await openStream(endpoint, 'POST', { 'mcp-session-id': calling, 'mcp-protocol-version': LATEST },
-    { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } })
+  const stream = await callSlow(endpoint, calling)
   while (server.requests.length < 1) await once(server.events, 'request')
   stream.abort()
   const session = (): { requestsInFlight: number, callsInFlight: number } | undefined =>
-    mcp.sessions.list().find((s) => s.sessionId === calling)
+    sessions.list().find((s) => s.sessionId === calling)
   await waitFor('the dropped stream to end its request', () => session()?.requestsInFlight === 0)
   assert.equal(session()?.callsInFlight, 1)
   // Newer than the calling session, so least-recently-active alone would spare it.
   const idle = await rawSession(endpoint)
-  const evicted = once(mcp.sessions, 'session-closed')
+  const evicted = once(sessions, 'session-closed')
   const third = await rawSession(endpoint)
   const [event] = await evicted
   assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: idle, reason: 'evicted' })
-  assert.deepEqual(mcp.sessions.list().map((s) => s.sessionId).sort(), [calling, third].sort())
+  assert.deepEqual(sessions.list().map((s) => s.sessionId).sort(), [calling, third].sort())
   assert.equal(session()?.callsInFlight, 1, 'the call still runs')
 
-  const busy = await openStream(endpoint, 'POST', { 'mcp-session-id': third, 'mcp-protocol-version': LATEST },
-    { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } })
+  const busy = await callSlow(endpoint, third)
   while (server.requests.length < 2) await once(server.events, 'request')
   busy.abort()
   await waitFor('the second dropped stream to end its request',
-    () => mcp.sessions.list().find((s) => s.sessionId === third)?.requestsInFlight === 0)
-  const refused = await httpRequest(endpoint, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-    body: JSON.stringify(initialize())
-  })
-  assert.equal(refused.statusCode, 503)
-  await refused.body.dump()
+    () => sessions.list().find((s) => s.sessionId === third)?.requestsInFlight === 0)
+  assert.equal(await initializeStatus(endpoint), 503)
 })
 
 test('one client holds at most maxSessionsPerClient sessions: its next initialize evicts its own oldest, not another client\'s', async (t) => {
