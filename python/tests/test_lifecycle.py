@@ -10,13 +10,14 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from toolport_plugin import Plugin, PluginError, RegisteredEvent
 
-from .conftest import REPO, Api, start_toolport, unstarted_toolport
+from .conftest import REPO, Api, Toolport, start_toolport, unstarted_toolport
 
 EXAMPLE = REPO / "examples" / "weather_plugin_sdk.py"
 
@@ -230,34 +231,41 @@ async def _echo(text: str) -> str:
     return text
 
 
-async def test_ownership_mode_binds_the_source_to_the_plugin_key(tmp_path: os.PathLike[str]) -> None:
+@pytest.fixture
+async def owned_toolport(tmp_path: os.PathLike[str]) -> AsyncIterator[Toolport]:
+    """A Toolport of its own in ownership mode (``security.enforceOwnership``), role "default"."""
     config = os.path.join(tmp_path, "config.json")
     with open(config, "w") as f:
         f.write('{"security": {"enforceOwnership": true}}')
     tp = await asyncio.to_thread(start_toolport, ["default"], ["--config", config])
     try:
-        with pytest.raises(PluginError) as bad_key:
-            Plugin("owned", toolport_url=tp.url, plugin_key="short")
-        assert bad_key.value.code == "TP_ERR_PLUGIN_OPTIONS"
-
-        owner = Plugin("owned", toolport_url=tp.url, poll_interval=0.3)
-        owner.tool(_echo)
-        async with owner:
-            # Another plugin claiming the same source (its own random key) is refused.
-            thief = Plugin("owned", toolport_url=tp.url, start_timeout=0)
-            thief.tool(_echo)
-            with pytest.raises(PluginError) as info:
-                await thief.start()
-            assert (info.value.status, info.value.toolport_code) == (403, "TP_ERR_NOT_OWNER")
-            async with aiohttp.ClientSession() as session:
-                async with session.get(tp.url + "/api/tools?role=default") as res:
-                    assert [t["name"] for t in (await res.json())["tools_by_role"]["default"]] == ["_echo"]
-        # The owner's clean stop was allowed to clear its source.
-        async with aiohttp.ClientSession() as session:
-            async with session.get(tp.url + "/api/tools?role=default") as res:
-                assert (await res.json())["tools_by_role"]["default"] == []
+        yield tp
     finally:
         await asyncio.to_thread(tp.stop)
+
+
+async def test_ownership_mode_binds_the_source_to_the_plugin_key(owned_toolport: Toolport) -> None:
+    tp = owned_toolport
+    with pytest.raises(PluginError) as bad_key:
+        Plugin("owned", toolport_url=tp.url, plugin_key="short")
+    assert bad_key.value.code == "TP_ERR_PLUGIN_OPTIONS"
+
+    owner = Plugin("owned", toolport_url=tp.url, poll_interval=0.3)
+    owner.tool(_echo)
+    async with owner:
+        # Another plugin claiming the same source (its own random key) is refused.
+        thief = Plugin("owned", toolport_url=tp.url, start_timeout=0)
+        thief.tool(_echo)
+        with pytest.raises(PluginError) as info:
+            await thief.start()
+        assert (info.value.status, info.value.toolport_code) == (403, "TP_ERR_NOT_OWNER")
+        async with aiohttp.ClientSession() as session:
+            async with session.get(tp.url + "/api/tools?role=default") as res:
+                assert [t["name"] for t in (await res.json())["tools_by_role"]["default"]] == ["_echo"]
+    # The owner's clean stop was allowed to clear its source.
+    async with aiohttp.ClientSession() as session:
+        async with session.get(tp.url + "/api/tools?role=default") as res:
+            assert (await res.json())["tools_by_role"]["default"] == []
 
 
 async def test_run_in_another_thread_is_stopped_by_asyncio_run_of_stop_from_this_one(api: Api) -> None:
@@ -299,31 +307,25 @@ async def test_stop_after_the_loop_start_ran_on_ended_clears_the_tools(api: Api)
     assert await asyncio.to_thread(asyncio.run, plugin.stop()) == stopped
 
 
-async def test_a_name_another_source_holds_fails_start_at_once_naming_the_owner(tmp_path: os.PathLike[str]) -> None:
+async def test_a_name_another_source_holds_fails_start_at_once_naming_the_owner(owned_toolport: Toolport) -> None:
     """README "Python plugin SDK" → Start and stop: an answer that says the registration is wrong
     raises at once. A name every role refused because another source holds it (ownership mode) will
     not heal by waiting: no retrying for ``start_timeout``, and the reason is in the message."""
-    config = os.path.join(tmp_path, "config.json")
-    with open(config, "w") as f:
-        f.write('{"security": {"enforceOwnership": true}}')
-    tp = await asyncio.to_thread(start_toolport, ["default"], ["--config", config])
-    try:
-        owner = Plugin("first-owner", toolport_url=tp.url, poll_interval=0.3)
-        owner.tool(_echo)
-        async with owner:
-            # A start_timeout far beyond the hang guard: a retried refusal would fail the test.
-            second = Plugin("second-comer", toolport_url=tp.url, start_timeout=600)
-            second.tool(_echo)
-            with pytest.raises(PluginError) as info:
-                await asyncio.wait_for(second.start(), 20)
-            assert info.value.code == "TP_ERR_PLUGIN_REFUSED"
-            assert "(default: '_echo' belongs to source 'plugin:first-owner')" in info.value.message, info.value.message
-            assert info.value.details == [{"path": "default", "message": "'_echo' belongs to source 'plugin:first-owner'"}]
-            # Nothing of it was registered, so its failed start() sent no clear.
-            stopped = await second.stop()
-            assert (stopped.is_cleared, stopped.removed, stopped.error) == (False, 0, None)
-    finally:
-        await asyncio.to_thread(tp.stop)
+    tp = owned_toolport
+    owner = Plugin("first-owner", toolport_url=tp.url, poll_interval=0.3)
+    owner.tool(_echo)
+    async with owner:
+        # A start_timeout far beyond the hang guard: a retried refusal would fail the test.
+        second = Plugin("second-comer", toolport_url=tp.url, start_timeout=600)
+        second.tool(_echo)
+        with pytest.raises(PluginError) as info:
+            await asyncio.wait_for(second.start(), 20)
+        assert info.value.code == "TP_ERR_PLUGIN_REFUSED"
+        assert "(default: '_echo' belongs to source 'plugin:first-owner')" in info.value.message, info.value.message
+        assert info.value.details == [{"path": "default", "message": "'_echo' belongs to source 'plugin:first-owner'"}]
+        # Nothing of it was registered, so its failed start() sent no clear.
+        stopped = await second.stop()
+        assert (stopped.is_cleared, stopped.removed, stopped.error) == (False, 0, None)
 
 
 async def test_stop_of_a_plugin_whose_role_is_gone_reports_a_clean_clear(own_api: Api) -> None:
