@@ -14,7 +14,9 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { z } from 'zod'
-import { createPlugin, Image, PluginError, ToolError, ToolOutput, type Plugin, type RegisteredEvent } from '../../src/plugin/index.js'
+import {
+  createPlugin, Image, PluginError, ToolError, ToolOutput, type Plugin, type PluginOptions, type RegisteredEvent
+} from '../../src/plugin/index.js'
 import { toolDefinitions, type ToolResult } from '../../src/main/index.js'
 import { session, startToolport, toolportCliArgs, waitFor, within } from '../helpers.js'
 import { closedPort } from '../fixtures/callback-server.js'
@@ -105,6 +107,17 @@ function toolsOf (listing: Reply, role: string): Map<string, {
     is_remote: boolean
   }>
   return new Map(rows.map((row) => [row.name, row]))
+}
+
+/**
+ * A plugin of role A at `tp` that logs nothing and polls instead of following the event stream,
+ * unless `options` says otherwise; stopped when the test ends.
+ */
+function quietPlugin<const T extends Record<string, unknown>> (t: TestContext, tp: { url: string },
+  options: Omit<PluginOptions<T>, 'toolportUrl'>): Plugin {
+  const plugin = createPlugin<T>({ toolportUrl: tp.url, role: 'A', logger: false, watchEvents: false, ...options })
+  t.after(() => plugin.stop({ graceMs: 0 }))
+  return plugin
 }
 
 test('createPlugin refuses bad options up front, naming every problem (TP_ERR_PLUGIN_OPTIONS)', () => {
@@ -536,12 +549,8 @@ test('a plugin against a real Toolport process', { timeout: 180_000 }, async (t:
 
 test('a zod schema whose own formats use lookaheads (hostname, emoji, ISO duration) or a regex RE2 cannot run starts: the pattern is left out of what Toolport gets, and zod still checks it (README "Plugin SDK" → Arguments)', async (t) => {
   const tp = await startToolport(t, { roles: ['A'] })
-  const plugin = createPlugin({
-    toolportUrl: tp.url,
+  const plugin = quietPlugin(t, tp, {
     source: 'plugin:zod-formats',
-    role: 'A',
-    logger: false,
-    watchEvents: false,
     startTimeoutMs: 0,
     tools: {
       lookup: {
@@ -557,7 +566,6 @@ test('a zod schema whose own formats use lookaheads (hostname, emoji, ISO durati
       }
     }
   })
-  t.after(() => plugin.stop({ graceMs: 0 }))
   await plugin.start()
   const [row] = tp.tp.list('A').tools_by_role.A ?? []
   assert.equal(row?.name, 'lookup')
@@ -767,12 +775,8 @@ test('stop() resolves once the last call in flight is answered: the answer ends 
   const released = new Promise<void>((resolve) => { release = resolve })
   let started!: () => void
   const running = new Promise<void>((resolve) => { started = resolve })
-  const plugin = createPlugin({
-    toolportUrl: tp.url,
+  const plugin = quietPlugin(t, tp, {
     source: 'plugin:stop-after-call',
-    role: 'A',
-    logger: false,
-    watchEvents: false,
     tools: { slow: { handler: async () => { started(); await released; return 'done' } } }
   })
   await plugin.start()
@@ -817,12 +821,8 @@ test('a handler answers an error with an output beside it (ToolError) and images
   const file = join(dir, 'radar.PNG')
   await writeFile(file, png)
   const tp = await startToolport(t, { roles: ['A'] })
-  const plugin = createPlugin({
-    toolportUrl: tp.url,
+  const plugin = quietPlugin(t, tp, {
     source: 'plugin:results',
-    role: 'A',
-    logger: false,
-    watchEvents: false,
     tools: {
       radar: { handler: async () => new ToolOutput({ city: 'Oslo' }, { images: [await Image.fromFile(file, { visionPrompt: 'Describe it.' })] }) },
       picture: { handler: () => new Image(png, 'image/png') },
@@ -831,7 +831,6 @@ test('a handler answers an error with an output beside it (ToolError) and images
       unencodable: { handler: () => { throw new ToolError('BAD', { output: { n: Number.NaN } }) } }
     }
   })
-  t.after(() => plugin.stop({ graceMs: 0 }))
   await plugin.start()
   const call = async (name: string): Promise<ToolResult> => await tp.tp.callTool('A', { name, arguments: {} })
 
@@ -865,12 +864,8 @@ test('a zod union of object schemas (z.discriminatedUnion, z.union) is a tool\'s
   const tp = await startToolport(t, { roles: ['A'] })
   const circle = z.object({ shape: z.literal('circle'), r: z.number().positive() })
   const square = z.object({ shape: z.literal('square'), side: z.number().positive() })
-  const plugin = createPlugin({
-    toolportUrl: tp.url,
+  const plugin = quietPlugin(t, tp, {
     source: 'plugin:shapes',
-    role: 'A',
-    logger: false,
-    watchEvents: false,
     tools: {
       area: {
         parameters: z.discriminatedUnion('shape', [circle, square]),
@@ -882,7 +877,6 @@ test('a zod union of object schemas (z.discriminatedUnion, z.union) is a tool\'s
       }
     }
   })
-  t.after(() => plugin.stop({ graceMs: 0 }))
   await plugin.start()
   const call = async (name: string, args: Record<string, unknown>): Promise<ToolResult> =>
     await tp.tp.callTool('A', { name, arguments: args })
