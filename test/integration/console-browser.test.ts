@@ -5,7 +5,7 @@ import { existsSync } from 'node:fs'
 import { after, before, describe, test } from 'node:test'
 import puppeteer, { type Browser, type Page } from 'puppeteer-core'
 import { startCallbackServer } from '../fixtures/callback-server.js'
-import { httpJson, startToolport, waitFor } from '../helpers.js'
+import { callbackServer, httpJson, startToolport, waitFor } from '../helpers.js'
 import { CONSOLE_CSP } from '../../src/main/http/console.js'
 
 /**
@@ -93,8 +93,7 @@ describe('the console in chromium', { skip }, () => {
   })
 
   test('a playground call shows the plugin\'s output', async (t) => {
-    const callback = await startCallbackServer()
-    t.after(() => callback.close())
+    const callback = await callbackServer(t)
     const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
     await tp.register({
       name: 'echo',
@@ -153,8 +152,7 @@ describe('the console in chromium', { skip }, () => {
   })
 
   test('calls do not make the playground read the role\'s definitions again (only registry changes do): a state read after calls fetches no definitions', async (t) => {
-    const callback = await startCallbackServer()
-    t.after(() => callback.close())
+    const callback = await callbackServer(t)
     const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
     await tp.register({ name: 'echo', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { a: { type: 'string' } } } })
     const { page, errors } = await open(`${url}/`, t)
@@ -185,8 +183,7 @@ describe('the console in chromium', { skip }, () => {
   })
 
   test('the playground\'s Call button stays disabled while its call runs, also across a registry change, so no older answer can replace a newer one', async (t) => {
-    const callback = await startCallbackServer()
-    t.after(() => callback.close())
+    const callback = await callbackServer(t)
     const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
     await tp.register({ name: 'slow', callback_url: `${callback.url}/sleep/1500` })
     const { page, errors } = await open(`${url}/`, t)
@@ -217,8 +214,7 @@ describe('the console in chromium', { skip }, () => {
   })
 
   test('typing in the playground\'s form keeps the keys of the raw JSON editor the form has no field for; another tool\'s form starts it afresh', async (t) => {
-    const callback = await startCallbackServer()
-    t.after(() => callback.close())
+    const callback = await callbackServer(t)
     const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
     await tp.register({ name: 'echo', callback_url: `${callback.url}/echo`, parameters: { type: 'object', properties: { city: { type: 'string' } } } })
     const { page, errors } = await open(`${url}/`, t)
@@ -240,8 +236,7 @@ describe('the console in chromium', { skip }, () => {
   })
 
   test('the chart picker tells apart role/tool series that spell alike (role "a" with tool "b/c", role "a/b" with tool "c")', async (t) => {
-    const callback = await startCallbackServer()
-    t.after(() => callback.close())
+    const callback = await callbackServer(t)
     const { tp, url } = await startToolport(t, { roles: ['a', 'a/b'] })
     assert.equal((await tp.register({ name: 'b/c', role: 'a', callback_url: `${callback.url}/echo` })).ok, true)
     assert.equal((await tp.register({ name: 'c', role: 'a/b', callback_url: `${callback.url}/echo` })).ok, true)

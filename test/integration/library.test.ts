@@ -4,9 +4,8 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fastify from 'fastify'
 import { createToolport, isToolportError, toolportPlugin, type Toolport } from '../../src/main/index.js'
-import { assertError, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
+import { assertError, callbackServer, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
 import { kDispatchMode } from '../../src/main/symbols.js'
-import { startCallbackServer } from '../fixtures/callback-server.js'
 
 /** The JSON value of a result (list() keys tools_by_role on a null-prototype object). */
 function plain (value: unknown): unknown {
@@ -298,8 +297,7 @@ test('library: a local tool\'s deadline and cancellation end its call-finished e
 
 test('library: a schema that refers to its own root (`$ref: "#"`, what zod writes for a recursive object) registers and checks its arguments, local or remote', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
-  const callback = await startCallbackServer()
-  t.after(() => callback.close())
+  const callback = await callbackServer(t)
   const tree = {
     type: 'object',
     properties: { name: { type: 'string' }, children: { type: 'array', items: { $ref: '#' } } },
