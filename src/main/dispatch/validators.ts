@@ -394,10 +394,9 @@ class SchemaCompiler {
     }
     if (current === null || current.job.id !== message.id) return
     if (!message.ok && message.broken === true) {
-      // The thread cannot compile another schema with a pattern: replaced before the next job.
-      this.#worker = null
-      this.#ready = false
-      worker.terminate().catch(noop)
+      // The thread cannot compile another schema with a pattern: answered, and the thread replaced.
+      this.#fail(message.problem, message.overBudget === true, true)
+      return
     }
     this.#settle(message.ok
       ? { ok: true, code: message.code }
