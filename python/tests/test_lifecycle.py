@@ -383,4 +383,6 @@ async def test_a_start_that_could_not_connect_sends_no_clear_and_warns_of_none(c
         assert info.value.code == "TP_ERR_PLUGIN_UNREACHABLE"
         stopped = await plugin.stop()
     assert (stopped.is_cleared, stopped.removed, stopped.error) == (False, 0, None)
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # The plugin's own log: asyncio may report another test's garbage here meanwhile.
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("toolport_plugin")]
+    assert warned == []
