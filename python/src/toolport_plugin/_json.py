@@ -120,12 +120,14 @@ def _no_constant(name: str) -> Any:
 def decode(data: bytes | str) -> Any:
     """``json.loads(data)``, at any depth. Raises ``ValueError`` for text that is not JSON, the
     tokens ``NaN`` and ``±Infinity`` included (Python's parser takes them; JSON has no such numbers,
-    and Toolport never sends them)."""
+    and Toolport never sends them). Bytes are strict UTF-8 (``UnicodeDecodeError``, a
+    ``ValueError``, otherwise), as the TypeScript SDK reads a body: ``json.loads`` would also take a
+    byte order mark, UTF-16 or UTF-32, which no call is (a BOM in the text is refused as not JSON)."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
     try:
-        return json.loads(data, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant)
     except RecursionError:
-        text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
-        return _loads_deep(text)  # json.loads refused a BOM in a str already; bytes' is decoded away
+        return _loads_deep(text)
 
 
 def _loads_deep(text: str) -> Any:

@@ -243,10 +243,7 @@ class CallbackServer:
         if tool is None:
             return web.Response(status=404, text="no such tool")
         try:
-            raw = await request.read()
-            # Strict UTF-8, as the TypeScript SDK reads it: json.loads would also take a byte order
-            # mark, UTF-16 or UTF-32, which no call is.
-            body = decode(raw.decode("utf-8"))
+            body = decode(await request.read())  # strict UTF-8
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413, text=f"the body is larger than {self._max_body_bytes} bytes",
                                 headers={"connection": "close"})
