@@ -115,8 +115,8 @@ export class CallbackServer {
   async close (graceMs: number): Promise<void> {
     if (!this.#server.listening) return
     this.#isClosing = true
+    // close() also closes idle connections (Node ≥ 19); the loop below ends the half-sent ones.
     const closed = new Promise<void>((resolve) => { this.#server.close(() => { resolve() }) })
-    this.#server.closeIdleConnections()
     const answering = new Set(this.#responses.values())
     for (const socket of this.#sockets) if (!answering.has(socket)) socket.destroy()
     // `Connection: close` on every answer still to come; one whose head is already out ends its
