@@ -280,7 +280,12 @@ export function runsOnRe2 (source: string): boolean {
   }
 }
 
-/** Keywords whose value is one subschema, an array of them, or a map of names to them. */
+/**
+ * Keywords whose value is one subschema, an array of them, or a map of names to them, for
+ * `forEachSubschema`. Wider than SUBSCHEMA_KEYWORDS above (json-schema-traverse's tables, which
+ * `validationJson` keeps to so that it strips what Ajv walks): `prefixItems`, `dependentSchemas`,
+ * `unevaluated*` and `contentSchema` too, since what walks here edits a schema for its readers.
+ */
 const ONE_SCHEMA = ['items', 'additionalItems', 'contains', 'additionalProperties', 'propertyNames', 'not', 'if',
   'then', 'else', 'unevaluatedItems', 'unevaluatedProperties', 'contentSchema']
 const SCHEMA_LIST = ['allOf', 'anyOf', 'oneOf', 'prefixItems', 'items']
