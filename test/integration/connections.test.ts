@@ -240,6 +240,41 @@ test('token mode: under pressure the token holder\'s idle keep-alive socket outl
   assert.match(await ask(), /^HTTP\/1\.1 200 /)
 })
 
+test('token mode: a socket that only fetched a console file (which needs no token) is not the token holder\'s equal under pressure', async (t) => {
+  const { port } = await startToolport(t, {
+    roles: ['A'],
+    security: { token: TOKEN },
+    limits: { maxConnections: 40, reservedConnections: 5, pressureIdleTimeoutMs: 600_000 }
+  })
+  const own = connect(port, '127.0.0.1')
+  t.after(() => own.destroy())
+  let ownClosed = false
+  own.once('close', () => { ownClosed = true })
+  await once(own, 'connect')
+  own.write(`GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TOKEN}\r\n\r\n`)
+  await once(own, 'data')
+  // 34 sockets fetch a console file and go idle after the answer: with the token holder's, 35
+  // sockets, the pressure threshold (40 - 5); the token holder's socket is the longest idle.
+  const attackers: HeldSocket[] = []
+  for (let i = 0; i < 34; i++) {
+    const socket = connect(port, '127.0.0.1')
+    const entry: HeldSocket = { socket, isClosed: false }
+    socket.on('error', () => {})
+    socket.once('close', () => { entry.isClosed = true })
+    attackers.push(entry)
+    await once(socket, 'connect')
+    socket.write('GET /ui/console.css HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n')
+    await once(socket, 'data')
+  }
+  t.after(() => releaseAll(attackers))
+  // One more connection, past the threshold: one idle socket is shed, and not the token holder's.
+  const newcomer = await holdSockets(port, 1)
+  t.after(() => releaseAll(newcomer))
+  await waitFor('one socket to be shed', () => ownClosed || attackers.some((h) => h.isClosed))
+  assert.equal(ownClosed, false, 'the token holder\'s socket was shed before sockets that never showed the token')
+  assert.equal(attackers.filter((h) => h.isClosed).length, 1)
+})
+
 test('pipelined requests for static files whose socket closes before their turn leave no file open, and pipelining past 32 closes the socket (SECURITY.md: no local client exhausts the server)', async (t) => {
   const { url } = await startToolport(t, { roles: ['A'] })
   const { port } = new URL(url)

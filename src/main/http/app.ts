@@ -12,7 +12,7 @@ import { noValidation, registerDocs } from './openapi.js'
 import { registerMcpRoutes } from './mcp-routes.js'
 import { registerDefinitionRoutes } from './definitions.js'
 import { registerEventRoutes } from './events.js'
-import { buildAppGuard, registerConsole } from './console.js'
+import { buildAppGuard, isConsolePath, registerConsole } from './console.js'
 import { observerOf } from '../observe/observer.js'
 import { ClosedError, ConfigError } from '../errors.js'
 import { buildLazySerializer } from './serializers.js'
@@ -142,10 +142,12 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   const { limits } = runtime.options
   const connections = new ConnectionPressure(app.server, limits)
   if (runtime.options.security.token !== undefined) {
-    // Runs only after the guard let the request through, i.e. with the valid token: under
-    // connection pressure this socket is then shed last.
+    const hasConsole = runtime.options.console
+    // Runs only after the guard let the request through, i.e. with the valid token (but for the
+    // console's files, which skip the token check and so prove nothing): under connection
+    // pressure this socket is then shed last.
     app.addHook('onRequest', function markTokenSocket (request, _reply, done) {
-      connections.markTrusted(request.raw.socket)
+      if (!hasConsole || !isConsolePath(request)) connections.markTrusted(request.raw.socket)
       done()
     })
   }
