@@ -203,7 +203,7 @@ export class CallbackClient implements CallOwner {
         'content-type': 'application/json',
         accept: 'application/json',
         'user-agent': 'toolport',
-        'x-toolport-call-id': task.callId,
+        'x-toolport-call-id': callIdHeader(task.callId),
         'x-toolport-deadline-ms': String(remainingMs)
       },
       body: task.body,
@@ -288,3 +288,12 @@ function destroyPool (pool: Pool): Promise<void> {
 }
 
 function ignore (): void {}
+
+/**
+ * `x-toolport-call-id`: the call id percent-encoded (docs/protocol.md R9), so that any id the
+ * body carries makes a valid header (a newline, a NUL or `日本` would not) and reads back the same
+ * on every plugin. The ids models use (letters, digits, `_`, `-`, `.`) are sent as they are.
+ */
+function callIdHeader (callId: string): string {
+  return encodeURIComponent(callId.isWellFormed() ? callId : callId.toWellFormed())
+}

@@ -57,7 +57,7 @@ export interface CallTask {
   path: string
   /** The JSON request body, stringified once on the main thread. */
   body: string
-  /** The model's call id, sent as `x-toolport-call-id`. */
+  /** The model's call id, sent (percent-encoded) as `x-toolport-call-id` and as is in the body. */
   callId: string
   /** Absolute deadline in ms since the epoch (`Date.now()` clock), shared by both threads. */
   deadline: number

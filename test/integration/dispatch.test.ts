@@ -81,6 +81,22 @@ for (const mode of MODES) {
       assert.deepEqual((result.output as { arguments: unknown }).arguments, { location: 'Shanghai' })
     })
 
+    test('R9: any call_id reaches the plugin: as it is in the body, percent-encoded in x-toolport-call-id', async (t) => {
+      const tp = await setup(t, mode)
+      const s = await server(t)
+      await register(tp, { name: 'get_weather', callback_url: `${s.url}/echo` })
+      const ids = ['call_A-1.b~c', 'a\nb', '日本', 'a\u0000b', 'a\u007fb', ' lead', 'é', '50%', 'a b']
+      for (const id of ids) {
+        const result = await tp.callTool('Lanlan', { name: 'get_weather', call_id: id, arguments: {} })
+        assert.equal(result.is_error, false, `call_id ${JSON.stringify(id)}: ${result.text}`)
+      }
+      assert.deepEqual(s.requests.map((r) => JSON.parse(r.body).call_id), ids)
+      assert.deepEqual(s.requests.map((r) => r.headers['x-toolport-call-id']), ids.map((id) => encodeURIComponent(id)))
+      // An id that is not well-formed UTF-16 still makes a header (its lone surrogate as U+FFFD).
+      await tp.callTool('Lanlan', { name: 'get_weather', call_id: 'x\ud800', arguments: {} })
+      assert.equal(s.requests.at(-1)!.headers['x-toolport-call-id'], 'x%EF%BF%BD')
+    })
+
     test('R9: parsed arguments are sent with raw_arguments as their JSON text, and a call_id is generated', async (t) => {
       const tp = await setup(t, mode)
       const s = await server(t)
