@@ -27,33 +27,38 @@ class PeerNotLoopbackError extends Error {
 
 const LOOPBACK_V4: LookupAddress = { address: '127.0.0.1', family: 4 }
 const LOOPBACK_V6: LookupAddress = { address: '::1', family: 6 }
-const LOOPBACK_BOTH: LookupAddress[] = [LOOPBACK_V4, LOOPBACK_V6]
+const V4_FIRST: readonly LookupAddress[] = [LOOPBACK_V4, LOOPBACK_V6]
+const V6_FIRST: readonly LookupAddress[] = [LOOPBACK_V6, LOOPBACK_V4]
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void
+type Lookup = (hostname: string, options: LookupOptions, callback: LookupCallback) => void
 
 /**
  * The resolver of every callback socket: `localhost` is 127.0.0.1 and ::1 (RFC 6761 §6.3), so a
  * hosts file or DNS answer can never point a callback elsewhere, and nothing else resolves (IP
- * literals never reach a lookup). net calls it with `all: true` when it races address families
- * (autoSelectFamily) and without it otherwise; both forms are answered. Always asynchronous, as
- * dns.lookup is, so net sees the callback timing it was written for.
+ * literals never reach a lookup). `both` is the order the two are tried in. net calls it with
+ * `all: true` when it races address families (autoSelectFamily) and without it otherwise; both
+ * forms are answered. Always asynchronous, as dns.lookup is, so net sees the callback timing it was
+ * written for.
  */
-function pinnedLookup (hostname: string, options: LookupOptions, callback: LookupCallback): void {
-  if (hostname !== 'localhost') {
-    const err: NodeJS.ErrnoException = new Error(`refusing to resolve ${hostname}: only localhost is resolved`)
-    err.code = 'ENOTFOUND'
-    process.nextTick(callback, err, '', 0)
-    return
-  }
-  const family = options.family as number | string | undefined
-  const addresses = family === 4 || family === 'IPv4'
-    ? [LOOPBACK_V4]
-    : family === 6 || family === 'IPv6' ? [LOOPBACK_V6] : LOOPBACK_BOTH
-  if (options.all === true) {
-    process.nextTick(callback, null, addresses.slice())
-  } else {
-    const first = addresses[0] as LookupAddress
-    process.nextTick(callback, null, first.address, first.family)
+function pinnedLookup (both: readonly LookupAddress[]): Lookup {
+  return function lookupLoopback (hostname, options, callback) {
+    if (hostname !== 'localhost') {
+      const err: NodeJS.ErrnoException = new Error(`refusing to resolve ${hostname}: only localhost is resolved`)
+      err.code = 'ENOTFOUND'
+      process.nextTick(callback, err, '', 0)
+      return
+    }
+    const family = options.family as number | string | undefined
+    const addresses = family === 4 || family === 'IPv4'
+      ? [LOOPBACK_V4]
+      : family === 6 || family === 'IPv6' ? [LOOPBACK_V6] : both
+    if (options.all === true) {
+      process.nextTick(callback, null, addresses.slice())
+    } else {
+      const first = addresses[0] as LookupAddress
+      process.nextTick(callback, null, first.address, first.family)
+    }
   }
 }
 
@@ -68,18 +73,23 @@ function failConnect (callback: buildConnector.Callback, err: Error): void {
  * (for https, before the TLS handshake starts: TCP first, then TLS over the checked socket).
  */
 export function createLoopbackConnector (connectTimeoutMs: number): buildConnector.connector {
-  const connectBase = buildConnector({
-    timeout: connectTimeoutMs,
-    lookup: pinnedLookup,
-    // Try 127.0.0.1 and ::1 for `localhost`, whichever the plugin listens on.
-    autoSelectFamily: true
-  })
+  // `localhost` tries 127.0.0.1 and ::1, whichever the plugin listens on: 127.0.0.1 first, and ::1
+  // first for a port whose last connection was over ::1. Both loopback addresses are free sockets
+  // for any local process to bind: a plugin that listens on ::1 alone must keep its calls when
+  // another process binds its port on 127.0.0.1 later (SECURITY.md, no name resolution).
+  const connector = (order: readonly LookupAddress[]): buildConnector.connector =>
+    buildConnector({ timeout: connectTimeoutMs, lookup: pinnedLookup(order), autoSelectFamily: true })
+  const connectV4First = connector(V4_FIRST)
+  const connectV6First = connector(V6_FIRST)
+  /** The ports of `localhost` callbacks whose last connection was over ::1 (at most 65 535). */
+  const v6Ports = new Set<string>()
   return function connectLoopback (options, callback) {
     const isHttps = options.protocol === 'https:'
-    // Step 1 is always plain TCP; undici's URL drops a default port, so make 443 explicit.
-    const tcpOptions = isHttps
-      ? { ...options, protocol: 'http:', port: options.port === '' ? '443' : options.port }
-      : options
+    // Step 1 is always plain TCP; undici's URL drops a default port, so make it explicit.
+    const port = options.port === '' ? (isHttps ? '443' : '80') : options.port
+    const tcpOptions = isHttps ? { ...options, protocol: 'http:', port } : options
+    const isLocalhost = options.hostname === 'localhost'
+    const connectBase = isLocalhost && v6Ports.has(port) ? connectV6First : connectV4First
     connectBase(tcpOptions, function onTcp (err, socket) {
       if (err !== null) {
         failConnect(callback, err)
@@ -90,6 +100,10 @@ export function createLoopbackConnector (connectTimeoutMs: number): buildConnect
         socket.destroy()
         failConnect(callback, refusal)
         return
+      }
+      if (isLocalhost) {
+        if (socket.remoteFamily === 'IPv6') v6Ports.add(port)
+        else v6Ports.delete(port)
       }
       if (!isHttps) {
         callback(null, socket)

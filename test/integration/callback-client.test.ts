@@ -361,6 +361,31 @@ test('R14: an IPv6 loopback callback on [::1] connects', async (t) => {
   assert.equal((await client.call(buildCallTask(server.url, '/echo'))).kind, 'ok')
 })
 
+test('R2: a `localhost` callback keeps to the loopback address its plugin answered on: a socket another process binds later on the other one gets no call', async (t) => {
+  const { server, client } = await setup(t, { host: '::1', keepAliveTimeoutMs: 50 })
+  const url = `http://localhost:${server.port}`
+  assert.equal((await client.call(buildCallTask(url, '/echo'))).kind, 'ok')
+  // Another process binds the same port on 127.0.0.1: a separate socket, free to bind.
+  let stolen = 0
+  const thief = net.createServer((socket) => {
+    stolen++
+    socket.destroy()
+  })
+  await new Promise<void>((resolve, reject) => {
+    thief.once('error', reject)
+    thief.listen(server.port, '127.0.0.1', resolve)
+  })
+  t.after(() => thief.close())
+  // The plugin's idle keep-alive connection ends, so the next calls connect afresh.
+  await once(server.events, 'disconnect')
+  for (let i = 0; i < 3; i++) {
+    assert.equal((await client.call(buildCallTask(url, '/echo'))).kind, 'ok')
+    if (i < 2) await once(server.events, 'disconnect')
+  }
+  assert.equal(server.requests.length, 4)
+  assert.equal(stolen, 0)
+})
+
 test('R14: a non-loopback callback URL is refused without any network traffic', async (t) => {
   const client = new CallbackClient({ connectionsPerOrigin: 4, keepAliveTimeoutMs: 4000, connectTimeoutMs: 2000 })
   t.after(() => client.close())
