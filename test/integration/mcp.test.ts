@@ -3,6 +3,7 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
+import type { Socket } from 'node:net'
 import fastify from 'fastify'
 import { request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
@@ -118,6 +119,33 @@ test('MCP: tools/list, then a registration over HTTP sends list_changed, and the
     description: 'Get weather for a location.',
     inputSchema: WEATHER_PARAMS
   }])
+})
+
+test('MCP: a registration, unregister and clear answer only once list_changed has left for the client\'s event stream socket, not merely been queued (docs/protocol.md R8)', async (t) => {
+  const { tp, connect } = await setup(t)
+  const serverSockets: Socket[] = []
+  tp.app.server.on('connection', (socket: Socket) => { serverSockets.push(socket) })
+  const { client, notices } = await connect('Lanlan')
+  await client.listTools()
+  // Every change below is announced on the event stream (opened by connect(), on a socket of its
+  // own); the client lists again after each, so that the next change is announced too.
+  const changes: Array<() => Promise<unknown>> = [
+    () => tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9333/a', source: 'plugin:x' }),
+    () => tp.unregister({ name: 'a' }),
+    () => tp.register({ name: 'b', callback_url: 'http://127.0.0.1:9333/b', source: 'plugin:x' }),
+    () => tp.clear({ source: 'plugin:x' })
+  ]
+  for (const change of changes) {
+    const changed = once(notices, 'list-changed')
+    const before = serverSockets.map((socket) => socket.bytesWritten)
+    await change()
+    // Right as the change resolves: the notice was written (bytesWritten counts what is still
+    // buffered too) and nothing is left in any socket's buffer, i.e. it was handed to the kernel.
+    assert.ok(serverSockets.some((socket, i) => socket.bytesWritten > (before[i] ?? 0)), 'no notice written')
+    assert.deepEqual(serverSockets.map((socket) => socket.writableLength), serverSockets.map(() => 0))
+    await changed
+    await client.listTools()
+  }
 })
 
 test('MCP: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {

@@ -367,6 +367,8 @@ export class McpSession implements ModelSession {
   #listed: readonly ToolDefinition[] | null = null
   /** Standalone GET streams open: the session's event stream. */
   #streams = 0
+  /** The response of the event stream (the first standalone GET open; the SDK refuses others). */
+  #eventStream: ServerResponse | null = null
   /** Other requests in flight (a GET resuming a request's stream among them). */
   #requests = 0
   readonly #eventStore: BoundedEventStore
@@ -504,6 +506,7 @@ export class McpSession implements ModelSession {
     if (isStream) {
       this.#streams++
       this.#hadStream = true
+      this.#eventStream ??= response
     } else {
       this.#requests++
     }
@@ -529,6 +532,7 @@ export class McpSession implements ModelSession {
       this.#lastActive = performance.now()
       if (isStream) this.#streams--
       else this.#requests--
+      if (this.#eventStream === response) this.#eventStream = null
       if (request.method === 'DELETE' && !this.#isClosed) this.#closeReason = 'closed'
       if (!this.#isInitialized) {
         // A session lives only if its first request, `initialize`, succeeded.
@@ -541,7 +545,8 @@ export class McpSession implements ModelSession {
 
   /**
    * ModelSession: tells the client its list changed. Resolves once the notification is written
-   * to the client's event stream; with no stream open it resolves once it is stored (the next
+   * to the client's event stream (handed to its socket, not only queued: the API call that made
+   * the change answers after it); with no stream open it resolves once it is stored (the next
    * `tools/list` reads the registry live): a client that resumes its stream is replayed it, and
    * one that opens a new stream is sent a fresh one (#announceIfStale).
    */
@@ -551,11 +556,33 @@ export class McpSession implements ModelSession {
     signal.throwIfAborted()
     try {
       await this.#server.sendToolListChanged()
+      await this.#flushEventStream(signal)
     } catch (err) {
       // A session that ended meanwhile (DELETE, disconnect) has nothing left to sync.
       if (this.#isClosed) return
       throw err
     }
+  }
+
+  /**
+   * Resolves once everything written to the event stream so far has left for the client's socket.
+   * The transport's write only queues a chunk (Node sends a chunked response's writes at the next
+   * tick), so without this the API call's answer, written at once, went out first. A write's
+   * callback comes after every earlier write's; an empty one adds no byte to the stream.
+   */
+  async #flushEventStream (signal: AbortSignal): Promise<void> {
+    const socket = this.#eventStream?.socket
+    if (socket === null || socket === undefined || socket.destroyed || socket.writableLength === 0) return
+    signal.throwIfAborted()
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = (): void => { reject(signal.reason) }
+      signal.addEventListener('abort', onAbort, { once: true })
+      // An error means the stream is gone: nothing is left to wait for (the session ends).
+      socket.write('', () => {
+        signal.removeEventListener('abort', onAbort)
+        resolve()
+      })
+    })
   }
 
   /**
