@@ -220,13 +220,16 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     this.#assertOpen()
     const parsed = parseOrThrow(registerSchema, body)
     const request = { ...parsed, parameters: checkedParameters(parsed, this.options.limits) }
-    this.#checkCaps(this.#targets(request.role), request.name, request.source)
+    // R4: the roles that exist now; one added while the schema compiles does not get the tool.
+    const current = this.#targets(request.role)
+    this.#checkCaps(current, request.name, request.source)
     // Compiled before anything changes, off the main thread: a schema Toolport cannot validate is
     // a 422 here, never a tool whose arguments go unchecked.
     const validator = await compileValidator(request.parameters, this.options.limits)
-    // Roles and registries may have changed while the schema compiled: look and check again.
+    // Roles and registries may have changed while the schema compiled: look and check again
+    // (a role removed meanwhile is left out, and a role of the same name added again is new).
     this.#assertOpen()
-    const targets = this.#targets(request.role)
+    const targets = request.role === null ? stillThere(current, this.roles.list()) : this.#targets(request.role)
     const owner = this.#ownerOf(options)
     if (owner !== null) this.#owners.assert(request.source, owner)
     this.#checkCaps(targets, request.name, request.source)
@@ -600,6 +603,12 @@ async function syncAll (roles: Role[], failed: FailedRole[]): Promise<string[]> 
     else failed.push({ role: name, error: outcome.error })
   }
   return affected
+}
+
+/** The roles of `before` that are in `now` still, in `now`'s order. */
+function stillThere (before: Role[], now: Role[]): Role[] {
+  const kept = new Set(before)
+  return now.filter((role) => kept.has(role))
 }
 
 function syncRole (role: Role): Promise<SyncOutcome> {

@@ -95,6 +95,18 @@ test('R4: a role created after a global registration does not get the tool', asy
   assert.deepEqual(list.body.tools_by_role.Late, [])
 })
 
+test('R4: a role created while a global registration\'s schema compiles does not get the tool; a role removed meanwhile is left out', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A', 'Gone'] })
+  const pending = tp.register(tool('x', { parameters: { type: 'object', properties: { q: { type: 'string', pattern: '^late$' } } } }))
+  // register() took its target roles before it awaited the compile, which has not ended yet.
+  tp.roles.add('Late')
+  tp.roles.remove('Gone')
+  const result = await pending
+  assert.deepEqual(result.affected_roles, ['A'])
+  assert.deepEqual(names(tp, 'A'), ['x'])
+  assert.deepEqual(names(tp, 'Late'), [])
+})
+
 test('R5: registering a name again replaces the tool in every target role', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A', 'B'] })
   await inject(tp, 'POST', '/api/tools/register', tool('x', { description: 'old', source: 'plugin:one' }))
