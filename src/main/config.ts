@@ -170,6 +170,14 @@ const limitsSchema = z.strictObject({
   /** Idle timeout of API sockets while the reserve is in use (else the 65 s keep-alive timeout). */
   pressureIdleTimeoutMs: z.number().int().min(10).max(600_000).default(2_000),
   /**
+   * Most bytes of answers written and not yet taken by their clients, all API connections
+   * together (a client that stops reading leaves its answer in memory); past it the answers that
+   * have waited longest are cut (their sockets closed), never the one just written.
+   */
+  maxUnsentAnswerBytes: z.number().int().min(1024 * 1024).max(64 * 1024 ** 3).default(256 * 1024 * 1024),
+  /** Longest a written answer may wait for its client to take it, in ms; then its socket is closed. */
+  answerStallTimeoutMs: z.number().int().min(100).max(3_600_000).default(30_000),
+  /**
    * Largest `GET /api/tools/definitions` answer, in bytes of JSON; past it the route answers 422
    * TP_ERR_LIMIT_EXCEEDED. The answer is streamed, so this bounds the time and bandwidth, not memory.
    */

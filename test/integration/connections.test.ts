@@ -1,15 +1,15 @@
 // Connection pressure, with real sockets on 127.0.0.1: idle sockets held by another local process
 // must not lock clients out, and refused clients keep no socket.
-import { test } from 'node:test'
+import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
 import { once } from 'node:events'
 import { readdirSync } from 'node:fs'
-import type { IncomingMessage, ServerResponse } from 'node:http'
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
 import { connect, type Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import { request } from 'undici'
-import { startToolport, waitFor } from '../helpers.js'
+import { listenOnLoopback, startToolport, waitFor } from '../helpers.js'
 
 const TOKEN = randomBytes(32).toString('hex')
 /** The attack of the report: a few more idle sockets than the default maxConnections (1024). */
@@ -323,4 +323,80 @@ test('a response being written when its client leaves is told `close` once (the 
   await waitFor('the event stream closed', () => closes[0] === 1)
   await new Promise((resolve) => setTimeout(resolve, 100))
   assert.deepEqual(closes, [1])
+})
+
+/**
+ * A Toolport with a tool whose callback answers `chars` characters of U+0001 as text: the call's
+ * answer writes them JSON-escaped (6 bytes each), twice (`output` and `text`), far more than the
+ * kernel's socket buffers take. Its server-side sockets are collected in `serverSockets`.
+ */
+async function bigAnswers (t: TestContext, limits: Record<string, number>, chars = 3 * 1024 * 1024) {
+  const reply = Buffer.alloc(chars, 1)
+  const callback = createServer((request, response) => {
+    request.resume()
+    request.once('end', () => { response.writeHead(200, { 'content-type': 'text/plain' }).end(reply) })
+  })
+  const callbackOrigin = await listenOnLoopback(t, callback)
+  const { tp, url, port } = await startToolport(t, { roles: ['A'], limits })
+  const registered = await tp.register({ name: 'big', callback_url: `${callbackOrigin}/big` })
+  assert.equal(registered.ok, true)
+  const serverSockets: Socket[] = []
+  tp.app.server.on('connection', (socket: Socket) => { serverSockets.push(socket) })
+  const body = JSON.stringify({ role: 'A', name: 'big', arguments: {} })
+  const callRequest = 'POST /api/tools/call HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n' +
+    `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+  /** Sends the call on a raw socket that reads nothing; resolves with it once its answer is written. */
+  async function stalledCall (): Promise<{ client: Socket, server: Socket }> {
+    const client = connect(port, '127.0.0.1')
+    client.on('error', () => {})
+    t.after(() => client.destroy())
+    await once(client, 'connect')
+    const server = await new Promise<Socket>((resolve) => {
+      const find = (): void => {
+        const found = serverSockets.find((socket) => socket.remotePort === client.localPort)
+        if (found === undefined) setImmediate(find)
+        else resolve(found)
+      }
+      find()
+    })
+    client.write(callRequest)
+    await waitFor('the answer to be written', () => server.writableLength > 0 || server.destroyed)
+    return { client, server }
+  }
+  return { url, stalledCall, body, chars }
+}
+
+test('an answer its client has not taken answerStallTimeoutMs after it was written is cut, its socket closed (SECURITY.md: no local client exhausts the server)', async (t) => {
+  const { stalledCall } = await bigAnswers(t, { answerStallTimeoutMs: 200 })
+  const { client, server } = await stalledCall()
+  await waitFor('the stalled answer to be cut', () => server.destroyed)
+  // The client, reading now, gets the part the kernel held, then the close: not the whole answer.
+  let head = ''
+  let received = 0
+  client.on('data', (chunk: Buffer) => {
+    if (head.length < 512) head += chunk.toString('latin1', 0, 512)
+    received += chunk.length
+  })
+  await once(client, 'close')
+  const length = Number(/content-length: (\d+)/i.exec(head)?.[1])
+  assert.ok(length > 12 * 3 * 1024 * 1024, `answer of ${length} bytes`)
+  assert.ok(received < length, `received ${received} of ${length} bytes`)
+})
+
+test('past maxUnsentAnswerBytes of answers waiting for their clients, the one waiting longest is cut, never the one just written; a client that reads gets its whole answer', async (t) => {
+  const limits = { maxUnsentAnswerBytes: 1024 * 1024, answerStallTimeoutMs: 600_000 }
+  const { url, stalledCall, body, chars } = await bigAnswers(t, limits)
+  const first = await stalledCall()
+  assert.equal(first.server.destroyed, false, 'an answer over the budget alone is kept')
+  const second = await stalledCall()
+  await waitFor('the first answer to be cut', () => first.server.destroyed)
+  assert.equal(second.server.destroyed, false)
+  const third = await stalledCall()
+  await waitFor('the second answer to be cut', () => second.server.destroyed)
+  assert.equal(third.server.destroyed, false)
+  // A client that reads takes its answer whole, however large, while others wait.
+  const res = await request(`${url}/api/tools/call`, { method: 'POST', headers: { 'content-type': 'application/json' }, body })
+  assert.equal(res.statusCode, 200)
+  const answer = await res.body.json() as { output: string }
+  assert.equal(answer.output.length, chars)
 })

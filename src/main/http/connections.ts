@@ -14,16 +14,29 @@
 //   timeout.
 // A request in flight is never cut. Answers 401 and 403 carry `Connection: close` (see
 // error-handler.ts), so a refused client holds no socket either.
+//
+// Unsent answers: a client that stops reading holds its answer in Toolport's memory (a call's
+// answer can be ~12× its callback's reply: the text JSON-escaped, twice). `UnsentAnswers` bounds
+// what such clients hold: an answer still not taken `limits.answerStallTimeoutMs` after it was
+// written is cut (its socket closed), and past `limits.maxUnsentAnswerBytes` of answers waiting,
+// the ones waiting longest are cut, never the one just written.
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 
-export interface ConnectionPressureOptions {
+export interface ConnectionPressureOptions extends UnsentAnswersOptions {
   /** The hard cap (`server.maxConnections`): Node drops connections beyond it at accept. */
   maxConnections: number
   /** Connections kept free for new clients: idle sockets are shed above `max - reserved`. */
   reservedConnections: number
   /** Idle timeout of every socket while under pressure. */
   pressureIdleTimeoutMs: number
+}
+
+export interface UnsentAnswersOptions {
+  /** Most bytes of written answers their clients have not taken yet, all sockets together. */
+  maxUnsentAnswerBytes: number
+  /** Longest a written answer may wait for its client to take it. */
+  answerStallTimeoutMs: number
 }
 
 interface SocketState {
@@ -57,10 +70,13 @@ export class ConnectionPressure {
   #sweeper: NodeJS.Timeout | null = null
   /** Sockets closed because of pressure (for tests and logs). */
   shed = 0
+  /** The answers clients have not taken yet. */
+  readonly answers: UnsentAnswers
 
   constructor (server: Server, options: ConnectionPressureOptions) {
     this.#threshold = Math.max(1, options.maxConnections - options.reservedConnections)
     this.#idleTimeoutMs = options.pressureIdleTimeoutMs
+    this.answers = new UnsentAnswers(server, options)
     server.on('connection', (socket: Socket) => { this.#onConnection(socket) })
     server.on('request', (request: IncomingMessage, response: ServerResponse) => { this.#onRequest(request, response) })
     server.once('close', () => { this.#stopSweeper() })
@@ -196,4 +212,90 @@ function endWithSocket (response: ServerResponse): void {
 
 function onPipeAfterClose (source: NodeJS.ReadableStream): void {
   (source as NodeJS.ReadableStream & { destroy: () => void }).destroy()
+}
+
+/** Answers smaller than this are not followed: Node and the kernel's buffers take them at once. */
+const FOLLOWED_ANSWER_BYTES = 64 * 1024
+
+interface UnsentAnswer {
+  socket: Socket
+  bytes: number
+  timer: NodeJS.Timeout
+}
+
+const kAnswers = Symbol('toolport.unsentAnswers')
+
+type FollowedResponse = ServerResponse & { [kAnswers]?: UnsentAnswers }
+
+/** Bounds the answers that clients which stopped reading leave in memory (see the top of the file). */
+export class UnsentAnswers {
+  /** Answers written and not yet taken, oldest first. */
+  readonly #waiting = new Map<ServerResponse, UnsentAnswer>()
+  readonly #maxBytes: number
+  readonly #stallMs: number
+  #bytes = 0
+  /** Answers cut because their clients did not take them (for tests and logs). */
+  cut = 0
+
+  constructor (server: Server, options: UnsentAnswersOptions) {
+    this.#maxBytes = options.maxUnsentAnswerBytes
+    this.#stallMs = options.answerStallTimeoutMs
+    server.on('request', (_request: IncomingMessage, response: FollowedResponse) => {
+      response[kAnswers] = this
+      response.once('prefinish', onAnswerWritten)
+    })
+  }
+
+  /** Bytes of answers waiting for their clients. */
+  get bytes (): number { return this.#bytes }
+
+  /** `response` was ended with `bytes` still queued on its socket: follow it until it is taken. */
+  follow (response: ServerResponse, socket: Socket, bytes: number): void {
+    const timer = setTimeout(cutStalled, this.#stallMs, this, response)
+    timer.unref()
+    this.#waiting.set(response, { socket, bytes, timer })
+    this.#bytes += bytes
+    response.once('close', onAnswerTaken)
+    // Over the budget: cut the answers waiting longest, never the one just written (a large answer
+    // to a client that reads is taken in a moment; it is the ones left waiting that are cut).
+    for (const [older, answer] of this.#waiting) {
+      if (this.#bytes <= this.#maxBytes || older === response) break
+      this.cutAnswer(older, answer)
+    }
+  }
+
+  /** Stops following `response` (taken, or its socket closed). */
+  release (response: ServerResponse): void {
+    const answer = this.#waiting.get(response)
+    if (answer === undefined) return
+    clearTimeout(answer.timer)
+    this.#waiting.delete(response)
+    this.#bytes -= answer.bytes
+  }
+
+  /** Closes the socket of an answer its client did not take. */
+  cutAnswer (response: ServerResponse, answer = this.#waiting.get(response)): void {
+    if (answer === undefined) return
+    this.release(response)
+    this.cut++
+    answer.socket.destroy()
+  }
+}
+
+/** 'prefinish' of a response: ended, and what its socket has not sent yet is the client's to take. */
+function onAnswerWritten (this: FollowedResponse): void {
+  const answers = this[kAnswers]
+  const socket = this.socket
+  if (answers === undefined || socket === null || socket.destroyed) return
+  const queued = socket.writableLength
+  if (queued >= FOLLOWED_ANSWER_BYTES) answers.follow(this, socket, queued)
+}
+
+/** 'close' of a followed response: finished (every byte handed to the kernel) or its socket gone. */
+function onAnswerTaken (this: FollowedResponse): void {
+  this[kAnswers]?.release(this)
+}
+
+function cutStalled (answers: UnsentAnswers, response: ServerResponse): void {
+  answers.cutAnswer(response)
 }
