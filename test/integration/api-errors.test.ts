@@ -4,8 +4,10 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { request as httpRequest } from 'node:http'
+import { PassThrough } from 'node:stream'
 import { assertError, createTestToolport, inject, names, startToolport, tool, type JsonReply } from '../helpers.js'
-import type { Toolport } from '../../src/main/index.js'
+import { Toolport } from '../../src/main/toolport.js'
+import { createLogger } from '../../src/main/logger.js'
 
 async function raw (tp: Toolport, payload: string, contentType: string | undefined,
   url = '/api/tools/register'): Promise<JsonReply> {
@@ -185,3 +187,26 @@ function nest (depth: number): Record<string, unknown> {
   for (let i = 0; i < depth; i++) value = { type: 'object', properties: { child: value } }
   return value
 }
+
+test('API errors: a refused request is logged at debug with its code, status, method and route, never its path or body', async (t) => {
+  let text = ''
+  const sink = new PassThrough().setEncoding('utf8')
+  sink.on('data', (chunk: string) => { text += chunk })
+  const tp = new Toolport({ roles: ['A'] }, createLogger('debug', { destination: sink }))
+  t.after(() => tp.close())
+  assertError(await raw(tp, 'not json private-text', 'text/plain'), 415, 'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
+  const foreign = await tp.app.inject({ method: 'GET', url: '/api/tools?private-query', headers: { host: 'evil.example' } })
+  assert.equal(foreign.statusCode, 403)
+  const unknown = await tp.app.inject({ method: 'GET', url: '/api/private-path' })
+  assert.equal(unknown.statusCode, 404)
+  await new Promise((resolve) => setImmediate(resolve))
+  const refused = text.split('\n').filter((line) => line !== '').map((line) => JSON.parse(line) as Record<string, unknown>)
+    .filter((line) => line.msg === 'request refused')
+    .map(({ code, status, method, route }) => ({ code, status, method, route }))
+  assert.deepEqual(refused, [
+    { code: 'TP_ERR_UNSUPPORTED_MEDIA_TYPE', status: 415, method: 'POST', route: '/api/tools/register' },
+    { code: foreign.json().code, status: 403, method: 'GET', route: '/api/tools' },
+    { code: 'TP_ERR_ROUTE_NOT_FOUND', status: 404, method: 'GET', route: undefined }
+  ])
+  assert.equal(text.includes('private'), false, text)
+})

@@ -31,6 +31,8 @@ export function handleError (this: unknown, err: FastifyError, request: FastifyR
   if (mapped.statusCode >= 500) {
     // Code and message only: raw error objects may carry callback bodies or arguments.
     request.log.error({ code: (err as { code?: unknown }).code, message: err.message }, 'request failed')
+  } else {
+    logRefusal(request, mapped)
   }
   // A refused client (no token, not loopback, foreign Host/Origin, not the owner) keeps no socket:
   // an idle keep-alive connection it holds would count against limits.maxConnections.
@@ -63,7 +65,22 @@ function notFound (request: FastifyRequest): ToolportError {
 
 /** fastify's setNotFoundHandler. */
 export function handleNotFound (request: FastifyRequest, reply: FastifyReply): void {
-  reply.code(404).type('application/json').send(errorBody(notFound(request)))
+  const mapped = notFound(request)
+  logRefusal(request, mapped)
+  reply.code(404).type('application/json').send(errorBody(mapped))
+}
+
+/**
+ * At debug, so that an operator can see why a client is turned away (its answer says so too): the
+ * code, status, method and route, never the path as sent nor anything else the client wrote.
+ */
+function logRefusal (request: FastifyRequest, err: ToolportError): void {
+  request.log.debug({
+    code: err.code,
+    status: err.statusCode,
+    method: request.method,
+    route: request.routeOptions.url
+  }, 'request refused')
 }
 
 /**
