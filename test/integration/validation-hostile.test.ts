@@ -162,6 +162,22 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
   assert.equal(call.is_error, true)
 })
 
+test('compile budget: a schema that ran past limits.maxSchemaCompileMs is refused at once when it is sent again, with no compile (SECURITY.md "Argument validation")', ATTACK, async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], limits: { maxSchemaCompileMs: 50 } })
+  // ~40 KB of properties: far more than 50 ms of code generation on any machine. Named for this
+  // test: the refusals are remembered per process.
+  const properties: Record<string, unknown> = {}
+  for (let i = 0; i < 600; i++) properties[`again_${i}`] = { type: 'string', minLength: 1, maxLength: 9 }
+  const slow = tool('slow', { parameters: { type: 'object', properties } })
+  const overTime = (err: { statusCode: number, details: Array<{ code: string, message: string }> }): boolean =>
+    err.statusCode === 422 && err.details[0]?.code === 'schema_too_costly' &&
+    /took longer than the budget of 50 ms/.test(err.details[0].message)
+  await assert.rejects(tp.register(slow), overTime)
+  const before = compileCount()
+  for (let i = 0; i < 3; i++) await assert.rejects(tp.register({ ...slow, name: `slow${i}` }), overTime)
+  assert.equal(compileCount(), before, 'the schema sent again was not compiled again')
+})
+
 test('compile budget: the thread says when it starts each job, after warming a cold dialect, and the budget runs from there', async (t) => {
   // The compiler thread's own contract, on the module Toolport loads (the built one when it is
   // fresh, else the source through tsx): the main thread runs a job's budget from `started`, so

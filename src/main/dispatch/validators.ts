@@ -66,6 +66,12 @@ const START_BOUND_MS = 10_000
 const COMPILER_HEAP_MB = 256
 /** Refusals remembered (by schema hash), so a hostile schema sent again costs no compile. */
 const MAX_REMEMBERED_REFUSALS = 256
+/**
+ * How long a schema that ran past `limits.maxSchemaCompileMs` is refused at once when sent again.
+ * Not for good, as refusals that do not depend on time are: a schema close to its budget may
+ * have run past it only because the machine was busy for a moment.
+ */
+const OVER_TIME_REMEMBERED_MS = 10 * 60_000
 /** Schemas up to this many characters of JSON are cached under their own text. */
 const SHORT_KEY_CHARS = 2048
 /** Longest refusal reason passed on to the plugin. */
@@ -77,7 +83,8 @@ const requireFromHere = createRequire(import.meta.url)
 /** Per-thread state: the compiler thread and the caches are shared by every Toolport in the process. */
 const validators = new Map<string, WeakRef<ArgumentsValidator>>()
 const compiling = new Map<string, Promise<ArgumentsValidator>>()
-const refusals = new Map<string, { code: string, problem: string }>()
+/** Refusals by cache key, least recently sent first; `until` is when one stops being remembered. */
+const refusals = new Map<string, { code: string, problem: string, until: number }>()
 /** RE2 objects the loaded validators have made on this thread (never decreases). */
 let compiledRegExps = 0
 const finalizer = new FinalizationRegistry<{ key: string, regexps: Re2Handle[] }>(({ key, regexps }) => {
@@ -135,7 +142,13 @@ export async function compileValidator (parameters: Record<string, unknown>,
   const cached = validators.get(key)?.deref()
   if (cached !== undefined) return cached
   const refused = refusals.get(key)
-  if (refused !== undefined) throw schemaError(refused.code, refused.problem)
+  if (refused !== undefined) {
+    refusals.delete(key)
+    if (refused.until > performance.now()) {
+      refusals.set(key, refused) // the most recently sent is the last forgotten
+      throw schemaError(refused.code, refused.problem)
+    }
+  }
   let pending = compiling.get(key)
   if (pending === undefined) {
     pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes },
@@ -152,7 +165,7 @@ async function build (key: string, job: CompileJob, budgetMs: number,
   if (!reply.ok) {
     const problem = reply.problem.length > MAX_PROBLEM_CHARS ? `${reply.problem.slice(0, MAX_PROBLEM_CHARS)}…` : reply.problem
     const code = reply.overBudget ? 'schema_too_costly' : 'invalid_schema'
-    if (reply.remember) remember(key, code, problem)
+    if (reply.rememberMs > 0) remember(key, code, problem, reply.rememberMs)
     throw schemaError(code, problem)
   }
   const regexps: Re2Handle[] = []
@@ -162,7 +175,7 @@ async function build (key: string, job: CompileJob, budgetMs: number,
   } catch (err) {
     for (const re of regexps) freeRegExp(re)
     const problem = `its validator could not be loaded: ${errorText(err)}`.slice(0, MAX_PROBLEM_CHARS)
-    remember(key, 'invalid_schema', problem)
+    remember(key, 'invalid_schema', problem, Infinity)
     throw schemaError('invalid_schema', problem)
   }
   const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
@@ -197,8 +210,9 @@ function cacheKey (text: string, budgets: SchemaBudgets): string {
   return `${prefix}sha256:${createHash('sha256').update(text).digest('base64url')}`
 }
 
-function remember (key: string, code: string, problem: string): void {
-  refusals.set(key, { code, problem })
+function remember (key: string, code: string, problem: string, forMs: number): void {
+  refusals.delete(key)
+  refusals.set(key, { code, problem, until: performance.now() + forMs })
   if (refusals.size > MAX_REMEMBERED_REFUSALS) refusals.delete(refusals.keys().next().value as string)
 }
 
@@ -289,14 +303,16 @@ function describeErrors (errors: ErrorObject[] | null | undefined): string {
 
 /**
  * A reply as the cache sees it: `overBudget` for a schema refused by a budget (time, code size,
- * memory); `remember` is false for refusals that may not recur (time on a busy machine, a thread
- * that failed for another reason).
+ * memory); `rememberMs`, how long the refusal is remembered: Infinity when sending the schema
+ * again would be refused again, OVER_TIME_REMEMBERED_MS past the time budget (which a busy
+ * machine may have caused), 0 for refusals that say nothing of the schema (a thread that failed
+ * for another reason).
  */
 type CompileOutcome = { ok: true, code: string } | {
   ok: false,
   problem: string,
   overBudget: boolean,
-  remember: boolean
+  rememberMs: number
 }
 
 interface QueuedJob {
@@ -339,7 +355,7 @@ class SchemaCompiler {
     this.#current = next
     this.jobs++
     this.#setTimer(START_BOUND_MS, () => {
-      this.#fail(`the schema compiler thread did not start compiling it in ${START_BOUND_MS} ms`, false, false)
+      this.#fail(`the schema compiler thread did not start compiling it in ${START_BOUND_MS} ms`, false, 0)
     })
     worker.postMessage(next.job)
   }
@@ -365,11 +381,11 @@ class SchemaCompiler {
       if (worker !== this.#worker) return
       const outOfMemory = err.code === 'ERR_WORKER_OUT_OF_MEMORY'
       this.#fail(outOfMemory ? `compiling it needs more than ${COMPILER_HEAP_MB} MB of memory` : `the schema compiler thread failed: ${err.message}`,
-        outOfMemory, outOfMemory)
+        outOfMemory, outOfMemory ? Infinity : 0)
     })
     worker.on('exit', () => {
       if (worker !== this.#worker) return
-      this.#fail('the schema compiler thread stopped', false, false)
+      this.#fail('the schema compiler thread stopped', false, 0)
     })
     return worker
   }
@@ -387,31 +403,32 @@ class SchemaCompiler {
       // The budget is for compiling the schema: it runs from here, not from the send.
       if (current?.job.id !== message.started) return
       this.#setTimer(current.budgetMs, () => {
+        // Remembered for a while: sent again at once, it would only take the thread again.
         this.#fail(`compiling it took longer than the budget of ${current.budgetMs} ms (limits.maxSchemaCompileMs)`,
-          true, false)
+          true, OVER_TIME_REMEMBERED_MS)
       })
       return
     }
     if (current === null || current.job.id !== message.id) return
     if (!message.ok && message.broken === true) {
       // The thread cannot compile another schema with a pattern: answered, and the thread replaced.
-      this.#fail(message.problem, message.overBudget === true, true)
+      this.#fail(message.problem, message.overBudget === true, Infinity)
       return
     }
     this.#settle(message.ok
       ? { ok: true, code: message.code }
-      : { ok: false, problem: message.problem, overBudget: message.overBudget === true, remember: true })
+      : { ok: false, problem: message.problem, overBudget: message.overBudget === true, rememberMs: Infinity })
   }
 
   /** Answers the running job (or, while the thread was starting, the next one) and replaces the thread. */
-  #fail (problem: string, overBudget: boolean, remember: boolean): void {
+  #fail (problem: string, overBudget: boolean, rememberMs: number): void {
     const worker = this.#worker
     this.#worker = null
     this.#ready = false
     if (worker !== null) worker.terminate().catch(noop)
     const failed = this.#current ?? this.#queue.shift() ?? null
     this.#current = null
-    if (failed !== null) this.#settle({ ok: false, problem, overBudget, remember }, failed)
+    if (failed !== null) this.#settle({ ok: false, problem, overBudget, rememberMs }, failed)
     else this.#pump()
   }
 
