@@ -221,13 +221,16 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const parsed = parseOrThrow(registerSchema, body)
     const request = { ...parsed, parameters: checkedParameters(parsed, this.options.limits) }
     this.#checkCaps(this.#targets(request.role), request.name, request.source)
+    // In ownership mode, only the source's owner waits in its queue of compiles (compiles take
+    // turns by source: another key must not hold up the owner's registrations behind its own).
+    const owner = this.#ownerOf(options)
+    if (owner !== null) this.#owners.assert(request.source, owner)
     // Compiled before anything changes, off the main thread: a schema Toolport cannot validate is
     // a 422 here, never a tool whose arguments go unchecked.
-    const validator = await compileValidator(request.parameters, this.options.limits)
+    const validator = await compileValidator(request.parameters, this.options.limits, request.source)
     // Roles and registries may have changed while the schema compiled: look and check again.
     this.#assertOpen()
     const targets = this.#targets(request.role)
-    const owner = this.#ownerOf(options)
     if (owner !== null) this.#owners.assert(request.source, owner)
     this.#checkCaps(targets, request.name, request.source)
     const entry = new ToolEntry({

@@ -10,6 +10,12 @@
 // (parsing: a few ms for the largest code the budget allows; V8 compiles each function on its
 // first call, in time that grows with the code's size and nesting, which the compiler thread caps).
 //
+// Taking turns. The compiler thread is one, and a compile may take up to its budget: compiles
+// wait in one queue per requester (the registration's `source`; the host's local tools are one
+// more), and the requesters take turns, one job each, so a plugin that sends a hundred costly
+// schemas at once delays another's registration by at most one compile, not by a hundred.
+// (docs/architecture.md "Argument validation"; SECURITY.md "Argument validation".)
+//
 // Per call. Each check runs under a deadline, `limits.maxValidationMs` (src/shared/validation-cost.ts):
 // the instrumented code charges its functions and loops, the helpers below charge their work.
 //
@@ -72,6 +78,8 @@ const MAX_REMEMBERED_REFUSALS = 256
  * have run past it only because the machine was busy for a moment.
  */
 const OVER_TIME_REMEMBERED_MS = 10 * 60_000
+/** The requester of the host's local tools; a plugin's is `s` + its source (never equal). */
+const HOST_REQUESTER = 'h'
 /** Schemas up to this many characters of JSON are cached under their own text. */
 const SHORT_KEY_CHARS = 2048
 /** Longest refusal reason passed on to the plugin. */
@@ -82,7 +90,7 @@ const requireFromHere = createRequire(import.meta.url)
 
 /** Per-thread state: the compiler thread and the caches are shared by every Toolport in the process. */
 const validators = new Map<string, WeakRef<ArgumentsValidator>>()
-const compiling = new Map<string, Promise<ArgumentsValidator>>()
+const compiling = new Map<string, { validator: Promise<ArgumentsValidator>, queued: QueuedJob }>()
 /** Refusals by cache key, least recently sent first; `until` is when one stops being remembered. */
 const refusals = new Map<string, { code: string, problem: string, until: number }>()
 /** RE2 objects the loaded validators have made on this thread (never decreases). */
@@ -126,14 +134,15 @@ export function compileCount (): number {
  * unknown `$schema`, a schema that is not valid in its dialect or does not compile (a pattern RE2
  * cannot run, a `$ref` that does not resolve), or one over a compile budget. `parameters` is the
  * registry's own copy (`checkedParameters` in src/main/schemas.ts), whose numbers were checked to
- * be finite before it was made.
+ * be finite before it was made. `source` is the registering plugin's: its compiles take turns
+ * with other sources' (leave it out for the host's own tools).
  *
  * @example
- * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets)
+ * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets, 'plugin:search')
  * validate({}) // "arguments do not match the tool's parameters: (root) must have required property 'q'"
  */
 export async function compileValidator (parameters: Record<string, unknown>,
-  budgets: SchemaBudgets): Promise<ArgumentsValidator> {
+  budgets: SchemaBudgets, source?: string): Promise<ArgumentsValidator> {
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
   // Annotations left out: schemas that differ only in their descriptions compile once.
@@ -149,19 +158,25 @@ export async function compileValidator (parameters: Record<string, unknown>,
       throw schemaError(refused.code, refused.problem)
     }
   }
+  const requester = source === undefined ? HOST_REQUESTER : `s${source}`
   let pending = compiling.get(key)
   if (pending === undefined) {
-    pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes },
-      budgets.maxSchemaCompileMs, budgets.maxValidationMs)
+    const job = { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes }
+    const queued = compiler.compile(job, budgets.maxSchemaCompileMs, requester)
+    const validator = build(key, queued.outcome, budgets.maxValidationMs)
+    pending = { validator, queued }
     compiling.set(key, pending)
-    pending.then(() => compiling.delete(key), () => compiling.delete(key))
+    validator.then(() => compiling.delete(key), () => compiling.delete(key))
+  } else {
+    // The same schema, waiting in another requester's queue: it runs at whichever turn comes first.
+    compiler.join(pending.queued, requester)
   }
-  return await pending
+  return await pending.validator
 }
 
-async function build (key: string, job: CompileJob, budgetMs: number,
+async function build (key: string, outcome: Promise<CompileOutcome>,
   maxValidationMs: number): Promise<ArgumentsValidator> {
-  const reply = await compiler.compile(job, budgetMs)
+  const reply = await outcome
   if (!reply.ok) {
     const problem = reply.problem.length > MAX_PROBLEM_CHARS ? `${reply.problem.slice(0, MAX_PROBLEM_CHARS)}…` : reply.problem
     const code = reply.overBudget ? 'schema_too_costly' : 'invalid_schema'
@@ -315,21 +330,39 @@ type CompileOutcome = { ok: true, code: string } | {
   rememberMs: number
 }
 
+/** A compile waiting for its turn, or running. */
 interface QueuedJob {
   job: CompileJob
   budgetMs: number
   resolve: (outcome: CompileOutcome) => void
+  outcome: Promise<CompileOutcome>
+  /** The requesters whose queues hold it: several when they sent the same schema. */
+  requesters: string[]
+  /** It has left the queues (running or answered): joining it queues nothing. */
+  taken: boolean
 }
 
 /**
- * The compiler thread, started on first use. Jobs run one at a time, in order. The thread is
- * unref'd while idle, so it never keeps a process alive, and is replaced after it is terminated
- * (a job over its time budget) or dies (a job over its heap).
+ * The compiler thread, started on first use. Jobs run one at a time: each requester has its
+ * own queue, and the requesters with jobs waiting take turns, one job each (round robin). A
+ * requester's wait is therefore bounded by one job per other requester, however many jobs any of
+ * them has queued. The thread is unref'd while idle, so it never keeps a process alive, and is
+ * replaced after it is terminated (a job over its time budget) or dies (a job over its heap).
  */
 class SchemaCompiler {
   #worker: Worker | null = null
   #ready = false
-  #queue: QueuedJob[] = []
+  /**
+   * Waiting jobs by requester, in the order the requesters take their turns (a Map iterates in
+   * insertion order). Only jobs not yet taken, and never an empty queue.
+   */
+  #queues = new Map<string, QueuedJob[]>()
+  /**
+   * The queue of the requester whose job runs (its jobs queued meanwhile go there too): it goes
+   * to the back of the line when that job ends, so a requester that comes while it runs is served
+   * before its next job.
+   */
+  #parked: { requester: string, queue: QueuedJob[] } | null = null
   #current: QueuedJob | null = null
   #timer: NodeJS.Timeout | null = null
   #nextId = 1
@@ -339,19 +372,75 @@ class SchemaCompiler {
     if (this.#worker === null) this.#start().unref()
   }
 
-  compile (job: CompileJob, budgetMs: number): Promise<CompileOutcome> {
-    return new Promise((resolve) => {
-      this.#queue.push({ job: { ...job, id: this.#nextId++ }, budgetMs, resolve })
-      this.#pump()
-    })
+  compile (job: CompileJob, budgetMs: number, requester: string): QueuedJob {
+    let resolve: (outcome: CompileOutcome) => void = noop
+    const outcome = new Promise<CompileOutcome>((_resolve) => { resolve = _resolve })
+    const queued: QueuedJob = {
+      job: { ...job, id: this.#nextId++ },
+      budgetMs,
+      resolve,
+      outcome,
+      requesters: [requester],
+      taken: false
+    }
+    this.#enqueue(queued, requester)
+    this.#pump()
+    return queued
+  }
+
+  /** Queues a waiting job for one more requester too: it runs at the first of their turns. */
+  join (queued: QueuedJob, requester: string): void {
+    if (queued.taken || queued.requesters.includes(requester)) return
+    queued.requesters.push(requester)
+    this.#enqueue(queued, requester)
+  }
+
+  #enqueue (queued: QueuedJob, requester: string): void {
+    const queue = this.#parked?.requester === requester ? this.#parked.queue : this.#queues.get(requester)
+    if (queue === undefined) this.#queues.set(requester, [queued])
+    else queue.push(queued)
+  }
+
+  /** Whether a job waits for its turn. */
+  get #waiting (): boolean {
+    return this.#queues.size > 0 || (this.#parked !== null && this.#parked.queue.length > 0)
+  }
+
+  /** The next job: the oldest of the requester whose turn it is. */
+  #take (): QueuedJob | null {
+    const first = this.#queues.entries().next()
+    if (first.done === true) return null
+    const [requester, queue] = first.value
+    const next = queue.shift() as QueuedJob
+    this.#queues.delete(requester)
+    this.#parked = { requester, queue }
+    next.taken = true
+    // Shared with other requesters (the same schema): it leaves their queues too, as their turn.
+    for (const other of next.requesters) {
+      const theirs = other === requester ? undefined : this.#queues.get(other)
+      const at = theirs?.indexOf(next) ?? -1
+      if (theirs === undefined || at === -1) continue
+      theirs.splice(at, 1)
+      if (theirs.length === 0) this.#queues.delete(other)
+    }
+    return next
+  }
+
+  /** The requester whose job has ended goes to the back of the line, behind those that came meanwhile. */
+  #unpark (): void {
+    const parked = this.#parked
+    if (parked === null) return
+    this.#parked = null
+    if (parked.queue.length > 0) this.#queues.set(parked.requester, parked.queue)
   }
 
   #pump (): void {
-    if (this.#current !== null || this.#queue.length === 0) return
+    if (this.#current !== null || !this.#waiting) return
     const worker = this.#worker ?? this.#start()
     worker.ref()
     if (!this.#ready) return // #onMessage pumps again once the thread has loaded
-    const next = this.#queue.shift() as QueuedJob
+    const next = this.#take()
+    if (next === null) return
     this.#current = next
     this.jobs++
     this.#setTimer(START_BOUND_MS, () => {
@@ -394,7 +483,7 @@ class SchemaCompiler {
     if (worker !== this.#worker) return
     if ('ready' in message) {
       this.#ready = true
-      if (this.#queue.length === 0) worker.unref()
+      if (!this.#waiting) worker.unref()
       this.#pump()
       return
     }
@@ -426,7 +515,7 @@ class SchemaCompiler {
     this.#worker = null
     this.#ready = false
     if (worker !== null) worker.terminate().catch(noop)
-    const failed = this.#current ?? this.#queue.shift() ?? null
+    const failed = this.#current ?? this.#take()
     this.#current = null
     if (failed !== null) this.#settle({ ok: false, problem, overBudget, rememberMs }, failed)
     else this.#pump()
@@ -437,7 +526,8 @@ class SchemaCompiler {
     this.#timer = null
     this.#current = null
     job?.resolve(outcome)
-    if (this.#queue.length === 0) this.#worker?.unref()
+    this.#unpark()
+    if (!this.#waiting) this.#worker?.unref()
     this.#pump()
   }
 }
