@@ -6,9 +6,8 @@ import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { Worker } from 'node:worker_threads'
 import { setImmediate as tick } from 'node:timers/promises'
-import {
-  cachedValidatorCount, compileCount, compilerBootstrap, regExpCompileCount
-} from '../../src/main/dispatch/validators.js'
+import { cachedValidatorCount, compileCount, regExpCompileCount } from '../../src/main/dispatch/validators.js'
+import { compilerBootstrap } from '../../src/main/dispatch/compiler-thread.js'
 import { workerModule } from '../../src/main/dispatch/worker-module.js'
 import type { Toolport } from '../../src/main/index.js'
 import { createTestToolport, httpJson, startToolport, tool } from '../helpers.js'
