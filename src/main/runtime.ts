@@ -418,8 +418,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const problem = checkArguments(entry, args.value)
     if (problem !== '') {
-      return this.#finish(role, entry.name, callId, started, 'invalid_arguments',
-        errorResult(problem), entry.source)
+      // Cut short by the time checks took lately, or refused by its arguments (dispatch/check-time.ts).
+      return this.#finish(role, entry.name, callId, started,
+        entry.checkTime.refused ? 'check_budget' : 'invalid_arguments', errorResult(problem), entry.source)
     }
     if (entry.handler !== null) {
       const { outcome, result } = await runLocalTool(entry, args.value, role.name, callId, options?.signal,

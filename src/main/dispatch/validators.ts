@@ -36,8 +36,9 @@ import {
   STANDALONE_REGEXP_MODULE, validationJson, type Re2Handle
 } from '../../shared/json-schema.js'
 import {
-  BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget
+  BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget, ValidationTooCostly
 } from '../../shared/validation-cost.js'
+import { chargeCheck, CheckTime, overdrawnForMs, threadOverdrawn } from './check-time.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
 import { SchemaCompiler, type CompileOutcome, type QueuedJob } from './compiler-thread.js'
@@ -177,26 +178,47 @@ async function build (key: string, outcome: Promise<CompileOutcome>,
     remember(key, 'invalid_schema', problem, Infinity)
     throw schemaError('invalid_schema', problem)
   }
-  const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
+  const validator: ArgumentsValidator = function validateArguments (value: unknown, account = UNACCOUNTED): string {
+    // A tool whose checks took more than their share of the thread lately, and every tool while
+    // all checks together did, has its checks cut short: stopped after tens of microseconds of
+    // work (src/main/dispatch/check-time.ts). Otherwise this costs two boolean reads.
+    const toolWaitMs = account.isOverdrawn ? overdrawnForMs(account, maxValidationMs) : 0
+    const isCut = toolWaitMs > 0 || threadOverdrawn(maxValidationMs)
     // The check has a deadline (src/shared/validation-cost.ts): no schema and no argument can
     // hold the main thread for longer.
-    validationBudget.start(maxValidationMs)
+    validationBudget.start(isCut ? 0 : maxValidationMs)
+    let isValid: boolean
     try {
-      if (validate(value)) return ''
+      isValid = validate(value)
     } catch (err) {
       // Past the deadline; or Ajv's deep equality on an object whose own `toString` is not a
       // function; or a pattern that RE2 fails to compile on its first test (see loadStandalone;
       // it compiled the same pattern on the compiler thread): the call is refused, never thrown.
-      return `the arguments could not be checked against the tool's parameters: ${errorText(err)}`
+      account.refused = isCut && err instanceof ValidationTooCostly
+      if (!account.refused) return `${UNCHECKED}${errorText(err)}`
+      if (toolWaitMs === 0) return THREAD_CUT_SHORT
+      return `${UNCHECKED}checking this tool's arguments took more than its share of time lately (${maxValidationMs} ms ` +
+        'a second, limits.maxValidationMs): until that has passed, only arguments it can check at once are checked ' +
+        `(for up to ${Math.ceil(toolWaitMs / 1000)} s more)`
     } finally {
       validationBudget.stop()
+      // Costly checks only (cheap ones read the clock once, at their start, and charge nothing).
+      if (validationBudget.costlyMs !== 0) chargeCheck(account, validationBudget.costlyMs, maxValidationMs)
     }
+    if (isValid) return ''
+    account.refused = false
     return `arguments do not match the tool's parameters: ${describeErrors(validate.errors)}`
   }
   validators.set(key, new WeakRef(validator))
   finalizer.register(validator, { key, regexps })
   return validator
 }
+
+const UNCHECKED = 'the arguments could not be checked against the tool\'s parameters: '
+const THREAD_CUT_SHORT = `${UNCHECKED}argument checks took more than their share of time lately ` +
+  '(limits.maxValidationMs): until that has passed, only arguments that can be checked at once are checked'
+/** The account of checks called without a tool's (direct calls of a validator: tests, the bench). */
+const UNACCOUNTED = new CheckTime()
 
 /**
  * The cache key of a schema: its text with the budgets it was compiled under. A short text is its
