@@ -50,7 +50,7 @@ export interface CallFinishedEvent {
   role: string
   name: string
   callId: string
-  outcome: OutcomeKind | 'invalid_arguments' | 'unknown_tool' | 'local_error'
+  outcome: OutcomeKind | 'invalid_arguments' | 'check_budget' | 'unknown_tool' | 'local_error'
   isError: boolean
   durationMs: number
   /** The tool's `source`; '' when the name matched no tool. */

@@ -223,14 +223,17 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     // R4: the roles that exist now; one added while the schema compiles does not get the tool.
     const current = this.#targets(request.role)
     this.#checkCaps(current, request.name, request.source)
+    // In ownership mode, only the source's owner waits in its queue of compiles (compiles take
+    // turns by source: another key must not hold up the owner's registrations behind its own).
+    const owner = this.#ownerOf(options)
+    if (owner !== null) this.#owners.assert(request.source, owner)
     // Compiled before anything changes, off the main thread: a schema Toolport cannot validate is
     // a 422 here, never a tool whose arguments go unchecked.
-    const validator = await compileValidator(request.parameters, this.options.limits)
+    const validator = await compileValidator(request.parameters, this.options.limits, request.source)
     // Roles and registries may have changed while the schema compiled: look and check again
     // (a role removed meanwhile is left out, and a role of the same name added again is new).
     this.#assertOpen()
     const targets = request.role === null ? stillThere(current, this.roles.list()) : this.#targets(request.role)
-    const owner = this.#ownerOf(options)
     if (owner !== null) this.#owners.assert(request.source, owner)
     this.#checkCaps(targets, request.name, request.source)
     const entry = new ToolEntry({
@@ -418,8 +421,9 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     }
     const problem = checkArguments(entry, args.value)
     if (problem !== '') {
-      return this.#finish(role, entry.name, callId, started, 'invalid_arguments',
-        errorResult(problem), entry.source)
+      // Cut short by the time checks took lately, or refused by its arguments (dispatch/check-time.ts).
+      return this.#finish(role, entry.name, callId, started,
+        entry.checkTime.refused ? 'check_budget' : 'invalid_arguments', errorResult(problem), entry.source)
     }
     if (entry.handler !== null) {
       const { outcome, result } = await runLocalTool(entry, args.value, role.name, callId, options?.signal,

@@ -30,6 +30,11 @@ export const UNIQUE_ITEMS_MODULE = 'toolport:unique'
  * (~1 ns): the clock is read every millisecond or so of work, far too rarely to cost anything.
  */
 const QUANTUM = 1 << 20
+/**
+ * The work a check cut short (`start(0)`) may do before it is stopped: tens of microseconds, far
+ * more than a check of ordinary arguments needs, far less than a costly one takes.
+ */
+const CUT_QUANTUM = 1 << 16
 /** Charges of the helpers: an RE2 or format test (~2 µs plus the input), a deep-equality step. */
 export const REGEXP_TEST_UNITS = 2048
 const EQUAL_STEP_UNITS = 16
@@ -56,25 +61,39 @@ export class CodeTooDeep extends Error {}
 class ValidationBudget {
   /** Units left before the clock is read again. */
   left = QUANTUM
+  /**
+   * How long the last check took, in ms, when it was costly (its charges passed a quantum, so
+   * the clock was read during it); 0 after a cheap one, which reads the clock only once, at its
+   * start: measuring a cheap check would cost a clock reading per call.
+   */
+  costlyMs = 0
   #deadline = Infinity
   #limitMs = 0
   /** The deadline is set (or no check is running). */
   #started = true
+  /** When the running check's time began (its first charge). */
+  #startedAt = 0
+  /** The running check has passed a quantum. */
+  #costly = false
 
   /**
    * Arms the budget for a check of at most `limitMs` ms. The time runs from the first charge, at
    * the entry of the validator's top function: V8 compiles a function on its first call, and
    * that compile (bounded by `limits.maxSchemaCodeBytes` and MAX_CODE_NESTING) is not the check's.
+   * `limitMs` 0 cuts the check short: it stops once its charges pass CUT_QUANTUM, whatever the
+   * clock says (src/main/dispatch/check-time.ts).
    */
   start (limitMs: number): void {
     this.#limitMs = limitMs
     this.#deadline = Infinity
     this.#started = false
+    this.#costly = false
     this.left = 0
   }
 
-  /** Disarms it (the check ended). */
+  /** Disarms it (the check ended) and sets `costlyMs`. */
   stop (): void {
+    this.costlyMs = this.#costly ? performance.now() - this.#startedAt : 0
     this.#deadline = Infinity
     this.#started = true
     this.left = QUANTUM
@@ -90,10 +109,13 @@ class ValidationBudget {
     this.left = QUANTUM
     if (!this.#started) {
       this.#started = true
-      this.#deadline = performance.now() + this.#limitMs
+      this.#startedAt = performance.now()
+      this.#deadline = this.#startedAt + this.#limitMs
+      if (this.#limitMs === 0) this.left = CUT_QUANTUM
       return
     }
-    if (performance.now() > this.#deadline) {
+    this.#costly = true
+    if (performance.now() > this.#deadline || this.#limitMs === 0) {
       this.#deadline = Infinity
       throw new ValidationTooCostly(`checking them took longer than ${this.#limitMs} ms (limits.maxValidationMs)`)
     }

@@ -76,10 +76,13 @@ const GAUGES = ['toolport_calls_in_flight', 'toolport_dispatch_queue_depth', 'to
 const HISTOGRAMS = ['toolport_call_duration_seconds', 'toolport_dispatch_queue_seconds',
   'toolport_dispatch_callback_seconds', 'toolport_sync_duration_seconds']
 
-/** README "Live events" `call`: a dispatch outcome, or `invalid_arguments`, `unknown_tool`, `local_error`. */
+/**
+ * README "Live events" `call`: a dispatch outcome, or `invalid_arguments`, `check_budget`, `unknown_tool`,
+ * `local_error`.
+ */
 const DISPATCH_KINDS = ['ok', 'http', 'timeout', 'connect', 'protocol', 'too_large', 'cancelled', 'busy', 'internal',
   'memory', 'refused']
-const OUTCOMES = new Set([...DISPATCH_KINDS, 'invalid_arguments', 'unknown_tool', 'local_error'])
+const OUTCOMES = new Set([...DISPATCH_KINDS, 'invalid_arguments', 'check_budget', 'unknown_tool', 'local_error'])
 
 /** Tool names a hostile plugin may choose (all valid: 1–64 code points). */
 const NAMES = ['get_weather', 'q"uo"te', 'back\\slash\\n', 'new\nline', 'cr\rtab\t', '🦊 grüße', '(unknown)',

@@ -6,9 +6,8 @@ import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { Worker } from 'node:worker_threads'
 import { setImmediate as tick } from 'node:timers/promises'
-import {
-  cachedValidatorCount, compileCount, compilerBootstrap, regExpCompileCount
-} from '../../src/main/dispatch/validators.js'
+import { cachedValidatorCount, compileCount, regExpCompileCount } from '../../src/main/dispatch/validators.js'
+import { compilerBootstrap } from '../../src/main/dispatch/compiler-thread.js'
 import { workerModule } from '../../src/main/dispatch/worker-module.js'
 import type { Toolport } from '../../src/main/index.js'
 import { createTestToolport, httpJson, startToolport, tool } from '../helpers.js'
@@ -160,6 +159,22 @@ test('compile bomb: a compile over the time budget is a 422, and the compiler th
   assert.equal(ok.ok, true)
   const call = await other.callTool('A', { name: 'fine', arguments: { a: 1 } })
   assert.equal(call.is_error, true)
+})
+
+test('compile budget: a schema that ran past limits.maxSchemaCompileMs is refused at once when it is sent again, with no compile (SECURITY.md "Argument validation")', ATTACK, async (t) => {
+  const tp = await createTestToolport(t, { roles: ['A'], limits: { maxSchemaCompileMs: 50 } })
+  // ~40 KB of properties: far more than 50 ms of code generation on any machine. Named for this
+  // test: the refusals are remembered per process.
+  const properties: Record<string, unknown> = {}
+  for (let i = 0; i < 600; i++) properties[`again_${i}`] = { type: 'string', minLength: 1, maxLength: 9 }
+  const slow = tool('slow', { parameters: { type: 'object', properties } })
+  const overTime = (err: { statusCode: number, details: Array<{ code: string, message: string }> }): boolean =>
+    err.statusCode === 422 && err.details[0]?.code === 'schema_too_costly' &&
+    /took longer than the budget of 50 ms/.test(err.details[0].message)
+  await assert.rejects(tp.register(slow), overTime)
+  const before = compileCount()
+  for (let i = 0; i < 3; i++) await assert.rejects(tp.register({ ...slow, name: `slow${i}` }), overTime)
+  assert.equal(compileCount(), before, 'the schema sent again was not compiled again')
 })
 
 test('compile budget: the thread says when it starts each job, after warming a cold dialect, and the budget runs from there', async (t) => {

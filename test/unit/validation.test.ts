@@ -4,6 +4,8 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { z } from 'zod'
 import { compileCount, compileValidator, DEFAULT_SCHEMA_BUDGETS } from '../../src/main/dispatch/validators.js'
+import { CheckTime } from '../../src/main/dispatch/check-time.js'
+import { validationBudget } from '../../src/shared/validation-cost.js'
 import { fullFormats } from 'ajv-formats/dist/formats.js'
 import {
   asciiCaseless, MAX_BACKTRACKING_FORMAT_CHARS, SCHEMA_FORMATS, schemaDialect, validationJson
@@ -369,4 +371,31 @@ test('plugin SDK: JSON Schema parameters follow the same dialect rules at constr
   assert.equal(validate({}), false)
   // A zod tool is registered as 2020-12 without $schema: Toolport's default dialect.
   assert.equal(resolved.tools.get('z')?.parameters.$schema, undefined)
+})
+
+test('SECURITY.md "Argument validation": only a costly check is charged to its tool\'s account (a cheap one charges nothing); an overdrawn account cuts checks short, and a cheap one still passes', async () => {
+  const validate = await compile({
+    type: 'object',
+    properties: { v: { $ref: '#/$defs/n' } },
+    $defs: { n: { anyOf: [{ type: 'array', items: { $ref: '#/$defs/n' } }, { type: 'array', items: { $ref: '#/$defs/n' } }] } }
+  })
+  const deep = JSON.parse(`{"v":${'['.repeat(40)}1${']'.repeat(40)}}`)
+  const account = new CheckTime()
+  assert.equal(validate({ v: [[[]]] }, account), '')
+  assert.equal(validationBudget.costlyMs, 0)
+  assert.equal(account.debtMs, 0)
+  // Run to its deadline (it stops only once the clock is past it): more than the tool's burst.
+  assert.match(validate(deep, account), /checking them took longer than 50 ms/)
+  assert.equal(account.refused, false)
+  assert.ok(account.debtMs > 50, String(account.debtMs))
+  assert.equal(account.isOverdrawn, true)
+  // Overdrawn for a while (ten deadlines' worth of checks: ten seconds at 50 ms a second).
+  account.debtMs = 500
+  account.at = performance.now()
+  assert.equal(validate({ v: [[[]]] }, account), '')
+  assert.match(validate(deep, account), /checking this tool's arguments took more than its share of time lately/)
+  assert.equal(account.refused, true)
+  assert.ok(validationBudget.costlyMs > 0)
+  assert.match(validate({ v: 'x' }, account), /must be array/)
+  assert.equal(account.refused, false)
 })

@@ -34,7 +34,12 @@ export function readArguments (rawArguments: string | undefined, args: unknown):
   }
 }
 
-/** Checks `value` against the tool's `parameters`; returns '' when valid, else a message naming the problem. */
+/**
+ * Checks `value` against the tool's `parameters`; returns '' when valid, else a message naming the
+ * problem. A check that takes long is charged to the tool's account; while that (or the thread's)
+ * is overdrawn, checks are cut short, and a call so refused sets `entry.checkTime.refused`
+ * (check-time.ts).
+ */
 export function checkArguments (entry: ToolEntry, value: unknown): string {
-  return entry.validator(value)
+  return entry.validator(value, entry.checkTime)
 }

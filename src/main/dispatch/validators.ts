@@ -10,6 +10,12 @@
 // (parsing: a few ms for the largest code the budget allows; V8 compiles each function on its
 // first call, in time that grows with the code's size and nesting, which the compiler thread caps).
 //
+// Taking turns. The compiler thread is one, and a compile may take up to its budget: compiles
+// wait in one queue per requester (the registration's `source`; the host's local tools are one
+// more), and the requesters take turns, one job each, so a plugin that sends a hundred costly
+// schemas at once delays another's registration by at most one compile, not by a hundred
+// (src/main/dispatch/compiler-thread.ts; docs/architecture.md "Argument validation").
+//
 // Per call. Each check runs under a deadline, `limits.maxValidationMs` (src/shared/validation-cost.ts):
 // the instrumented code charges its functions and loops, the helpers below charge their work.
 //
@@ -24,20 +30,19 @@
 import { createHash } from 'node:crypto'
 import { createRequire } from 'node:module'
 import { compileFunction } from 'node:vm'
-import { Worker } from 'node:worker_threads'
 import type { ErrorObject } from 'ajv'
 import {
   freeRegExp, re2Engine, SCHEMA_FORMATS, schemaDialect, STANDALONE_FORMATS_MODULE,
   STANDALONE_REGEXP_MODULE, validationJson, type Re2Handle
 } from '../../shared/json-schema.js'
 import {
-  BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget
+  BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget, ValidationTooCostly
 } from '../../shared/validation-cost.js'
+import { chargeCheck, CheckTime, overdrawnForMs, threadOverdrawn } from './check-time.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
-import type { CompileJob, CompileReply, CompilerNotice } from '../../workers/schema-compiler.js'
-import { workerModule, type WorkerModule } from './worker-module.js'
-import { errorText, noop } from '../../shared/util.js'
+import { SchemaCompiler, type CompileOutcome, type QueuedJob } from './compiler-thread.js'
+import { errorText } from '../../shared/util.js'
 
 /** The compile and check budgets (the `limits` options of the same names). */
 export interface SchemaBudgets {
@@ -56,16 +61,10 @@ export const DEFAULT_SCHEMA_BUDGETS: Readonly<SchemaBudgets> = Object.freeze({
   maxValidationMs: 50
 })
 
-/**
- * How long the compiler thread may take to start a job it was sent (warming the job's dialect or
- * RE2 first, ~50–65 ms of CPU each, once per thread): past it the thread is taken as stuck and
- * replaced. Not a plugin's budget, which runs from the start of the compile.
- */
-const START_BOUND_MS = 10_000
-/** Heap of the compiler thread: a schema that needs more is refused, the process is unharmed. */
-const COMPILER_HEAP_MB = 256
 /** Refusals remembered (by schema hash), so a hostile schema sent again costs no compile. */
 const MAX_REMEMBERED_REFUSALS = 256
+/** The requester of the host's local tools; a plugin's is `s` + its source (never equal). */
+const HOST_REQUESTER = 'h'
 /** Schemas up to this many characters of JSON are cached under their own text. */
 const SHORT_KEY_CHARS = 2048
 /** Longest refusal reason passed on to the plugin. */
@@ -76,8 +75,9 @@ const requireFromHere = createRequire(import.meta.url)
 
 /** Per-thread state: the compiler thread and the caches are shared by every Toolport in the process. */
 const validators = new Map<string, WeakRef<ArgumentsValidator>>()
-const compiling = new Map<string, Promise<ArgumentsValidator>>()
-const refusals = new Map<string, { code: string, problem: string }>()
+const compiling = new Map<string, { validator: Promise<ArgumentsValidator>, queued: QueuedJob }>()
+/** Refusals by cache key, least recently sent first; `until` is when one stops being remembered. */
+const refusals = new Map<string, { code: string, problem: string, until: number }>()
 /** RE2 objects the loaded validators have made on this thread (never decreases). */
 let compiledRegExps = 0
 const finalizer = new FinalizationRegistry<{ key: string, regexps: Re2Handle[] }>(({ key, regexps }) => {
@@ -119,14 +119,15 @@ export function compileCount (): number {
  * unknown `$schema`, a schema that is not valid in its dialect or does not compile (a pattern RE2
  * cannot run, a `$ref` that does not resolve), or one over a compile budget. `parameters` is the
  * registry's own copy (`checkedParameters` in src/main/schemas.ts), whose numbers were checked to
- * be finite before it was made.
+ * be finite before it was made. `source` is the registering plugin's: its compiles take turns
+ * with other sources' (leave it out for the host's own tools).
  *
  * @example
- * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets)
+ * const validate = await compileValidator({ type: 'object', required: ['q'] }, budgets, 'plugin:search')
  * validate({}) // "arguments do not match the tool's parameters: (root) must have required property 'q'"
  */
 export async function compileValidator (parameters: Record<string, unknown>,
-  budgets: SchemaBudgets): Promise<ArgumentsValidator> {
+  budgets: SchemaBudgets, source?: string): Promise<ArgumentsValidator> {
   const dialect = schemaDialect(parameters)
   if (!dialect.ok) throw schemaError('unsupported_dialect', dialect.problem)
   // Annotations left out: schemas that differ only in their descriptions compile once.
@@ -135,24 +136,36 @@ export async function compileValidator (parameters: Record<string, unknown>,
   const cached = validators.get(key)?.deref()
   if (cached !== undefined) return cached
   const refused = refusals.get(key)
-  if (refused !== undefined) throw schemaError(refused.code, refused.problem)
+  if (refused !== undefined) {
+    refusals.delete(key)
+    if (refused.until > performance.now()) {
+      refusals.set(key, refused) // the most recently sent is the last forgotten
+      throw schemaError(refused.code, refused.problem)
+    }
+  }
+  const requester = source === undefined ? HOST_REQUESTER : `s${source}`
   let pending = compiling.get(key)
   if (pending === undefined) {
-    pending = build(key, { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes },
-      budgets.maxSchemaCompileMs, budgets.maxValidationMs)
+    const job = { id: 0, schema: text, dialect: dialect.dialect, maxCodeBytes: budgets.maxSchemaCodeBytes }
+    const queued = compiler.compile(job, budgets.maxSchemaCompileMs, requester)
+    const validator = build(key, queued.outcome, budgets.maxValidationMs)
+    pending = { validator, queued }
     compiling.set(key, pending)
-    pending.then(() => compiling.delete(key), () => compiling.delete(key))
+    validator.then(() => compiling.delete(key), () => compiling.delete(key))
+  } else {
+    // The same schema, waiting in another requester's queue: it runs at whichever turn comes first.
+    compiler.join(pending.queued, requester)
   }
-  return await pending
+  return await pending.validator
 }
 
-async function build (key: string, job: CompileJob, budgetMs: number,
+async function build (key: string, outcome: Promise<CompileOutcome>,
   maxValidationMs: number): Promise<ArgumentsValidator> {
-  const reply = await compiler.compile(job, budgetMs)
+  const reply = await outcome
   if (!reply.ok) {
     const problem = reply.problem.length > MAX_PROBLEM_CHARS ? `${reply.problem.slice(0, MAX_PROBLEM_CHARS)}…` : reply.problem
     const code = reply.overBudget ? 'schema_too_costly' : 'invalid_schema'
-    if (reply.remember) remember(key, code, problem)
+    if (reply.rememberMs > 0) remember(key, code, problem, reply.rememberMs)
     throw schemaError(code, problem)
   }
   const regexps: Re2Handle[] = []
@@ -162,29 +175,50 @@ async function build (key: string, job: CompileJob, budgetMs: number,
   } catch (err) {
     for (const re of regexps) freeRegExp(re)
     const problem = `its validator could not be loaded: ${errorText(err)}`.slice(0, MAX_PROBLEM_CHARS)
-    remember(key, 'invalid_schema', problem)
+    remember(key, 'invalid_schema', problem, Infinity)
     throw schemaError('invalid_schema', problem)
   }
-  const validator: ArgumentsValidator = function validateArguments (value: unknown): string {
+  const validator: ArgumentsValidator = function validateArguments (value: unknown, account = UNACCOUNTED): string {
+    // A tool whose checks took more than their share of the thread lately, and every tool while
+    // all checks together did, has its checks cut short: stopped after tens of microseconds of
+    // work (src/main/dispatch/check-time.ts). Otherwise this costs two boolean reads.
+    const toolWaitMs = account.isOverdrawn ? overdrawnForMs(account, maxValidationMs) : 0
+    const isCut = toolWaitMs > 0 || threadOverdrawn(maxValidationMs)
     // The check has a deadline (src/shared/validation-cost.ts): no schema and no argument can
     // hold the main thread for longer.
-    validationBudget.start(maxValidationMs)
+    validationBudget.start(isCut ? 0 : maxValidationMs)
+    let isValid: boolean
     try {
-      if (validate(value)) return ''
+      isValid = validate(value)
     } catch (err) {
       // Past the deadline; or Ajv's deep equality on an object whose own `toString` is not a
       // function; or a pattern that RE2 fails to compile on its first test (see loadStandalone;
       // it compiled the same pattern on the compiler thread): the call is refused, never thrown.
-      return `the arguments could not be checked against the tool's parameters: ${errorText(err)}`
+      account.refused = isCut && err instanceof ValidationTooCostly
+      if (!account.refused) return `${UNCHECKED}${errorText(err)}`
+      if (toolWaitMs === 0) return THREAD_CUT_SHORT
+      return `${UNCHECKED}checking this tool's arguments took more than its share of time lately (${maxValidationMs} ms ` +
+        'a second, limits.maxValidationMs): until that has passed, only arguments it can check at once are checked ' +
+        `(for up to ${Math.ceil(toolWaitMs / 1000)} s more)`
     } finally {
       validationBudget.stop()
+      // Costly checks only (cheap ones read the clock once, at their start, and charge nothing).
+      if (validationBudget.costlyMs !== 0) chargeCheck(account, validationBudget.costlyMs, maxValidationMs)
     }
+    if (isValid) return ''
+    account.refused = false
     return `arguments do not match the tool's parameters: ${describeErrors(validate.errors)}`
   }
   validators.set(key, new WeakRef(validator))
   finalizer.register(validator, { key, regexps })
   return validator
 }
+
+const UNCHECKED = 'the arguments could not be checked against the tool\'s parameters: '
+const THREAD_CUT_SHORT = `${UNCHECKED}argument checks took more than their share of time lately ` +
+  '(limits.maxValidationMs): until that has passed, only arguments that can be checked at once are checked'
+/** The account of checks called without a tool's (direct calls of a validator: tests, the bench). */
+const UNACCOUNTED = new CheckTime()
 
 /**
  * The cache key of a schema: its text with the budgets it was compiled under. A short text is its
@@ -197,8 +231,9 @@ function cacheKey (text: string, budgets: SchemaBudgets): string {
   return `${prefix}sha256:${createHash('sha256').update(text).digest('base64url')}`
 }
 
-function remember (key: string, code: string, problem: string): void {
-  refusals.set(key, { code, problem })
+function remember (key: string, code: string, problem: string, forMs: number): void {
+  refusals.delete(key)
+  refusals.set(key, { code, problem, until: performance.now() + forMs })
   if (refusals.size > MAX_REMEMBERED_REFUSALS) refusals.delete(refusals.keys().next().value as string)
 }
 
@@ -287,153 +322,4 @@ function describeErrors (errors: ErrorObject[] | null | undefined): string {
     5).map((e) => `${e.instancePath === '' ? '(root)' : e.instancePath} ${e.message ?? 'is invalid'}`).join('; ')
 }
 
-/**
- * A reply as the cache sees it: `overBudget` for a schema refused by a budget (time, code size,
- * memory); `remember` is false for refusals that may not recur (time on a busy machine, a thread
- * that failed for another reason).
- */
-type CompileOutcome = { ok: true, code: string } | {
-  ok: false,
-  problem: string,
-  overBudget: boolean,
-  remember: boolean
-}
-
-interface QueuedJob {
-  job: CompileJob
-  budgetMs: number
-  resolve: (outcome: CompileOutcome) => void
-}
-
-/**
- * The compiler thread, started on first use. Jobs run one at a time, in order. The thread is
- * unref'd while idle, so it never keeps a process alive, and is replaced after it is terminated
- * (a job over its time budget) or dies (a job over its heap).
- */
-class SchemaCompiler {
-  #worker: Worker | null = null
-  #ready = false
-  #queue: QueuedJob[] = []
-  #current: QueuedJob | null = null
-  #timer: NodeJS.Timeout | null = null
-  #nextId = 1
-  jobs = 0
-
-  warmUp (): void {
-    if (this.#worker === null) this.#start().unref()
-  }
-
-  compile (job: CompileJob, budgetMs: number): Promise<CompileOutcome> {
-    return new Promise((resolve) => {
-      this.#queue.push({ job: { ...job, id: this.#nextId++ }, budgetMs, resolve })
-      this.#pump()
-    })
-  }
-
-  #pump (): void {
-    if (this.#current !== null || this.#queue.length === 0) return
-    const worker = this.#worker ?? this.#start()
-    worker.ref()
-    if (!this.#ready) return // #onMessage pumps again once the thread has loaded
-    const next = this.#queue.shift() as QueuedJob
-    this.#current = next
-    this.jobs++
-    this.#setTimer(START_BOUND_MS, () => {
-      this.#fail(`the schema compiler thread did not start compiling it in ${START_BOUND_MS} ms`, false, false)
-    })
-    worker.postMessage(next.job)
-  }
-
-  #setTimer (ms: number, onTimeout: () => void): void {
-    if (this.#timer !== null) clearTimeout(this.#timer)
-    this.#timer = setTimeout(onTimeout, ms)
-  }
-
-  #start (): Worker {
-    const module = workerModule('schema-compiler')
-    const worker = new Worker(compilerBootstrap(module), {
-      eval: true,
-      execArgv: module.execArgv,
-      resourceLimits: { maxOldGenerationSizeMb: COMPILER_HEAP_MB },
-      stdout: false,
-      stderr: false
-    })
-    this.#worker = worker
-    this.#ready = false
-    worker.on('message', (message: CompileReply | CompilerNotice) => { this.#onMessage(worker, message) })
-    worker.on('error', (err: Error & { code?: string }) => {
-      if (worker !== this.#worker) return
-      const outOfMemory = err.code === 'ERR_WORKER_OUT_OF_MEMORY'
-      this.#fail(outOfMemory ? `compiling it needs more than ${COMPILER_HEAP_MB} MB of memory` : `the schema compiler thread failed: ${err.message}`,
-        outOfMemory, outOfMemory)
-    })
-    worker.on('exit', () => {
-      if (worker !== this.#worker) return
-      this.#fail('the schema compiler thread stopped', false, false)
-    })
-    return worker
-  }
-
-  #onMessage (worker: Worker, message: CompileReply | CompilerNotice): void {
-    if (worker !== this.#worker) return
-    if ('ready' in message) {
-      this.#ready = true
-      if (this.#queue.length === 0) worker.unref()
-      this.#pump()
-      return
-    }
-    const current = this.#current
-    if ('started' in message) {
-      // The budget is for compiling the schema: it runs from here, not from the send.
-      if (current?.job.id !== message.started) return
-      this.#setTimer(current.budgetMs, () => {
-        this.#fail(`compiling it took longer than the budget of ${current.budgetMs} ms (limits.maxSchemaCompileMs)`,
-          true, false)
-      })
-      return
-    }
-    if (current === null || current.job.id !== message.id) return
-    if (!message.ok && message.broken === true) {
-      // The thread cannot compile another schema with a pattern: answered, and the thread replaced.
-      this.#fail(message.problem, message.overBudget === true, true)
-      return
-    }
-    this.#settle(message.ok
-      ? { ok: true, code: message.code }
-      : { ok: false, problem: message.problem, overBudget: message.overBudget === true, remember: true })
-  }
-
-  /** Answers the running job (or, while the thread was starting, the next one) and replaces the thread. */
-  #fail (problem: string, overBudget: boolean, remember: boolean): void {
-    const worker = this.#worker
-    this.#worker = null
-    this.#ready = false
-    if (worker !== null) worker.terminate().catch(noop)
-    const failed = this.#current ?? this.#queue.shift() ?? null
-    this.#current = null
-    if (failed !== null) this.#settle({ ok: false, problem, overBudget, remember }, failed)
-    else this.#pump()
-  }
-
-  #settle (outcome: CompileOutcome, job: QueuedJob | null = this.#current): void {
-    if (this.#timer !== null) clearTimeout(this.#timer)
-    this.#timer = null
-    this.#current = null
-    job?.resolve(outcome)
-    if (this.#queue.length === 0) this.#worker?.unref()
-    this.#pump()
-  }
-}
-
 const compiler = new SchemaCompiler()
-
-/**
- * The compiler thread's entry: imports the compiler module. Under a TypeScript loader (tsx, in
- * tests and the bench) the module may be a .ts file (see worker-module.ts), and a worker thread
- * does not reliably get the loader's hooks from `--import`, so the entry then registers tsx's hooks
- * in the thread first. (Exported for the compiler thread's contract test.)
- */
-export function compilerBootstrap (module: WorkerModule): string {
-  const register = module.typescript ? `(await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))})).register();` : ''
-  return `(async () => { ${register} await import(${JSON.stringify(module.url)}) })().catch((err) => { throw err })`
-}

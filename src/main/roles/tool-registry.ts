@@ -5,6 +5,7 @@
 // lists. Entries are immutable and shared by every role a registration reaches, so a fan-out to
 // 100 roles builds one entry, not 100.
 import type { JsonSchemaObject } from '../schemas.js'
+import { CheckTime } from '../dispatch/check-time.js'
 import { deepFreeze } from '../../shared/util.js'
 
 /** What a model session is given for each tool (`ModelSession.syncTools`). */
@@ -54,8 +55,12 @@ export interface ToolEntryInit {
 
 /** An argument validator compiled from a tool's `parameters` (see dispatch/arguments.ts). */
 export interface ArgumentsValidator {
-  /** Returns '' when the arguments are valid, else a message the model can act on. */
-  (args: unknown): string
+  /**
+   * Returns '' when the arguments are valid, else a message the model can act on. A check that
+   * takes long is charged to `account` (the tool's; see dispatch/check-time.ts); while it is
+   * overdrawn, the tool's checks are cut short (a refusal so made sets `account.refused`).
+   */
+  (args: unknown, account?: CheckTime): string
 }
 
 /** One registered tool. Fixed shape: every field is set in the constructor. */
@@ -80,6 +85,11 @@ export class ToolEntry {
   readonly listing: ToolListing
   /** Compiled at registration; shared by every entry with the same schema. */
   readonly validator: ArgumentsValidator
+  /**
+   * The main thread's time this tool's argument checks took lately (dispatch/check-time.ts): the
+   * one mutable part of an entry, its own, not shared with other entries of the same schema.
+   */
+  readonly checkTime: CheckTime
 
   constructor (init: ToolEntryInit) {
     this.name = init.name
@@ -105,6 +115,7 @@ export class ToolEntry {
       is_remote: this.isRemote
     })
     this.validator = init.validator
+    this.checkTime = new CheckTime()
   }
 }
 
