@@ -104,3 +104,13 @@ test('R18: the list is the same answer whether written at once, measured first, 
   const one = await request(`${url}/api/tools?role=B`)
   assert.deepEqual(await one.body.json(), JSON.parse(JSON.stringify(tp.list('B'))))
 })
+
+test('GET /api/console/state longer than the longest V8 string is streamed whole with an exact Content-Length, not a 500', async (t) => {
+  const { url } = await hugeRegistry(t)
+  const answer = await readAnswer(`${url}/api/console/state`)
+  assert.equal(answer.statusCode, 200)
+  assert.ok(answer.bytes > constants.MAX_STRING_LENGTH)
+  assert.equal(answer.contentLength, answer.bytes)
+  assert.match(answer.head, /^\{"roles":\[\{"name":"role_0","sessions":0,"last_sync":null,"tools":\[\{"name":"big","description":"\\u0001/)
+  assert.match(answer.tail, /"evictions":\[\],"calls":\[\]\}$/)
+})
