@@ -1,7 +1,7 @@
 // The body of `GET /api/tools` (docs/protocol.md R18): bytes when small, cached per registry
 // revision, streamed when large (streamed-json.ts: one JSON string of every role's tools can be
 // longer than V8 allows, and writing one blocks the main thread for seconds).
-import type { ListResult, Runtime } from '../runtime.js'
+import type { ListFilter, ListResult, Runtime } from '../runtime.js'
 import { streamedJson, type JsonPart, type StreamedJson } from './streamed-json.js'
 
 /**
@@ -24,9 +24,15 @@ export class ListAnswers {
     this.#runtime = runtime
   }
 
-  /** The answer for `role` (every role when undefined): its bytes, or a body to stream. */
-  async answer (role: string | undefined): Promise<Buffer | StreamedJson> {
+  /**
+   * The answer for `role` (every role when undefined) and `filter`: its bytes, or a body to
+   * stream. Filtered answers (a plugin's own tools, each time other names) are not cached.
+   */
+  async answer (role: string | undefined, filter: ListFilter): Promise<Buffer | StreamedJson> {
     const runtime = this.#runtime
+    if (filter.source !== undefined || filter.names !== undefined) {
+      return await listBody(runtime.list(role, filter))
+    }
     const roles = role === undefined ? runtime.roles.list() : [runtime.roles.get(role)]
     let key = ''
     for (const r of roles) key += `${r.serial}:${r.registry.revision},`
@@ -34,16 +40,8 @@ export class ListAnswers {
     const cached = this.#cache.get(slot)
     if (cached !== undefined && cached.key === key) return cached.body
     // Listed with the key, before any await: the body is the snapshot the key names.
-    const listed = runtime.list(role)
-    let body: Buffer
-    if (fitsAtMost(listed, BUFFERED_LIST_BYTES)) {
-      // Small for sure: one JSON.stringify, without measuring first.
-      body = Buffer.from(JSON.stringify(listed))
-    } else {
-      const streamed = await streamedJson(listParts(listed))
-      if (streamed.bytes > BUFFERED_LIST_BYTES) return streamed
-      body = streamed.toBuffer()
-    }
+    const body = await listBody(runtime.list(role))
+    if (!Buffer.isBuffer(body)) return body
     // Bounded: one entry for the whole list and one per role asked for, LIST_CACHE_BYTES in all.
     if (this.#cache.size > runtime.roles.size + 1 || this.#cacheBytes + body.length > LIST_CACHE_BYTES) {
       this.#cache.clear()
@@ -53,6 +51,14 @@ export class ListAnswers {
     this.#cache.set(slot, { key, body })
     return body
   }
+}
+
+/** `result` as bytes when at most BUFFERED_LIST_BYTES, else as a body to stream. */
+async function listBody (result: ListResult): Promise<Buffer | StreamedJson> {
+  // Small for sure: one JSON.stringify, without measuring first.
+  if (fitsAtMost(result, BUFFERED_LIST_BYTES)) return Buffer.from(JSON.stringify(result))
+  const streamed = await streamedJson(listParts(result))
+  return streamed.bytes > BUFFERED_LIST_BYTES ? streamed : streamed.toBuffer()
 }
 
 /** `{ok: true, tools_by_role: {…}}` as parts: each role's rows are items, written one at a time. */

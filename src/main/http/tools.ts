@@ -31,7 +31,7 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
   app.get('/api/tools', { schema: ROUTE_SCHEMAS.list }, async function listRoute (request: FastifyRequest,
     reply: FastifyReply) {
     const query = parseOrThrow(listQuerySchema, request.query ?? {})
-    const answer = await listAnswers.answer(query.role)
+    const answer = await listAnswers.answer(query.role, query)
     reply.type('application/json; charset=utf-8')
     if (Buffer.isBuffer(answer)) return await reply.send(answer)
     return await reply.header('content-length', answer.bytes).send(answer.stream())
