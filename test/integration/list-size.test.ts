@@ -7,6 +7,7 @@ import assert from 'node:assert/strict'
 import { constants } from 'node:buffer'
 import { request } from 'undici'
 import type { Toolport } from '../../src/main/index.js'
+import { streamedJson } from '../../src/main/http/streamed-json.js'
 import { startToolport } from '../helpers.js'
 
 /** The longest description the limits allow here, of U+0001: six characters each in JSON. */
@@ -113,4 +114,18 @@ test('GET /api/console/state longer than the longest V8 string is streamed whole
   assert.equal(answer.contentLength, answer.bytes)
   assert.match(answer.head, /^\{"roles":\[\{"name":"role_0","sessions":0,"last_sync":null,"tools":\[\{"name":"big","description":"\\u0001/)
   assert.match(answer.tail, /"evictions":\[\],"calls":\[\]\}$/)
+})
+
+test('a streamed answer lets the event loop run while a reader takes it as fast as it is written', async () => {
+  // 2 000 rows of ~16 KiB: 32 MB. A reader that never waits (for await, as a socket that always
+  // takes the bytes) must not keep other work (a timer, another request) waiting until the end.
+  const row = { name: 'x', description: 'd'.repeat(16 * 1024) }
+  const body = await streamedJson(['[', Object.freeze(Array.from({ length: 2000 }, () => row)), ']'])
+  let read = 0
+  let readWhenTheLoopRan = -1
+  setImmediate(() => { readWhenTheLoopRan = read })
+  for await (const chunk of body.stream()) read += (chunk as Buffer).length
+  assert.equal(read, body.bytes)
+  assert.ok(readWhenTheLoopRan >= 0 && readWhenTheLoopRan < body.bytes / 4,
+    `the event loop ran after ${readWhenTheLoopRan} of ${body.bytes} bytes`)
 })
