@@ -272,3 +272,30 @@ async def test_a_takeover_that_ended_is_forgotten_and_warned_about_again_when_it
         await until(lambda: lists >= len(answers) + 1, "three checks")
     warnings = [r.getMessage() for r in caplog.records if "now belongs to" in r.getMessage()]
     assert warnings == ["'probe' in role 'default' now belongs to source 'plugin:other'; leaving it alone"] * 2, warnings
+
+
+async def test_a_check_asks_for_the_plugins_own_names_only_in_queries_of_at_most_4096_characters(fake: Fake) -> None:
+    """docs/protocol.md R18: the check lists ``?name=…`` of its own tools, never every tool; many
+    names go in several requests, each name once (names with ``&``, ``=``, ``+``, ``%`` and
+    non-ASCII arrive as they are)."""
+    queries: list[tuple[str, list[str]]] = []
+
+    async def listing(request: web.Request) -> web.StreamResponse:
+        queries.append((request.query_string, request.query.getall("name", [])))
+        return web.json_response({"ok": True, "tools_by_role": {"default": []}})
+
+    fake.routes["api/tools"] = listing
+    plugin = Plugin("many", toolport_url=fake.url, role="default", poll_interval=0.05, start_timeout=0,
+                    use_events=False)
+    names = [f"t{i}_a&b=c+d%e_名前".ljust(64, "€") for i in range(150)]
+    for name in names:
+        plugin.tool(lambda: "x", name=name)
+    # One check's requests: names of 64 characters, most of them 9 once percent-encoded.
+    per_check = len(_client.name_queries(names))
+    assert per_check > 10
+    async with plugin:
+        await until(lambda: len(queries) >= per_check, "a check's requests")
+    asked = [name for _, got in queries[:per_check] for name in got]
+    assert asked == names
+    assert all(len(query) <= 4096 for query, _ in queries), [len(q) for q, _ in queries]
+    assert all("role=default" in query for query, _ in queries)

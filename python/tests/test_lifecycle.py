@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -386,3 +387,39 @@ async def test_a_start_that_could_not_connect_sends_no_clear_and_warns_of_none(c
     # The plugin's own log: asyncio may report another test's garbage here meanwhile.
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("toolport_plugin")]
     assert warned == []
+
+
+async def test_other_sources_tools_past_the_answer_cap_do_not_keep_a_removed_tool_from_coming_back(
+        tmp_path: os.PathLike[str]) -> None:
+    """docs/protocol.md R18: a check lists only the plugin's own names, so another source's 66 MiB
+    of descriptions (past the SDK's 64 MiB cap for one answer) cannot make every check fail."""
+    config = os.path.join(tmp_path, "config.json")
+    with open(config, "w") as f:
+        json.dump({"limits": {"maxDescriptionChars": 1024 * 1024, "maxBodyBytes": 8 * 1024 * 1024}}, f)
+    tp = await asyncio.to_thread(start_toolport, ["default"], ["--config", config])
+    try:
+        async with aiohttp.ClientSession() as session:
+            api = Api(session, tp)
+            # 11 tools of 1 MiB descriptions of U+0001 (six characters each in JSON): 66 MiB.
+            for i in range(11):
+                status, body = await api.post("/api/tools/register", {
+                    "name": f"big_{i}", "description": "\u0001" * (1024 * 1024),
+                    "callback_url": "http://127.0.0.1:9/big", "source": "plugin:big"})
+                assert status == 200, body
+
+            async def has_echo() -> bool:
+                status, body = await api.get("/api/tools?role=default&name=_echo")
+                return status == 200 and [t["name"] for t in body["tools_by_role"]["default"]] == ["_echo"]
+
+            plugin = new_plugin(api, role="default", use_events=False, poll_interval=0.05)
+            plugin.tool(_echo)
+            failures: list[PluginError] = []
+            plugin.on("error", failures.append)
+            async with plugin:
+                status, body = await api.post("/api/tools/unregister", {"name": "_echo"})
+                assert (status, body["removed"]) == (200, True)
+                await api.wait_for(has_echo, timeout=10, what="_echo registered again")
+                assert (await api.call("_echo", {"text": "back"}))["output"] == "back"
+            assert failures == []
+    finally:
+        await asyncio.to_thread(tp.stop)

@@ -4,8 +4,8 @@ export { createToolport, Toolport } from './toolport.js'
 export type { ListenOptions, ListenResult } from './toolport.js'
 export { Runtime } from './runtime.js'
 export type {
-  RegisterResult, UnregisterResult, ClearResult, ListResult, FailedRole, RefusedRole, ToolCall, CallToolOptions,
-  MutationOptions, HealthReport
+  RegisterResult, UnregisterResult, ClearResult, ListResult, ListFilter, FailedRole, RefusedRole, ToolCall,
+  CallToolOptions, MutationOptions, HealthReport
 } from './runtime.js'
 export { toolportPlugin } from './http/app.js'
 export type { ToolportPluginOptions } from './http/app.js'

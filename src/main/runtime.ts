@@ -46,6 +46,14 @@ export interface ListResult {
   tools_by_role: Record<string, readonly ToolListing[]>
 }
 
+/** Which tools `list` answers (`GET /api/tools?source=…&name=…`); both given: tools matching both. */
+export interface ListFilter {
+  /** Only the tools of this source. */
+  source?: string | null | undefined
+  /** Only the tools of these names. */
+  names?: readonly string[] | null | undefined
+}
+
 /** A model's tool call (`raw_arguments` wins over `arguments`: docs/protocol.md R9). */
 export interface ToolCall {
   name: string
@@ -380,14 +388,18 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     return { ok: failed.length === 0 || removed > 0, removed, affected_roles: affected, failed_roles: failed }
   }
 
-  /** Lists the tools of every current role, or of one (docs/protocol.md R18), in registration order. */
-  list (role?: string | null): ListResult {
+  /**
+   * Lists the tools of every current role, or of one (docs/protocol.md R18), in registration order;
+   * with a `filter`, only the tools of its `source` and of its `names` (every role is still listed).
+   */
+  list (role?: string | null, filter?: ListFilter): ListResult {
+    const roles = role !== undefined && role !== null ? [this.roles.get(role)] : this.roles.list()
+    const source = filter?.source ?? undefined
+    const given = filter?.names ?? undefined
+    const names = given === undefined ? undefined : new Set(given)
     const toolsByRole: Record<string, readonly ToolListing[]> = Object.create(null)
-    if (role !== undefined && role !== null) {
-      toolsByRole[role] = this.roles.get(role).tools()
-    } else {
-      for (const r of this.roles.list()) toolsByRole[r.name] = r.tools()
-    }
+    const isFiltered = source !== undefined || names !== undefined
+    for (const r of roles) toolsByRole[r.name] = isFiltered ? r.registry.filteredListing(source, names) : r.tools()
     return { ok: true, tools_by_role: toolsByRole }
   }
 

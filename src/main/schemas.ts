@@ -100,10 +100,20 @@ export const clearSchema = z.object({
 export type ClearInput = z.input<typeof clearSchema>
 export type ClearRequest = z.output<typeof clearSchema>
 
-/** GET /api/tools?role= (docs/protocol.md R18). */
+/**
+ * GET /api/tools?role=&source=&name= (docs/protocol.md R18). `name` may be repeated; the query
+ * parser gives one value as a string and several as an array, and `names` is always an array.
+ */
 export const listQuerySchema = z.object({
-  role: z.string().min(1).optional()
-})
+  role: z.string().min(1).optional().describe('one role; every current role when absent'),
+  source: sourceField.optional().describe('only the tools of this source'),
+  name: z.union([toolName, z.array(toolName)]).optional()
+    .describe('only the tools of this name; repeat it for several (?name=a&name=b)')
+}).transform(({ role, source, name }) => ({
+  role,
+  source,
+  names: name === undefined ? undefined : typeof name === 'string' ? [name] : name
+}))
 
 /** POST /api/tools/call: a model's tool call, for hosts and tests that drive calls over HTTP. */
 export const callSchema = z.object({

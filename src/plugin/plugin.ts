@@ -3,10 +3,10 @@
 // Registrations are runtime-only (docs/protocol.md R3) and a plugin's tools also vanish when Toolport evicts
 // its origin (R13) or someone unregisters them (R15). Toolport's event stream (`GET /api/events`,
 // see event-watch.ts) says so at once, and the plugin then checks right away. As the fallback it
-// also polls: one check of `GET /api/tools` at a time, every `pollIntervalMs` (jittered, so many
-// plugins restarted together do not poll in step), backing off exponentially (with jitter) while
-// Toolport is down. Whatever of ours is missing is registered again. The poll timer is unref'd:
-// it never keeps a process alive on its own.
+// also polls: one check of `GET /api/tools?name=…` (our names only) at a time, every
+// `pollIntervalMs` (jittered, so many plugins restarted together do not poll in step), backing off
+// exponentially (with jitter) while Toolport is down. Whatever of ours is missing is registered
+// again. The poll timer is unref'd: it never keeps a process alive on its own.
 //
 // State machine: idle → starting → running → stopping → stopped (start failure: starting →
 // stopped). Only one check or start attempt talks to Toolport at a time, and `stop()` waits for it
@@ -326,7 +326,9 @@ export class Plugin extends EventEmitter<PluginEvents> {
    * start a tug of war with whoever replaced it (docs/protocol.md R5 lets anyone replace a name).
    */
   async #checkRegistrations (): Promise<void> {
-    const listed = await this.#client.list(this.role, this.#stopController.signal)
+    // Only our names: the answer holds our rows (or whoever took a name over), never other plugins'.
+    const ours = [...this.#options.tools.values()].map((tool) => tool.name)
+    const listed = await this.#client.list(this.role, ours, this.#stopController.signal)
     if (this.#state !== 'running') return
     const missing = new Map<ResolvedTool, string[]>()
     const conflicts = new Set<string>()

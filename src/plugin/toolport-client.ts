@@ -46,9 +46,13 @@ export interface ToolportClientOptions {
   requestTimeoutMs: number
 }
 
-// A list of every role's tools can be large, but not this large; past it the answer is refused
-// rather than buffered without bound.
+// An answer can be large (a list holds our tools' rows in every role), but not this large; past it
+// the answer is refused rather than buffered without bound.
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+// The `name=…` query of one list request stays under this many characters: far below Node's 16 KiB
+// limit on a request's headers (the request line included) with ours beside it.
+const MAX_LIST_QUERY_CHARS = 4096
 
 /** Toolport's answer went past `MAX_ANSWER_BYTES`: it answered, but not with anything usable. */
 class AnswerTooLarge extends Error {
@@ -142,10 +146,34 @@ export class ToolportClient {
     return typeof answer.removed === 'number' ? answer.removed : 0
   }
 
-  /** `GET /api/tools` (docs/protocol.md R18): every current role's tools, or one role's. */
-  async list (role: string | null, signal?: AbortSignal): Promise<Map<string, ListedTool[]>> {
-    const path = role === null ? 'api/tools' : `api/tools?role=${encodeURIComponent(role)}`
-    const answer = await this.#request('GET', path, undefined, signal) as { tools_by_role?: unknown }
+  /**
+   * `GET /api/tools?name=…` (docs/protocol.md R18): the rows of `names` in every current role, or in
+   * one, whatever their source (a name another source took over must be seen as taken, not as
+   * missing). Only those names are asked for, so the answer does not grow with other plugins'
+   * registrations. Names too many for one query are asked for in several requests; a role is kept
+   * only when every answer lists it (one added or removed meanwhile is left to the next check).
+   */
+  async list (role: string | null, names: readonly string[],
+    signal?: AbortSignal): Promise<Map<string, ListedTool[]>> {
+    const roleQuery = role === null ? '' : `role=${encodeURIComponent(role)}&`
+    let byRole: Map<string, ListedTool[]> | null = null
+    for (const nameQuery of nameQueries(names)) {
+      const answer = await this.#listOnce(`${roleQuery}${nameQuery}`, signal)
+      if (byRole === null) {
+        byRole = answer
+        continue
+      }
+      for (const [name, rows] of byRole) {
+        const more = answer.get(name)
+        if (more === undefined) byRole.delete(name)
+        else rows.push(...more)
+      }
+    }
+    return byRole ?? new Map()
+  }
+
+  async #listOnce (query: string, signal: AbortSignal | undefined): Promise<Map<string, ListedTool[]>> {
+    const answer = await this.#request('GET', 'api/tools', undefined, signal, query) as { tools_by_role?: unknown }
     const byRole = new Map<string, ListedTool[]>()
     const raw = answer.tools_by_role
     if (!isPlainObject(raw)) {
@@ -174,9 +202,10 @@ export class ToolportClient {
     await this.#pool.close()
   }
 
+  /** `query` goes into the URL only: messages name the route, not a list of tool names. */
   async #request (method: 'GET' | 'POST', relative: string, body?: unknown,
-    signal?: AbortSignal): Promise<Record<string, unknown>> {
-    const url = new URL(relative, this.#base)
+    signal?: AbortSignal, query = ''): Promise<Record<string, unknown>> {
+    const url = new URL(query === '' ? relative : `${relative}?${query}`, this.#base)
     // One controller per request, tied to the caller's signal by a listener removed when the
     // request ends: `AbortSignal.any([signal, timeout])` would register every request as a
     // dependant of the plugin's long-lived stop signal, which Node 20 never forgets.
@@ -250,6 +279,22 @@ export class ToolportClient {
     }
     return answer
   }
+}
+
+/** `names` as `name=…&name=…` queries of at most MAX_LIST_QUERY_CHARS characters each (one name at least). */
+export function nameQueries (names: readonly string[]): string[] {
+  const queries: string[] = []
+  let query = ''
+  for (const name of names) {
+    const param = `name=${encodeURIComponent(name)}`
+    if (query !== '' && query.length + 1 + param.length > MAX_LIST_QUERY_CHARS) {
+      queries.push(query)
+      query = ''
+    }
+    query += query === '' ? param : `&${param}`
+  }
+  if (query !== '') queries.push(query)
+  return queries
 }
 
 async function readCapped (body: AsyncIterable<Buffer> & { destroy: (err?: Error) => unknown },

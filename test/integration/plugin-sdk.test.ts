@@ -894,3 +894,59 @@ test('a zod union of object schemas (z.discriminatedUnion, z.union) is a tool\'s
   const openai = toolDefinitions(tp.tp.roles.get('A'), 'openai-chat').find((d) => d.function.name === 'area')
   assert.equal((openai?.function.parameters as { type?: unknown }).type, 'object')
 })
+
+/** `registeredAgain(plugin, names)`, or the plugin's first background error, whichever comes first. */
+async function registeredAgainOrError (plugin: Plugin, names: string[]): Promise<RegisteredEvent[]> {
+  const stopWatching = new AbortController()
+  const failed = once(plugin, 'error', { signal: stopWatching.signal }).then(
+    ([err]) => { throw err instanceof Error ? err : new Error(String(err)) },
+    async () => await new Promise<never>(() => {}))
+  try {
+    return await Promise.race([registeredAgain(plugin, names), failed])
+  } finally {
+    stopWatching.abort()
+  }
+}
+
+test('R18: a check reads only the plugin\'s own names, so other sources\' tools past its 64 MiB answer cap do not keep a removed tool from coming back', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'], limits: { maxDescriptionChars: 1024 * 1024 } })
+  // 11 tools of 1 MiB descriptions of U+0001 (six characters each in JSON): 66 MiB in role A.
+  for (let i = 0; i < 11; i++) {
+    const result = await tp.tp.register({
+      name: `big_${i}`,
+      description: '\u0001'.repeat(1024 * 1024),
+      callback_url: 'http://127.0.0.1:9/big',
+      source: 'plugin:big',
+      role: 'A'
+    })
+    assert.equal(result.ok, true)
+  }
+  const plugin = quietPlugin(t, tp, {
+    source: 'plugin:weather',
+    pollIntervalMs: 50,
+    tools: { get_weather: { handler: () => 'sunny' } }
+  })
+  await plugin.start()
+  const back = registeredAgainOrError(plugin, ['get_weather'])
+  assert.equal((await tp.tp.unregister({ name: 'get_weather' })).removed, true)
+  const [event] = await back
+  assert.equal(event?.reason, 'restored')
+  assert.equal((await tp.tp.callTool('A', { name: 'get_weather' })).output, 'sunny')
+})
+
+test('R18: a plugin with more names than one list request holds checks them all, over several requests', async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  const tools: Record<string, { handler: () => string }> = {}
+  // 64-character names: about 60 fit in one request's query.
+  const names = Array.from({ length: 150 }, (_, i) => `tool_${String(i).padStart(3, '0')}_`.padEnd(64, 'x'))
+  for (const name of names) tools[name] = { handler: () => name }
+  const plugin = quietPlugin(t, tp, { source: 'plugin:many', pollIntervalMs: 50, tools })
+  await plugin.start()
+  // One name from each request's share, and the last.
+  const removed = [names[0]!, names[70]!, names[149]!]
+  const back = registeredAgainOrError(plugin, removed)
+  for (const name of removed) assert.equal((await tp.tp.unregister({ name })).removed, true)
+  await back
+  const listed = tp.tp.list('A').tools_by_role.A ?? []
+  assert.deepEqual(listed.map((row) => row.name).sort(), [...names].sort())
+})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
@@ -20,8 +20,12 @@ import aiohttp
 from ._json import encode
 from .errors import OPTIONS, REFUSED, UNREACHABLE, PluginError
 
-# A list of every role's tools can be large, but not this large; past it the answer is refused.
+# An answer can be large (a list holds our tools' rows in every role), but not this large; past it
+# the answer is refused.
 _MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# The ``name=…`` query of one list request stays under this many characters: far below Toolport's
+# (Node's) 16 KiB limit on a request's headers, the request line included.
+_MAX_LIST_QUERY_CHARS = 4096
 # One SSE line longer than this is not a Toolport event.
 _MAX_EVENT_LINE_BYTES = 1024 * 1024
 # Nor is one event whose data lines add up to more: Toolport drops a subscriber that leaves more
@@ -105,10 +109,30 @@ class ToolportClient:
         removed = answer.get("removed")
         return removed if isinstance(removed, int) and not isinstance(removed, bool) else 0
 
-    async def list(self, role: str | None) -> dict[str, list[dict[str, Any]]]:
-        """``GET /api/tools``: every current role's tools (or one role's), by role."""
-        path = "api/tools" if role is None else f"api/tools?role={quote(role, safe='')}"
-        answer = await self._request("GET", path)
+    async def list(self, role: str | None, names: Iterable[str]) -> dict[str, builtins.list[dict[str, Any]]]:
+        """``GET /api/tools?name=…``: the rows of ``names`` in every current role (or in one), by
+        role, whatever their source (a name another source took over must be seen as taken, not as
+        missing). Only those names are asked for, so the answer does not grow with other plugins'
+        registrations. Names too many for one query are asked for in several requests; a role is
+        kept only when every answer lists it (one added or removed meanwhile is left to the next
+        check)."""
+        role_query = "" if role is None else f"role={quote(role, safe='')}&"
+        by_role: dict[str, builtins.list[dict[str, Any]]] | None = None
+        for name_query in name_queries(names):
+            answer = await self._list_once(role_query + name_query)
+            if by_role is None:
+                by_role = answer
+                continue
+            for role_name in builtins.list(by_role):
+                more = answer.get(role_name)
+                if more is None:
+                    del by_role[role_name]
+                else:
+                    by_role[role_name].extend(more)
+        return by_role or {}
+
+    async def _list_once(self, query: str) -> dict[str, builtins.list[dict[str, Any]]]:
+        answer = await self._request("GET", "api/tools", query=query)
         by_role = answer.get("tools_by_role")
         if not isinstance(by_role, dict):
             raise PluginError(REFUSED, "Toolport listed no tools_by_role: is this a Toolport API?")
@@ -119,9 +143,10 @@ class ToolportClient:
         """``GET /api/health``; a 503 (not ready) is an error like any other 5xx."""
         return await self._request("GET", "api/health")
 
-    async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: Any = None, *, query: str = "") -> dict[str, Any]:
+        """``query`` goes into the URL only: messages name the route, not a list of tool names."""
         session = self._open()
-        url = self.base_url + path
+        url = self.base_url + path + (f"?{query}" if query else "")
         timeout = aiohttp.ClientTimeout(total=self._timeout)
         try:
             # Strict JSON (no NaN, which Toolport would refuse as a body that is not JSON), of any
@@ -194,6 +219,22 @@ class ToolportClient:
             yield _read_events(res)
         finally:
             res.close()
+
+
+def name_queries(names: Iterable[str]) -> builtins.list[str]:
+    """``names`` as ``name=…&name=…`` queries of at most ``_MAX_LIST_QUERY_CHARS`` characters each
+    (one name at least)."""
+    queries: builtins.list[str] = []
+    query = ""
+    for name in names:
+        param = "name=" + quote(name, safe="")
+        if query and len(query) + 1 + len(param) > _MAX_LIST_QUERY_CHARS:
+            queries.append(query)
+            query = ""
+        query = f"{query}&{param}" if query else param
+    if query:
+        queries.append(query)
+    return queries
 
 
 async def _read_body(res: aiohttp.ClientResponse, what: str) -> bytes:

@@ -660,7 +660,8 @@ class Plugin:
         """One check: list the tools, register again whatever of ours a role lacks. A name held
         by another source or at another URL is left alone (warned about once): re-registering
         would start a tug of war with whoever replaced it (R5 lets anyone replace a name)."""
-        listed = await self._client.list(self.role)
+        # Only our names: the answer holds our rows (or whoever took a name over), never other plugins'.
+        listed = await self._client.list(self.role, self._tools.keys())
         missing: dict[str, list[str]] = {}
         seen: set[tuple[str, str, str, str]] = set()
         for role_name, rows in listed.items():

@@ -7,9 +7,10 @@ import { z } from 'zod'
 import type { Runtime } from '../runtime.js'
 import { ClosedError, StreamFullError, validationError } from '../errors.js'
 import { parseOrThrow } from '../schemas.js'
-import { observerOf } from '../observe/observer.js'
+import { observerOf, type ConsoleState } from '../observe/observer.js'
 import { STREAM_EVENT_TYPES, type EventFilter } from '../observe/event-hub.js'
 import { ERROR_BODY_JSON_SCHEMA as errorBody, errors, jsonSchema, textBody } from './openapi.js'
+import { streamedJson, type JsonPart } from './streamed-json.js'
 
 const eventsQuerySchema = z.object({
   /** Only events that concern this role (`hello` always comes). */
@@ -98,8 +99,11 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
 
   app.get('/api/console/state', {
     schema: { summary: 'The console\'s view of the registry: roles, tools, sessions, last syncs, origins, evictions, recent calls', tags: ['operations'], hide: true }
-  }, function consoleStateRoute () {
-    return observer.state()
+  }, async function consoleStateRoute (_request: FastifyRequest, reply: FastifyReply) {
+    // Streamed (streamed-json.ts): every tool's description is in it, so one JSON string of it
+    // can be longer than V8 allows, as the list's.
+    const body = await streamedJson(consoleStateParts(observer.state()))
+    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes).send(body.stream())
   })
 
   app.get('/api/console/stats', {
@@ -111,6 +115,21 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
   }, function consoleStatsRoute () {
     return observer.liveStats()
   })
+}
+
+/** The console state as parts: each role's tools are items, written one at a time. */
+function consoleStateParts (state: ConsoleState): JsonPart[] {
+  const { roles, ...rest } = state
+  const parts: JsonPart[] = ['{"roles":[']
+  let comma = ''
+  for (const { tools, ...role } of roles) {
+    // `{"name":…,"last_sync":…` and then the tools: the object has keys, so it ends in `}`.
+    parts.push(`${comma}${JSON.stringify(role).slice(0, -1)},"tools":[`, tools, ']}')
+    comma = ','
+  }
+  // The other members: `"instance_id":…}`.
+  parts.push(`],${JSON.stringify(rest).slice(1)}`)
+  return parts
 }
 
 /** The `types` filter as a set, or null for every type; an unknown type is a 422 naming it. */

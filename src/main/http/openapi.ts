@@ -128,7 +128,7 @@ export const ROUTE_SCHEMAS: Record<string, FastifySchema> = {
     response: { 200: jsonSchema(clearResultSchema, 'output'), ...errors(...BODY_ERRORS) }
   },
   list: {
-    summary: 'List the tools of every current role, or of one (docs/protocol.md R18)',
+    summary: 'List the tools of every current role, or of one; source= and name= keep only those (docs/protocol.md R18)',
     tags: ['tools'],
     querystring: jsonSchema(listQuerySchema, 'input'),
     response: { 200: jsonSchema(listResultSchema, 'output'), ...errors(404, 422) }

@@ -2,6 +2,8 @@
 // keep (each role's last sync, recent evictions, recent calls). One Observer per runtime, made
 // when its HTTP routes are first registered, fed by the runtime's events; every store is bounded.
 import type { Runtime } from '../runtime.js'
+import type { Role } from '../roles/role.js'
+import type { ToolEntry } from '../roles/tool-registry.js'
 import { CallStats, type StatsSnapshot } from './call-stats.js'
 import { EventHub } from './event-hub.js'
 import { kOnClose, kOriginFailures } from '../symbols.js'
@@ -57,7 +59,8 @@ export interface ConsoleState {
   version: string
   uptime_seconds: number
   token_mode: boolean
-  roles: Array<{ name: string, sessions: number, last_sync: LastSync | null, tools: ConsoleTool[] }>
+  /** Each role's `tools` is frozen and shared by the reads of one registry revision. */
+  roles: Array<{ name: string, sessions: number, last_sync: LastSync | null, tools: readonly ConsoleTool[] }>
   origins: Array<{ origin: string, sources: string[], roles: string[], tools: number, failures: number }>
   evictions: EvictionRecord[]
   calls: RecentCall[]
@@ -76,6 +79,10 @@ export class Observer {
   readonly stats = new CallStats()
   readonly #runtime: Runtime
   readonly #lastSync = new Map<string, LastSync>()
+  /** Each entry's row, shared by every role it is in (entries are immutable). */
+  readonly #rows = new WeakMap<ToolEntry, ConsoleTool>()
+  /** Each role's rows at its registry's revision: frozen, so its measured JSON size is remembered. */
+  readonly #roleRows = new WeakMap<Role, { revision: number, rows: readonly ConsoleTool[] }>()
   readonly #evictions: EvictionRecord[] = []
   /** A ring of the last calls; `at` is formatted only when the state is read (off the call path). */
   readonly #calls: Array<(Omit<RecentCall, 'at'> & { atMs: number }) | undefined> = new Array(RECENT_CALLS)
@@ -129,17 +136,7 @@ export class Observer {
     const origins = new Map<string, { sources: Set<string>, roles: Set<string>, tools: number }>()
     const roles: ConsoleState['roles'] = []
     for (const role of runtime.roles.list()) {
-      const tools: ConsoleTool[] = []
       for (const entry of role.registry.entries()) {
-        tools.push({
-          name: entry.name,
-          description: entry.description,
-          source: entry.source,
-          callback_url: entry.callbackUrl,
-          origin: entry.origin === '' ? null : entry.origin,
-          is_remote: entry.isRemote,
-          timeout_seconds: entry.timeoutMs / 1000
-        })
         if (entry.origin === '') continue
         let origin = origins.get(entry.origin)
         if (origin === undefined) {
@@ -154,7 +151,7 @@ export class Observer {
         name: role.name,
         sessions: role.sessions().length,
         last_sync: this.#lastSync.get(role.name) ?? null,
-        tools
+        tools: this.#toolsOf(role)
       })
     }
     const calls: RecentCall[] = []
@@ -178,6 +175,33 @@ export class Observer {
       evictions: this.#evictions,
       calls
     }
+  }
+
+  /** The role's rows at its current revision, built once per revision. */
+  #toolsOf (role: Role): readonly ConsoleTool[] {
+    const revision = role.registry.revision
+    const known = this.#roleRows.get(role)
+    if (known !== undefined && known.revision === revision) return known.rows
+    const rows: ConsoleTool[] = []
+    for (const entry of role.registry.entries()) {
+      let row = this.#rows.get(entry)
+      if (row === undefined) {
+        row = Object.freeze({
+          name: entry.name,
+          description: entry.description,
+          source: entry.source,
+          callback_url: entry.callbackUrl,
+          origin: entry.origin === '' ? null : entry.origin,
+          is_remote: entry.isRemote,
+          timeout_seconds: entry.timeoutMs / 1000
+        })
+        this.#rows.set(entry, row)
+      }
+      rows.push(row)
+    }
+    const frozen = Object.freeze(rows)
+    this.#roleRows.set(role, { revision, rows: frozen })
+    return frozen
   }
 
   liveStats (): ConsoleStats {

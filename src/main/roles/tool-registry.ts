@@ -124,6 +124,9 @@ export class ToolRegistry {
   readonly #byName = new Map<string, ToolEntry>()
   readonly #bySource = new Map<string, Set<string>>()
   readonly #byOrigin = new Map<string, Set<string>>()
+  /** Each name's place in the registration order (increasing), to order rows found by name. */
+  readonly #order = new Map<string, number>()
+  #nextOrder = 0
   #revision = 0
   #definitions: readonly ToolDefinition[] | null = null
   #listing: readonly ToolListing[] | null = null
@@ -143,6 +146,7 @@ export class ToolRegistry {
   set (entry: ToolEntry): ToolEntry | undefined {
     const previous = this.#remove(entry.name)
     this.#byName.set(entry.name, entry)
+    this.#order.set(entry.name, this.#nextOrder++)
     addToIndex(this.#bySource, entry.source, entry.name)
     if (entry.origin !== '') addToIndex(this.#byOrigin, entry.origin, entry.name)
     this.#changed()
@@ -189,6 +193,29 @@ export class ToolRegistry {
     return this.#listing
   }
 
+  /**
+   * Rows for `GET /api/tools?source=…&name=…` (docs/protocol.md R18), in registration order: the
+   * tools of `source` (when given) named in `names` (when given). Found through the indexes, so a
+   * plugin asking for its few names costs a few lookups, however many tools others hold.
+   */
+  filteredListing (source: string | undefined, names: ReadonlySet<string> | undefined): ToolListing[] {
+    if (names === undefined) {
+      if (source === undefined) return [...this.listing()]
+      const out: ToolListing[] = []
+      // A source's index keeps registration order: a name re-registered moves to its end too.
+      for (const name of this.#bySource.get(source) ?? []) out.push((this.#byName.get(name) as ToolEntry).listing)
+      return out
+    }
+    const found: ToolEntry[] = []
+    for (const name of names) {
+      const entry = this.#byName.get(name)
+      if (entry !== undefined && (source === undefined || entry.source === source)) found.push(entry)
+    }
+    const order = this.#order
+    found.sort((a, b) => (order.get(a.name) as number) - (order.get(b.name) as number))
+    return found.map((entry) => entry.listing)
+  }
+
   /** True when some tool here has its callback at `origin`. */
   hasOrigin (origin: string): boolean {
     return this.#byOrigin.has(origin)
@@ -227,6 +254,7 @@ export class ToolRegistry {
     const entry = this.#byName.get(name)
     if (entry === undefined) return undefined
     this.#byName.delete(name)
+    this.#order.delete(name)
     removeFromIndex(this.#bySource, entry.source, name)
     if (entry.origin !== '') removeFromIndex(this.#byOrigin, entry.origin, name)
     return entry
