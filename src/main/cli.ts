@@ -197,6 +197,8 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   const env = { ...io.env }
   if (flags.port !== undefined) delete env.TOOLPORT_PORT
   if (flags['log-level'] !== undefined) delete env.TOOLPORT_LOG_LEVEL
+  if (flags.role !== undefined) delete env.TOOLPORT_ROLES
+  if (flags.inline === true) delete env.TOOLPORT_DISPATCH_MODE
   mergeOptions(options, optionsFromEnv(env))
   if (flags.host !== undefined) options.host = flags.host
   if (flags.port !== undefined) {

@@ -35,9 +35,12 @@ export function tokenProblem (token: string): string | undefined {
   return checked.success ? undefined : checked.error.issues[0]?.message
 }
 
+/** `dispatch.mode`'s values. */
+const DISPATCH_MODES = ['pool', 'inline'] as const
+
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
-  mode: z.enum(['pool', 'inline']).default('pool'),
+  mode: z.enum(DISPATCH_MODES).default('pool'),
   /** Worker threads; 1 measured best on 2 cores for this I/O-bound work. */
   threads: z.number().int().min(1).max(64).default(1),
   /** The calls of one event-loop turn travel to a worker as one message, at most this many. */
@@ -272,8 +275,10 @@ export function parseOptions (input: unknown = {}): ResolvedOptions {
 export { ENVIRONMENT } from './environment.js'
 
 /**
- * Maps TOOLPORT_* variables onto an options object; the schema validates it, but a port or log
- * level that is not one is refused here, naming the variable (TP_ERR_CONFIG).
+ * Maps TOOLPORT_* variables onto an options object. A value the schema would refuse is refused
+ * here, naming the variable (TP_ERR_CONFIG): the schema's message names an option path
+ * (`dispatch.mode`, `roles.1`) the operator never wrote. TOOLPORT_HOST's address is judged where
+ * it is bound (the CLI names the variable then; see cli.ts).
  */
 export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown> {
   const out: Record<string, unknown> = {}
@@ -286,7 +291,12 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
     out.port = Number(env.TOOLPORT_PORT)
   }
   if (env.TOOLPORT_ROLES !== undefined && env.TOOLPORT_ROLES !== '') {
-    out.roles = env.TOOLPORT_ROLES.split(',').map((r) => r.trim()).filter((r) => r !== '')
+    const roles = env.TOOLPORT_ROLES.split(',').map((r) => r.trim()).filter((r) => r !== '')
+    // Named as the variable: the schema's path (`roles.1`) is an index into a list the operator
+    // never wrote as one.
+    const problem = rolesProblem(roles)
+    if (problem !== undefined) throw new ConfigError(`TOOLPORT_ROLES ${problem}`)
+    out.roles = roles
   }
   if (env.TOOLPORT_LOG_LEVEL !== undefined && env.TOOLPORT_LOG_LEVEL !== '') {
     const problem = logLevelProblem(env.TOOLPORT_LOG_LEVEL)
@@ -294,9 +304,23 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
     out.logger = env.TOOLPORT_LOG_LEVEL
   }
   if (env.TOOLPORT_DISPATCH_MODE !== undefined && env.TOOLPORT_DISPATCH_MODE !== '') {
-    out.dispatch = { mode: env.TOOLPORT_DISPATCH_MODE }
+    const mode = env.TOOLPORT_DISPATCH_MODE
+    if (!(DISPATCH_MODES as readonly string[]).includes(mode)) {
+      throw new ConfigError(`TOOLPORT_DISPATCH_MODE must be ${DISPATCH_MODES.join(' or ')} (got ${JSON.stringify(mode)})`)
+    }
+    out.dispatch = { mode }
   }
   return out
+}
+
+/** Why a list of role names given as text (TOOLPORT_ROLES) is refused, or undefined. */
+function rolesProblem (roles: string[]): string | undefined {
+  for (const [i, name] of roles.entries()) {
+    const problem = roleNameProblem(name)
+    if (problem !== undefined) return `names ${JSON.stringify(name)}, which is not a role name: ${problem}`
+    if (roles.indexOf(name) !== i) return `names ${JSON.stringify(name)} more than once`
+  }
+  return undefined
 }
 
 /** Why a port given as text (a flag, a variable) is refused, or undefined. */

@@ -320,6 +320,25 @@ test('CLI: TOOLPORT_PORT and TOOLPORT_LOG_LEVEL that are not one are refused nam
   await listeningUrl(overridden)
 })
 
+test('CLI: a TOOLPORT_DISPATCH_MODE or TOOLPORT_ROLES that is not one is refused naming the variable, not an option path (README "The command": the message names the setting)', SLOW, async (t) => {
+  const cases: Array<[Record<string, string>, RegExp]> = [
+    [{ TOOLPORT_DISPATCH_MODE: 'Inline' }, /^toolport: .*TOOLPORT_DISPATCH_MODE must be pool or inline \(got "Inline"\)/],
+    [{ TOOLPORT_ROLES: 'a,..' }, /^toolport: .*TOOLPORT_ROLES names "\.\.", which is not a role name/],
+    [{ TOOLPORT_ROLES: 'a, b, a' }, /^toolport: .*TOOLPORT_ROLES names "a" more than once/]
+  ]
+  for (const [env, message] of cases) {
+    const cli = runMain(t, ['serve', '--port', '0', '--log-level', 'silent'], env)
+    assert.equal((await cli.exited).code, 2, JSON.stringify(env))
+    assert.match(cli.stderr(), message)
+    assert.doesNotMatch(cli.stderr(), /dispatch\.mode|roles\.\d/, 'no option path the operator never wrote')
+    assert.deepEqual(cli.stdout, [])
+  }
+  // A flag wins over its variable, whatever the variable holds.
+  const overridden = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', '--inline', '--role', 'A'],
+    { TOOLPORT_DISPATCH_MODE: 'Inline', TOOLPORT_ROLES: 'a,..' })
+  await listeningUrl(overridden)
+})
+
 test('CLI: --host [::1] (bracketed, as in a URL) binds ::1 and prints a URL the server answers', SLOW, async (t) => {
   const cli = runMain(t, ['serve', '--port', '0', '--host', '[::1]', '--log-level', 'silent'])
   const line = await new Promise<string>((resolve, reject) => {
