@@ -13,7 +13,7 @@ import { closeSync, fstatSync, openSync, readSync, realpathSync } from 'node:fs'
 import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { ENVIRONMENT } from './environment.js'
-import { isToolportError } from './errors.js'
+import { ConfigError, isToolportError } from './errors.js'
 import { errorText, isPlainObject, noop } from '../shared/util.js'
 import { kDispatchMode } from './symbols.js'
 
@@ -176,9 +176,9 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     io.stdout.write(USAGE)
     return 0
   }
-  const [config, { Toolport }, { createLogger }, { applyServerV8Flags }] =
+  const [config, { Toolport, resolveBindHost }, { createLogger }, { applyServerV8Flags }] =
     await Promise.all([import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')])
-  const { logLevelProblem, optionsFromEnv, parseOptions, portProblem } = config
+  const { bindHostProblem, logLevelProblem, optionsFromEnv, parseOptions, portProblem } = config
   // A reader of stdout that goes away (`serve | head`, a log shipper restarting) must not take the
   // server down: its EPIPE is an 'error' event, which ends the process when nobody listens. The
   // log lines are lost from then on, and stderr says so once.
@@ -195,12 +195,17 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   const options = configFile !== undefined && configFile !== '' ? readConfigFile(configFile) : {}
   // A variable a flag overrides is not read: the flag wins, whatever the variable holds.
   const env = { ...io.env }
+  if (flags.host !== undefined) delete env.TOOLPORT_HOST
   if (flags.port !== undefined) delete env.TOOLPORT_PORT
   if (flags['log-level'] !== undefined) delete env.TOOLPORT_LOG_LEVEL
   if (flags.role !== undefined) delete env.TOOLPORT_ROLES
   if (flags.inline === true) delete env.TOOLPORT_DISPATCH_MODE
   mergeOptions(options, optionsFromEnv(env))
-  if (flags.host !== undefined) options.host = flags.host
+  if (flags.host !== undefined) {
+    const problem = bindHostProblem(flags.host)
+    if (problem !== undefined) throw new UsageError(`--host ${JSON.stringify(flags.host)} ${problem}`)
+    options.host = flags.host
+  }
   if (flags.port !== undefined) {
     const problem = portProblem(flags.port)
     if (problem !== undefined) throw new UsageError(`--port ${problem}`)
@@ -228,6 +233,16 @@ async function serve (args: string[], io: CliIo): Promise<number> {
 
   // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
   const settings = parseOptions(options)
+  // listen() would refuse a non-loopback host naming the option; the operator gave a flag, a
+  // variable or the config file's key, and the way to allow it here is the flag.
+  const bind = resolveBindHost(settings.host)
+  if (!bind.isLoopback && !settings.security.allowNonLoopbackBind) {
+    const from = flags.host !== undefined
+      ? '--host'
+      : env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '' ? 'TOOLPORT_HOST' : `host in ${configFile ?? 'the options'}`
+    throw new ConfigError(`refusing to bind ${bind.host} (${from}): not a loopback address; add --allow-non-loopback-bind ` +
+      'to allow it (clients must still be loopback)')
+  }
   // Before the first call: a process settles into its GC regime in its first seconds of load.
   const v8Flags = applyServerV8Flags(process.execArgv)
   const tp = new Toolport(settings, createLogger(settings.logger, {

@@ -2,6 +2,7 @@
 //
 // The library reads options only through `parseOptions`; the CLI maps flags and environment
 // variables onto the same schema with `optionsFromEnv`, so both see one set of defaults.
+import { isIP } from 'node:net'
 import { z } from 'zod'
 import { ConfigError } from './errors.js'
 import { isWellFormedText } from '../shared/util.js'
@@ -20,6 +21,24 @@ export const roleNameSchema = z.string().min(1).max(128)
 export function roleNameProblem (name: unknown): string | undefined {
   const checked = roleNameSchema.safeParse(name)
   return checked.success ? undefined : checked.error.issues[0]?.message ?? 'must be a string of 1 to 128 characters'
+}
+
+/** A DNS name: labels of letters, digits, `-` and `_`, joined by dots, a final dot allowed. */
+const HOST_NAME = /^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\.?$/i
+
+/**
+ * Why `host` is no address to bind (the `host` option, `listen({ host })`, `--host`,
+ * TOOLPORT_HOST), or undefined: it must be an IP address (an IPv6 one bracketed or not) or a host
+ * name, alone. A port, a scheme or a space would make it a name to look up (ENOTFOUND), and calling
+ * it "not a loopback address" would send the operator to allow non-loopback binds, which cannot
+ * help. The text follows the value, e.g. `"127.0.0.1:8080" is not an address: …`.
+ */
+export function bindHostProblem (host: string): string | undefined {
+  const bracketed = /^\[[^[\]]*\]$/.test(host)
+  const inner = bracketed ? host.slice(1, -1) : host
+  if (bracketed ? isIP(inner) === 6 : isIP(inner) !== 0 || HOST_NAME.test(inner)) return undefined
+  return 'is not an address: give the address or host name alone, without a scheme, port or spaces ' +
+    '(e.g. 127.0.0.1 or ::1; the port is a setting of its own)'
 }
 
 /** A token of token mode (see `security.token`): the options' rule, and the token files' of the CLI. */
@@ -235,7 +254,10 @@ export const optionsSchema = z.strictObject({
     if (twice !== undefined) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(twice)} is named more than once` })
   }).default([]),
   /** Address `listen()` binds by default. */
-  host: z.string().min(1).default('127.0.0.1'),
+  host: z.string().min(1).superRefine((host, ctx) => {
+    const problem = bindHostProblem(host)
+    if (problem !== undefined) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(host)} ${problem}` })
+  }).default('127.0.0.1'),
   /** Port `listen()` binds by default (0 = any free port). */
   port: z.number().int().min(0).max(65_535).default(3917),
   /** A role's sync to its model sessions fails after this long. */
@@ -277,12 +299,17 @@ export { ENVIRONMENT } from './environment.js'
 /**
  * Maps TOOLPORT_* variables onto an options object. A value the schema would refuse is refused
  * here, naming the variable (TP_ERR_CONFIG): the schema's message names an option path
- * (`dispatch.mode`, `roles.1`) the operator never wrote. TOOLPORT_HOST's address is judged where
- * it is bound (the CLI names the variable then; see cli.ts).
+ * (`dispatch.mode`, `roles.1`) the operator never wrote. Whether TOOLPORT_HOST may be bound (a
+ * loopback address, or `security.allowNonLoopbackBind`) depends on other settings: the CLI judges
+ * that once they are all read, naming the variable too.
  */
 export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown> {
   const out: Record<string, unknown> = {}
-  if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') out.host = env.TOOLPORT_HOST
+  if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') {
+    const problem = bindHostProblem(env.TOOLPORT_HOST)
+    if (problem !== undefined) throw new ConfigError(`TOOLPORT_HOST ${JSON.stringify(env.TOOLPORT_HOST)} ${problem}`)
+    out.host = env.TOOLPORT_HOST
+  }
   if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') {
     // Named as the variable, as `--port` is named: the schema's own message ("expected number,
     // received string") would blame the type of a value the operator typed as a number.

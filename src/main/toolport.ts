@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
-import type { ToolportOptions } from './config.js'
+import { bindHostProblem, type ToolportOptions } from './config.js'
 import { isIPv4MappedAddress, isLoopbackAddress, isUnspecifiedAddress } from '../shared/loopback.js'
 import { ClosedError, ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
@@ -55,16 +55,8 @@ export class Toolport extends Runtime {
     if (typeof port !== 'number' || !Number.isInteger(port) || port < 0 || port > 65_535) {
       throw new ConfigError(`listen(): port must be an integer from 0 to 65535 (got ${describeValue(port)})`)
     }
-    // An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
-    const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
-    if (isIPv4MappedAddress(unbracketed)) {
-      // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
-      // answer could never be served.
-      throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
-    }
-    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
-    const host = unbracketed.toLowerCase() === 'localhost' ? 'localhost' : unbracketed
-    if (!isLoopbackBindHost(host)) {
+    const { host, isLoopback } = resolveBindHost(given)
+    if (!isLoopback) {
       if (!this.options.security.allowNonLoopbackBind) {
         throw new ConfigError(`refusing to bind ${host}: not a loopback address (set security.allowNonLoopbackBind to allow it)`)
       }
@@ -114,8 +106,25 @@ export function listeningUrl (host: string, port: number): string {
   return `http://${reachable.includes(':') ? `[${reachable}]` : reachable}:${port}`
 }
 
-function isLoopbackBindHost (host: string): boolean {
-  return host === 'localhost' || isLoopbackAddress(host)
+/**
+ * The host `listen()` binds for `given` (unbracketed, `localhost` in lower case) and whether it is
+ * a loopback one; TP_ERR_CONFIG for a host it never binds, whatever the options say: one that is
+ * no address (see bindHostProblem), or an IPv4-mapped one. The CLI judges its settings with it
+ * before it starts anything, to name the flag or variable that gave the host.
+ */
+export function resolveBindHost (given: string): { host: string, isLoopback: boolean } {
+  const problem = bindHostProblem(given)
+  if (problem !== undefined) throw new ConfigError(`refusing to bind ${JSON.stringify(given)}: it ${problem}`)
+  // An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
+  const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
+  if (isIPv4MappedAddress(unbracketed)) {
+    // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
+    // answer could never be served.
+    throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
+  }
+  // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
+  const host = unbracketed.toLowerCase() === 'localhost' ? 'localhost' : unbracketed
+  return { host, isLoopback: host === 'localhost' || isLoopbackAddress(host) }
 }
 
 /**

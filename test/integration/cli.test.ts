@@ -339,6 +339,42 @@ test('CLI: a TOOLPORT_DISPATCH_MODE or TOOLPORT_ROLES that is not one is refused
   await listeningUrl(overridden)
 })
 
+test('CLI: a --host or TOOLPORT_HOST that is no address (a port, a scheme, a space) is refused as such, naming it, even with --allow-non-loopback-bind, whose advice could not help (README "The command")', SLOW, async (t) => {
+  for (const host of ['127.0.0.1:8080', 'http://127.0.0.1', ' 127.0.0.1']) {
+    for (const [args, env, name] of [
+      [['--host', host], {}, '--host'],
+      [['--host', host, '--allow-non-loopback-bind'], {}, '--host'],
+      [[], { TOOLPORT_HOST: host }, 'TOOLPORT_HOST']
+    ] as Array<[string[], Record<string, string>, string]>) {
+      const cli = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', ...args], env)
+      const described = `${JSON.stringify(args)} ${JSON.stringify(env)}`
+      assert.equal((await cli.exited).code, 2, described)
+      const first = cli.stderr().split('\n')[0] ?? ''
+      assert.ok(first.startsWith(`toolport: ${name === '--host' ? '' : 'invalid Toolport options: '}${name} ${JSON.stringify(host)} is not an address`), `${described}: ${first}`)
+      assert.doesNotMatch(first, /loopback/, described)
+      assert.deepEqual(cli.stdout, [], described)
+    }
+  }
+})
+
+test('CLI: a non-loopback host is refused naming where it was given (--host, TOOLPORT_HOST, the config file) and the flag that allows it (README "The command")', SLOW, async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const file = join(dir, 'host.json')
+  await writeFile(file, JSON.stringify({ host: '192.0.2.10' }))
+  for (const [args, env, from] of [
+    [['--host', '192.0.2.10'], {}, '--host'],
+    [[], { TOOLPORT_HOST: '192.0.2.10' }, 'TOOLPORT_HOST'],
+    [['--config', file], {}, `host in ${file}`]
+  ] as Array<[string[], Record<string, string>, string]>) {
+    const cli = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', ...args], env)
+    assert.equal((await cli.exited).code, 2, from)
+    const first = cli.stderr().split('\n')[0] ?? ''
+    assert.ok(first.includes(`refusing to bind 192.0.2.10 (${from}): not a loopback address; add --allow-non-loopback-bind`), first)
+    assert.doesNotMatch(first, /security\.allowNonLoopbackBind/)
+  }
+})
+
 test('CLI: --host [::1] (bracketed, as in a URL) binds ::1 and prints a URL the server answers', SLOW, async (t) => {
   const cli = runMain(t, ['serve', '--port', '0', '--host', '[::1]', '--log-level', 'silent'])
   const line = await new Promise<string>((resolve, reject) => {
