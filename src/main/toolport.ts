@@ -65,7 +65,7 @@ export class Toolport extends Runtime {
     await this[kDispatchReady]
     // close() may have begun meanwhile: it must not be left a server it does not know of.
     if (this.closed) throw new ClosedError()
-    const listening = this.app.listen({ host, port })
+    const listening = this.app.listen({ host, port, listenTextResolver: listenText(host) })
     this.#listening = listening
     await listening
     this.app.server.maxConnections = this.options.limits.maxConnections
@@ -104,6 +104,30 @@ export class Toolport extends Runtime {
 export function listeningUrl (host: string, port: number): string {
   const reachable = isUnspecifiedAddress(host) ? (host.includes(':') ? '::1' : '127.0.0.1') : host
   return `http://${reachable.includes(':') ? `[${reachable}]` : reachable}:${port}`
+}
+
+/**
+ * fastify's info line for each address it bound. For a wildcard bind (`0.0.0.0`, `::`) fastify
+ * logs every interface's address (`http://192.0.2.2:PORT`, which answers 403: docs/protocol.md R1)
+ * or `http://[::]:PORT` (no address to connect to), beside the banner's loopback URL: those lines
+ * name the loopback URL (listeningUrl) instead, and an interface that refuses every client is
+ * named as bound, without a URL to follow.
+ */
+function listenText (host: string): (address: string) => string {
+  if (!isUnspecifiedAddress(host)) return (address) => `Server listening at ${address}`
+  return (address) => {
+    let url: URL
+    try {
+      url = new URL(address)
+    } catch {
+      return `Server listening at ${address}`
+    }
+    const ip = url.hostname.replace(/^\[(.*)\]$/, '$1')
+    if (isLoopbackAddress(ip)) return `Server listening at ${address}`
+    const reachable = listeningUrl(host, Number(url.port))
+    if (isUnspecifiedAddress(ip)) return `Server listening at ${reachable} (bound to every address; non-loopback clients are refused)`
+    return `Server also bound to ${ip} (${host} is every address), where non-loopback clients are refused; it answers at ${reachable}`
+  }
 }
 
 /**

@@ -375,6 +375,29 @@ test('CLI: a non-loopback host is refused naming where it was given (--host, TOO
   }
 })
 
+test('CLI: bound to 0.0.0.0 or :: (--allow-non-loopback-bind), every URL in the log lines is the one the banner prints, the loopback one that answers (README "The command"; docs/protocol.md R1)', SLOW, async (t) => {
+  for (const host of ['0.0.0.0', '::']) {
+    const cli = runMain(t, ['serve', '--port', '0', '--host', host, '--allow-non-loopback-bind', '--log-level', 'info'])
+    const banner = await new Promise<string>((resolve, reject) => {
+      const check = (l: string): void => {
+        const url = /^Toolport listening on (http:\/\/\S+)/.exec(l)?.[1]
+        if (url !== undefined) resolve(url)
+      }
+      for (const l of cli.stdout) check(l)
+      cli.lines.on('line', check)
+      cli.exited.then(() => { reject(new Error(cli.stderr())) }, reject)
+    })
+    assert.equal((await httpJson(`${banner}/api/health`, 'GET')).statusCode, 200)
+    cli.stop('SIGTERM')
+    assert.equal((await cli.exited).code, 0)
+    const messages = cli.stdout.filter((l) => l.startsWith('{')).map((l) => String((JSON.parse(l) as { msg: unknown }).msg))
+    assert.ok(messages.some((m) => m.startsWith('Server listening at ')), `${host}: fastify's line is there: ${messages.join('\n')}`)
+    for (const message of messages) {
+      for (const [url] of message.matchAll(/https?:\/\/[^\s;,)]+/g)) assert.equal(url, banner, `${host}: ${message}`)
+    }
+  }
+})
+
 test('CLI: --host [::1] (bracketed, as in a URL) binds ::1 and prints a URL the server answers', SLOW, async (t) => {
   const cli = runMain(t, ['serve', '--port', '0', '--host', '[::1]', '--log-level', 'silent'])
   const line = await new Promise<string>((resolve, reject) => {
