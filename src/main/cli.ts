@@ -28,7 +28,8 @@ Options for serve:
   --port N         port to bind, 0 for any free port (default 3917; env TOOLPORT_PORT)
   --role NAME      a role to create; repeat for more (default: one role named "default";
                    env TOOLPORT_ROLES, comma-separated)
-  --config FILE    a JSON file of options (env TOOLPORT_CONFIG); flags win over it
+  --config FILE    a JSON file of options (env TOOLPORT_CONFIG); flags win over it; one that
+                   holds security.token must not be readable by group or others (chmod 600)
   --inline         dispatch callbacks on the main thread instead of the worker pool
                    (env TOOLPORT_DISPATCH_MODE=inline)
   --log-level L    fatal|error|warn|info|debug|trace|silent (default info; env TOOLPORT_LOG_LEVEL)
@@ -353,19 +354,31 @@ function jsonErrorPlace (text: string, err: SyntaxError): string {
   return ` at line ${before.length}, column ${(before.at(-1)?.length ?? 0) + 1}`
 }
 
+/**
+ * Reads the `--config` file. One that holds `security.token` must be private to its owner, as a
+ * token file must (0600 or stricter): the token is the same secret, however it is given.
+ */
 function readConfigFile (file: string): Record<string, unknown> {
+  let mode = 0
   // The decoder drops a leading byte order mark (some editors write one): it is not part of the JSON.
-  const text = utf8Text(readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES), 'config file', file)
+  const text = utf8Text(readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES, (m) => { mode = m }), 'config file', file)
+  let options: Record<string, unknown>
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
-    return value as Record<string, unknown>
+    options = value as Record<string, unknown>
   } catch (err) {
     // Not V8's message for a syntax error: it quotes the file around the error, and the file may
     // hold the token.
     const why = err instanceof SyntaxError ? `not valid JSON${jsonErrorPlace(text, err)}` : errorText(err)
     throw new InputError(`the config file ${file} is not a JSON object of options: ${why}`)
   }
+  const security = options.security
+  if (isPlainObject(security) && Object.hasOwn(security, 'token') && (mode & 0o077) !== 0) {
+    throw new InputError(`the config file ${file} holds security.token and is readable by others ` +
+      `(mode ${(mode & 0o777).toString(8)}); chmod 600 it, or give the token with --token-file`)
+  }
+  return options
 }
 
 /**

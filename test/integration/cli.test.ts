@@ -4,7 +4,7 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
-import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -304,6 +304,36 @@ test('CLI: a token or config file is read only so far: a device that never ends 
   const served = runMain(t, ['serve', '--config', bom])
   const url = await listeningUrl(served)
   assert.deepEqual(Object.keys((await httpJson(`${url}/api/tools`, 'GET')).body.tools_by_role), ['café'])
+})
+
+test('CLI: a config file that holds security.token must be private to its owner, as a token file must: group- or world-readable it exits 2 naming it; 0600 serves; without a token it may be 0644 (SECURITY.md "Token mode"; README "The command")', SLOW, async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const token = 'k'.repeat(40)
+  for (const mode of [0o644, 0o640, 0o604]) {
+    const file = join(dir, `token-${mode.toString(8)}.json`)
+    await writeFile(file, JSON.stringify({ port: 0, logger: 'silent', security: { token } }))
+    await chmod(file, mode)
+    for (const [args, env] of [[['--config', file], {}], [[], { TOOLPORT_CONFIG: file }]] as Array<[string[], Record<string, string>]>) {
+      const cli = runMain(t, ['serve', ...args], env)
+      const served = await Promise.race([cli.exited.then(() => false), listeningUrl(cli).then(() => true, () => false)])
+      assert.equal(served, false, `served with a ${mode.toString(8)} config file holding the token`)
+      assert.equal((await cli.exited).code, 2, mode.toString(8))
+      assert.equal(cli.stderr(), `toolport: the config file ${file} holds security.token and is readable by others ` +
+        `(mode ${mode.toString(8)}); chmod 600 it, or give the token with --token-file\n`)
+      assert.deepEqual(cli.stdout, [])
+    }
+  }
+  const owner = join(dir, 'token-600.json')
+  await writeFile(owner, JSON.stringify({ port: 0, logger: 'silent', security: { token } }))
+  await chmod(owner, 0o600)
+  const served = runMain(t, ['serve', '--config', owner])
+  const url = await listeningUrl(served)
+  assert.equal((await httpJson(`${url}/api/health`, 'GET')).statusCode, 401, 'token mode is on')
+  const open = join(dir, 'open.json')
+  await writeFile(open, JSON.stringify({ port: 0, logger: 'silent' }))
+  await chmod(open, 0o644)
+  await listeningUrl(runMain(t, ['serve', '--config', open]))
 })
 
 test('CLI: TOOLPORT_PORT and TOOLPORT_LOG_LEVEL that are not one are refused naming the variable; --log-level names the levels; a flag overriding a bad variable wins', SLOW, async (t) => {
