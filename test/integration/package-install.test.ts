@@ -1,13 +1,16 @@
-// The README's install path for MCP clients: `npm pack`, `npm install -g ./toolport-*.tgz`, then
-// the `toolport` command. The test builds the current sources, packs them, installs the tarball
-// into a temporary global prefix (--prefer-offline: the dependency tarballs are in npm's cache after `npm ci`),
-// starts the installed `toolport serve`, and connects the official MCP SDK client to the
-// installed `toolport mcp` bridge exactly as the README's Claude Desktop config launches it.
-import { test } from 'node:test'
+// The README's install path for MCP clients: `npm ci && npm pack` in a checkout, `npm install -g
+// ./toolport-*.tgz`, then the `toolport` command. The test copies the checkout as a fresh clone
+// has it (sources, build config and scripts, no dist/: it is gitignored) with the checkout's
+// node_modules, packs it (package.json's `prepack` builds it), installs the tarball into a
+// temporary global prefix (--prefer-offline: the dependency tarballs are in npm's cache after
+// `npm ci`), starts the installed `toolport serve`, and connects the official MCP SDK client to
+// the installed `toolport mcp` bridge exactly as the README's Claude Desktop config launches it.
+// The checkout's own dist/ is never read or written.
+import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { cp, copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises'
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, symlink } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -18,6 +21,9 @@ import { httpJson } from '../helpers.js'
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const STEP_TIMEOUT_MS = 180_000
 
+/** What a build needs from a checkout besides what package.json's `files` ships. */
+const BUILD_INPUTS = ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json', 'src', 'scripts', 'README.md']
+
 function run (file: string, args: string[], cwd: string): Promise<string> {
   return new Promise((resolve, reject) => {
     execFile(file, args, { cwd, timeout: STEP_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
@@ -25,21 +31,6 @@ function run (file: string, args: string[], cwd: string): Promise<string> {
       else resolve(stdout)
     })
   })
-}
-
-/** The newest modification time of any file under `dir` (0 when it does not exist). */
-async function newestMtime (dir: string): Promise<number> {
-  let newest = 0
-  let entries
-  try {
-    entries = await readdir(dir, { withFileTypes: true, recursive: true })
-  } catch {
-    return 0
-  }
-  for (const entry of entries) {
-    if (entry.isFile()) newest = Math.max(newest, (await stat(join(entry.parentPath, entry.name))).mtimeMs)
-  }
-  return newest
 }
 
 /** Resolves with the URL `toolport serve` prints once it listens. */
@@ -55,35 +46,45 @@ async function listeningUrl (child: ChildProcess): Promise<string> {
   throw new Error(`toolport serve exited before listening:\n${out}`)
 }
 
-test('the packed tarball installs globally and its toolport bin serves, and bridges MCP as the README says', { timeout: 4 * STEP_TIMEOUT_MS }, async (t) => {
-  const work = await mkdtemp(join(tmpdir(), 'toolport-pack-'))
-  t.after(() => rm(work, { recursive: true, force: true }))
-  const pkg = join(work, 'pkg')
-  const prefix = join(work, 'prefix')
-  await mkdir(pkg)
-  await mkdir(prefix)
+interface Installed {
+  /** A directory of the test's own (removed after the file's tests). */
+  work: string
+  /** The `toolport` command the global install made. */
+  bin: string
+  /** The installed package's directory. */
+  dir: string
+}
 
-  // A package directory of its own with the sources as they are now: the checkout's dist when
-  // `npm run build` made it after the last source change (CI), else a fresh build (the
-  // checkout's dist is never written). Then pack and install it the README's way.
-  const dist = join(ROOT, 'dist')
-  if (await newestMtime(dist) > await newestMtime(join(ROOT, 'src'))) {
-    await cp(dist, join(pkg, 'dist'), { recursive: true })
-  } else {
-    await run(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.build.json'),
-      '--outDir', join(pkg, 'dist')], ROOT)
-  }
-  for (const file of ['package.json', 'README.md']) await copyFile(join(ROOT, file), join(pkg, file))
-  // The rest of what package.json's `files` ships (the console's static files).
-  const { files } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { files: string[] }
-  for (const entry of files) if (entry !== 'dist') await cp(join(ROOT, entry), join(pkg, entry), { recursive: true })
-  await run('npm', ['pack', '--silent', '--pack-destination', work], pkg)
-  const tarball = (await readdir(work)).find((f) => /^toolport-.*\.tgz$/.test(f))
-  assert.ok(tarball !== undefined, 'npm pack wrote toolport-<version>.tgz')
-  await run('npm', ['install', '-g', '--prefix', prefix, '--prefer-offline', '--no-audit', '--no-fund', join(work,
-    tarball)], work)
-  const bin = join(prefix, 'bin', 'toolport')
+let installing: Promise<Installed> | undefined
+let workDir: string | undefined
+after(async () => { if (workDir !== undefined) await rm(workDir, { recursive: true, force: true }) })
 
+/** Packs an unbuilt copy of the checkout and installs the tarball globally, once for the file's tests. */
+function installedPackage (): Promise<Installed> {
+  installing ??= (async () => {
+    const work = await mkdtemp(join(tmpdir(), 'toolport-pack-'))
+    workDir = work
+    const checkout = join(work, 'checkout')
+    const prefix = join(work, 'prefix')
+    await mkdir(checkout)
+    await mkdir(prefix)
+    const { files } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { files: string[] }
+    for (const entry of new Set([...BUILD_INPUTS, ...files.filter((f) => f !== 'dist')])) {
+      await cp(join(ROOT, entry), join(checkout, entry), { recursive: true })
+    }
+    await symlink(join(ROOT, 'node_modules'), join(checkout, 'node_modules'), 'dir')
+    await run('npm', ['pack', '--silent', '--pack-destination', work], checkout)
+    const tarball = (await readdir(work)).find((f) => /^toolport-.*\.tgz$/.test(f))
+    assert.ok(tarball !== undefined, 'npm pack wrote toolport-<version>.tgz')
+    await run('npm', ['install', '-g', '--prefix', prefix, '--prefer-offline', '--no-audit', '--no-fund', join(work,
+      tarball)], work)
+    return { work, bin: join(prefix, 'bin', 'toolport'), dir: join(prefix, 'lib', 'node_modules', 'toolport') }
+  })()
+  return installing
+}
+
+test('the packed tarball of a never-built checkout (npm pack builds it first) installs globally and its toolport bin serves, and bridges MCP as the README says', { timeout: 4 * STEP_TIMEOUT_MS }, async (t) => {
+  const { work, bin } = await installedPackage()
   const help = await run(bin, ['--help'], work)
   assert.match(help, /toolport <command>/)
 
