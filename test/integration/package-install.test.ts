@@ -10,9 +10,9 @@ import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, symlink } from 'node:fs/promises'
+import { access, cp, mkdir, mkdtemp, readdir, readFile, rm, symlink } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { dirname, join, resolve, sep } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
@@ -21,8 +21,12 @@ import { httpJson } from '../helpers.js'
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const STEP_TIMEOUT_MS = 180_000
 
-/** What a build needs from a checkout besides what package.json's `files` ships. */
-const BUILD_INPUTS = ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json', 'src', 'scripts', 'README.md']
+/**
+ * What a checkout has that packing reads besides package.json's `files`: the build's inputs, and
+ * the files npm always packs (README, LICENSE).
+ */
+const CHECKOUT_INPUTS = ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json', 'src', 'scripts',
+  'README.md', 'LICENSE']
 
 function run (file: string, args: string[], cwd: string): Promise<string> {
   return new Promise((resolve, reject) => {
@@ -69,7 +73,7 @@ function installedPackage (): Promise<Installed> {
     await mkdir(checkout)
     await mkdir(prefix)
     const { files } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { files: string[] }
-    for (const entry of new Set([...BUILD_INPUTS, ...files.filter((f) => f !== 'dist')])) {
+    for (const entry of new Set([...CHECKOUT_INPUTS, ...files.filter((f) => f !== 'dist')])) {
       await cp(join(ROOT, entry), join(checkout, entry), { recursive: true })
     }
     await symlink(join(ROOT, 'node_modules'), join(checkout, 'node_modules'), 'dir')
@@ -118,4 +122,40 @@ test('the packed tarball of a never-built checkout (npm pack builds it first) in
   t.after(() => client.close())
   const listed = await client.listTools()
   assert.deepEqual(listed.tools.map((tool) => tool.name), ['get_weather'])
+})
+
+/** Folders of the repository the README links to that are no part of the npm package. */
+const REPOSITORY_ONLY = ['bench/', 'examples/', 'python/']
+
+test('the installed package holds what its README links to (docs/, SECURITY.md, LICENSE: package.json says MIT), and the sources its source maps name', { timeout: 4 * STEP_TIMEOUT_MS }, async () => {
+  const { dir } = await installedPackage()
+  const manifest = JSON.parse(await readFile(join(dir, 'package.json'), 'utf8')) as { license: string }
+  assert.equal(manifest.license, 'MIT')
+  assert.match(await readFile(join(dir, 'LICENSE'), 'utf8'), /^MIT License\n\nCopyright \(c\) \d{4} Toolport contributors\n/)
+
+  const readme = await readFile(join(dir, 'README.md'), 'utf8')
+  const targets = new Set([...readme.matchAll(/\]\(([^)#\s]+)(?:#[^)]*)?\)/g)].map((m) => m[1] as string)
+    .filter((target) => !/^[a-z]+:/i.test(target)))
+  assert.ok(targets.has('SECURITY.md') && targets.has('docs/protocol.md'), [...targets].join(' '))
+  for (const target of targets) {
+    if (REPOSITORY_ONLY.some((folder) => target.startsWith(folder) || `${target}/` === folder)) continue
+    await access(join(dir, target)).catch(() => { assert.fail(`the README links to ${target}, which the package lacks`) })
+  }
+
+  // tsc's maps (and declaration maps: an editor's "go to definition") name src/*.ts; the bundles'
+  // name those too, and their dependencies' files, which npm installs (not checked here).
+  let named = 0
+  for (const entry of await readdir(join(dir, 'dist'), { recursive: true, withFileTypes: true })) {
+    if (!entry.isFile() || !entry.name.endsWith('.map')) continue
+    const map = join(entry.parentPath, entry.name)
+    const { sources, sourceRoot } = JSON.parse(await readFile(map, 'utf8')) as { sources: string[], sourceRoot?: string }
+    for (const source of sources) {
+      if (source.split('/').includes('node_modules')) continue
+      const file = resolve(dirname(map), sourceRoot ?? '', source)
+      assert.ok(file.startsWith(join(dir, 'src') + sep), `${map} names ${source}, outside the package's src/`)
+      await access(file).catch(() => { assert.fail(`${map} names ${source}, which the package lacks`) })
+      named++
+    }
+  }
+  assert.ok(named > 0, 'the package has source maps')
 })
