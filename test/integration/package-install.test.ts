@@ -10,7 +10,7 @@ import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { access, cp, mkdir, mkdtemp, readdir, readFile, rm, symlink } from 'node:fs/promises'
+import { access, cp, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve, sep } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -158,4 +158,35 @@ test('the installed package holds what its README links to (docs/, SECURITY.md, 
     }
   }
   assert.ok(named > 0, 'the package has source maps')
+})
+
+/** A TypeScript program that embeds Toolport and writes a plugin, as the README shows. */
+const CONSUMER = `import { createToolport, isToolportError, type ToolportOptions } from 'toolport'
+import { createPlugin } from 'toolport/plugin'
+
+const options: ToolportOptions = { roles: ['Lanlan'] }
+const tp = await createToolport(options)
+try {
+  await tp.listen({ port: 0 })
+} catch (err) {
+  if (isToolportError(err)) console.log(err.code, err.statusCode)
+}
+await tp.close()
+export const plugin: unknown = createPlugin
+`
+
+test('the installed package\'s types check in a TypeScript program under moduleResolution node16 and bundler, with skipLibCheck off, as an embedder may have them (README "Embedding: the library")', { timeout: 4 * STEP_TIMEOUT_MS }, async () => {
+  const { work, dir } = await installedPackage()
+  const consumer = join(work, 'consumer')
+  await mkdir(join(consumer, 'node_modules'), { recursive: true })
+  await symlink(dir, join(consumer, 'node_modules', 'toolport'), 'dir')
+  await writeFile(join(consumer, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }))
+  await writeFile(join(consumer, 'main.ts'), CONSUMER)
+  const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
+  for (const [module, moduleResolution] of [['node16', 'node16'], ['esnext', 'bundler']] as const) {
+    // Every error is a line of tsc's output; its exit code says whether there was one.
+    await run(process.execPath, [tsc, '--noEmit', '--strict', '--skipLibCheck', 'false', '--target', 'es2022',
+      '--module', module, '--moduleResolution', moduleResolution, '--types', 'node',
+      '--typeRoots', join(ROOT, 'node_modules', '@types'), 'main.ts'], consumer)
+  }
 })
