@@ -37,7 +37,6 @@ import {
 } from '@modelcontextprotocol/sdk/types.js'
 import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/protocol.js'
 import { checkedRequest, MCP_SERVER_INFO, mcpInstructions, readJsonRpcBody, rpcError } from './sessions/mcp-info.js'
-import { RoleNotFoundError } from './errors.js'
 import { roleNameProblem } from './config.js'
 import { errorText, isPlainObject, noop } from '../shared/util.js'
 
@@ -122,10 +121,12 @@ interface Upstream {
 }
 
 /**
- * Starts the stdio bridge. Rejects with TP_ERR_ROLE_NOT_FOUND when the role does not exist on the
- * Toolport it reached, and with the Toolport's refusal (TP_ERR_UNAUTHORIZED, …: a
- * BridgeRefusedError) when that Toolport refuses the bridge's token or the bridge itself; an
- * unreachable Toolport is not an error (the bridge keeps trying).
+ * Starts the stdio bridge. Rejects with the Toolport's refusal (a BridgeRefusedError with its
+ * code) when the role does not exist on the Toolport it reached (TP_ERR_ROLE_NOT_FOUND) or that
+ * Toolport refuses the bridge's token or the bridge itself (TP_ERR_UNAUTHORIZED, …), and with a
+ * BridgeSettingError for `url` when a Toolport answers there but has no MCP route under it
+ * (TP_ERR_ROUTE_NOT_FOUND: a path such as `/api` in the URL); an unreachable Toolport is not an
+ * error (the bridge keeps trying).
  *
  * @example
  * const bridge = await startBridge({ role: 'Lanlan', url: 'http://127.0.0.1:3917', log: (l) => process.stderr.write(l +
@@ -153,8 +154,9 @@ export class BridgeSettingError extends TypeError {
 
 /**
  * The Toolport refused the bridge's first session with 401 or 403 (a token it does not take, none
- * given in token mode, a Host it does not accept): trying again cannot help. `code` is the
- * TP_ERR_* code Toolport answered (docs/protocol.md "Errors of the API itself").
+ * given in token mode, a Host it does not accept) or 404 TP_ERR_ROLE_NOT_FOUND (no such role):
+ * trying again cannot help. `code` is the TP_ERR_* code Toolport answered (docs/protocol.md
+ * "Errors of the API itself").
  */
 export class BridgeRefusedError extends Error {
   readonly code: string | undefined
@@ -410,8 +412,9 @@ class StdioBridge implements Bridge {
 
   /**
    * Records why a connection failed (`err`; null when it timed out), which the tool errors tell the
-   * model until one succeeds. At the first connection a role Toolport does not have, and a refusal
-   * of the bridge itself (401, 403), are thrown: the bridge cannot work.
+   * model until one succeeds. At the first connection a role Toolport does not have, a URL under
+   * which Toolport has no MCP route, and a refusal of the bridge itself (401, 403), are thrown:
+   * the bridge cannot work.
    */
   #failed (err: unknown, isFirst: boolean): void {
     const origin = this.endpoint.origin
@@ -420,10 +423,25 @@ class StdioBridge implements Bridge {
       this.#log(`toolport mcp: ${this.#lastFailure}`)
       return
     }
-    if (isRoleNotFound(err)) {
-      this.#lastFailure = `the role '${this.#options.role}' does not exist on the Toolport at ${origin} (TP_ERR_ROLE_NOT_FOUND)`
-      this.#log(`toolport mcp: role '${this.#options.role}' does not exist on the Toolport at ${origin}`)
-      if (isFirst) throw new RoleNotFoundError(this.#options.role)
+    const notFound = notFoundCode(err)
+    if (notFound === 'TP_ERR_ROLE_NOT_FOUND') {
+      const what = `the role '${this.#options.role}' does not exist on the Toolport at ${origin}`
+      // Thrown, not logged too: the CLI prints it with its code, once.
+      if (isFirst) throw new BridgeRefusedError(what, 404, notFound)
+      this.#lastFailure = `${what} (${notFound})`
+      this.#log(`toolport mcp: ${this.#lastFailure}`)
+      return
+    }
+    if (notFound === 'TP_ERR_ROUTE_NOT_FOUND') {
+      // A Toolport answered, but not with its MCP route: the URL's path is not where Toolport's
+      // routes are (`--url …/api`). Trying again cannot help, and "not reachable" would mislead.
+      const where = `has no MCP endpoint at ${this.endpoint.href} (HTTP 404 ${notFound})`
+      if (isFirst) {
+        throw new BridgeSettingError('url', `${this.#options.url} reaches a Toolport that ${where}: give the URL ` +
+          `Toolport is served at, without a path of its routes (e.g. ${origin})`)
+      }
+      this.#lastFailure = `the Toolport at ${origin} ${where}`
+      this.#log(`toolport mcp: ${this.#lastFailure}`)
       return
     }
     const refusal = refusalOf(err)
@@ -459,7 +477,7 @@ class StdioBridge implements Bridge {
   }
 
   #unreachable (): string {
-    return `Toolport is not reachable at ${this.endpoint.origin}`
+    return `Toolport is not reachable at ${this.endpoint.href}`
   }
 
   /**
@@ -792,13 +810,7 @@ function refusalOf (err: unknown): Refusal | undefined {
   if (!(err instanceof StreamableHTTPError)) return undefined
   const status = err.code
   if (status === undefined || status < 300 || status === 404) return undefined
-  const at = err.message.indexOf(REFUSED_POST)
-  let body: unknown
-  if (at !== -1) {
-    try {
-      body = JSON.parse(err.message.slice(at + REFUSED_POST.length))
-    } catch {}
-  }
+  const body = refusedBody(err)
   if (!isPlainObject(body)) return { status }
   const error = body.error
   if (isPlainObject(error) && typeof error.code === 'number' && Number.isInteger(error.code) &&
@@ -809,6 +821,17 @@ function refusalOf (err: unknown): Refusal | undefined {
     status,
     ...(typeof body.code === 'string' ? { code: body.code } : {}),
     ...(typeof body.message === 'string' ? { message: body.message } : {})
+  }
+}
+
+/** The JSON body of a refused POST, read from the error's message; undefined without one. */
+function refusedBody (err: StreamableHTTPError): unknown {
+  const at = err.message.indexOf(REFUSED_POST)
+  if (at === -1) return undefined
+  try {
+    return JSON.parse(err.message.slice(at + REFUSED_POST.length))
+  } catch {
+    return undefined
   }
 }
 
@@ -881,8 +904,14 @@ function isSessionGone (err: unknown): boolean {
   return err instanceof StreamableHTTPError && err.code === 404
 }
 
-function isRoleNotFound (err: unknown): boolean {
-  return err instanceof StreamableHTTPError && err.code === 404 && err.message.includes('TP_ERR_ROLE_NOT_FOUND')
+/**
+ * The TP_ERR_* code of a 404 Toolport answered (TP_ERR_ROLE_NOT_FOUND, TP_ERR_ROUTE_NOT_FOUND), or
+ * undefined: another 404 is a session gone (or a server that is not Toolport).
+ */
+function notFoundCode (err: unknown): string | undefined {
+  if (!(err instanceof StreamableHTTPError) || err.code !== 404) return undefined
+  const body = refusedBody(err)
+  return isPlainObject(body) && typeof body.code === 'string' ? body.code : undefined
 }
 
 /**

@@ -13,7 +13,7 @@ import { closeSync, fstatSync, openSync, readSync, realpathSync } from 'node:fs'
 import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { ENVIRONMENT } from './environment.js'
-import { isToolportError } from './errors.js'
+import { ConfigError, isToolportError } from './errors.js'
 import { errorText, isPlainObject, noop } from '../shared/util.js'
 import { kDispatchMode } from './symbols.js'
 
@@ -28,7 +28,8 @@ Options for serve:
   --port N         port to bind, 0 for any free port (default 3917; env TOOLPORT_PORT)
   --role NAME      a role to create; repeat for more (default: one role named "default";
                    env TOOLPORT_ROLES, comma-separated)
-  --config FILE    a JSON file of options (env TOOLPORT_CONFIG); flags win over it
+  --config FILE    a JSON file of options (env TOOLPORT_CONFIG); flags win over it; one that
+                   holds security.token must not be readable by group or others (chmod 600)
   --inline         dispatch callbacks on the main thread instead of the worker pool
                    (env TOOLPORT_DISPATCH_MODE=inline)
   --log-level L    fatal|error|warn|info|debug|trace|silent (default info; env TOOLPORT_LOG_LEVEL)
@@ -176,9 +177,9 @@ async function serve (args: string[], io: CliIo): Promise<number> {
     io.stdout.write(USAGE)
     return 0
   }
-  const [config, { Toolport }, { createLogger }, { applyServerV8Flags }] =
+  const [config, { Toolport, resolveBindHost }, { createLogger }, { applyServerV8Flags }] =
     await Promise.all([import('./config.js'), import('./toolport.js'), import('./logger.js'), import('./v8-flags.js')])
-  const { logLevelProblem, optionsFromEnv, parseOptions, portProblem } = config
+  const { bindHostProblem, logLevelProblem, optionsFromEnv, parseOptions, portProblem } = config
   // A reader of stdout that goes away (`serve | head`, a log shipper restarting) must not take the
   // server down: its EPIPE is an 'error' event, which ends the process when nobody listens. The
   // log lines are lost from then on, and stderr says so once.
@@ -195,10 +196,17 @@ async function serve (args: string[], io: CliIo): Promise<number> {
   const options = configFile !== undefined && configFile !== '' ? readConfigFile(configFile) : {}
   // A variable a flag overrides is not read: the flag wins, whatever the variable holds.
   const env = { ...io.env }
+  if (flags.host !== undefined) delete env.TOOLPORT_HOST
   if (flags.port !== undefined) delete env.TOOLPORT_PORT
   if (flags['log-level'] !== undefined) delete env.TOOLPORT_LOG_LEVEL
+  if (flags.role !== undefined) delete env.TOOLPORT_ROLES
+  if (flags.inline === true) delete env.TOOLPORT_DISPATCH_MODE
   mergeOptions(options, optionsFromEnv(env))
-  if (flags.host !== undefined) options.host = flags.host
+  if (flags.host !== undefined) {
+    const problem = bindHostProblem(flags.host)
+    if (problem !== undefined) throw new UsageError(`--host ${JSON.stringify(flags.host)} ${problem}`)
+    options.host = flags.host
+  }
   if (flags.port !== undefined) {
     const problem = portProblem(flags.port)
     if (problem !== undefined) throw new UsageError(`--port ${problem}`)
@@ -226,6 +234,16 @@ async function serve (args: string[], io: CliIo): Promise<number> {
 
   // Human-readable logs on a terminal, JSON lines otherwise (for log collectors).
   const settings = parseOptions(options)
+  // listen() would refuse a non-loopback host naming the option; the operator gave a flag, a
+  // variable or the config file's key, and the way to allow it here is the flag.
+  const bind = resolveBindHost(settings.host)
+  if (!bind.isLoopback && !settings.security.allowNonLoopbackBind) {
+    const from = flags.host !== undefined
+      ? '--host'
+      : env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '' ? 'TOOLPORT_HOST' : `host in ${configFile ?? 'the options'}`
+    throw new ConfigError(`refusing to bind ${bind.host} (${from}): not a loopback address; add --allow-non-loopback-bind ` +
+      'to allow it (clients must still be loopback)')
+  }
   // Before the first call: a process settles into its GC regime in its first seconds of load.
   const v8Flags = applyServerV8Flags(process.execArgv)
   const tp = new Toolport(settings, createLogger(settings.logger, {
@@ -336,19 +354,31 @@ function jsonErrorPlace (text: string, err: SyntaxError): string {
   return ` at line ${before.length}, column ${(before.at(-1)?.length ?? 0) + 1}`
 }
 
+/**
+ * Reads the `--config` file. One that holds `security.token` must be private to its owner, as a
+ * token file must (0600 or stricter): the token is the same secret, however it is given.
+ */
 function readConfigFile (file: string): Record<string, unknown> {
+  let mode = 0
   // The decoder drops a leading byte order mark (some editors write one): it is not part of the JSON.
-  const text = utf8Text(readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES), 'config file', file)
+  const text = utf8Text(readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES, (m) => { mode = m }), 'config file', file)
+  let options: Record<string, unknown>
   try {
     const value: unknown = JSON.parse(text)
     if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not a JSON object')
-    return value as Record<string, unknown>
+    options = value as Record<string, unknown>
   } catch (err) {
     // Not V8's message for a syntax error: it quotes the file around the error, and the file may
     // hold the token.
     const why = err instanceof SyntaxError ? `not valid JSON${jsonErrorPlace(text, err)}` : errorText(err)
     throw new InputError(`the config file ${file} is not a JSON object of options: ${why}`)
   }
+  const security = options.security
+  if (isPlainObject(security) && Object.hasOwn(security, 'token') && (mode & 0o077) !== 0) {
+    throw new InputError(`the config file ${file} holds security.token and is readable by others ` +
+      `(mode ${(mode & 0o777).toString(8)}); chmod 600 it, or give the token with --token-file`)
+  }
+  return options
 }
 
 /**

@@ -2,6 +2,7 @@
 //
 // The library reads options only through `parseOptions`; the CLI maps flags and environment
 // variables onto the same schema with `optionsFromEnv`, so both see one set of defaults.
+import { isIP } from 'node:net'
 import { z } from 'zod'
 import { ConfigError } from './errors.js'
 import { isWellFormedText } from '../shared/util.js'
@@ -22,6 +23,24 @@ export function roleNameProblem (name: unknown): string | undefined {
   return checked.success ? undefined : checked.error.issues[0]?.message ?? 'must be a string of 1 to 128 characters'
 }
 
+/** A DNS name: labels of letters, digits, `-` and `_`, joined by dots, a final dot allowed. */
+const HOST_NAME = /^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\.?$/i
+
+/**
+ * Why `host` is no address to bind (the `host` option, `listen({ host })`, `--host`,
+ * TOOLPORT_HOST), or undefined: it must be an IP address (an IPv6 one bracketed or not) or a host
+ * name, alone. A port, a scheme or a space would make it a name to look up (ENOTFOUND), and calling
+ * it "not a loopback address" would send the operator to allow non-loopback binds, which cannot
+ * help. The text follows the value, e.g. `"127.0.0.1:8080" is not an address: …`.
+ */
+export function bindHostProblem (host: string): string | undefined {
+  const bracketed = /^\[[^[\]]*\]$/.test(host)
+  const inner = bracketed ? host.slice(1, -1) : host
+  if (bracketed ? isIP(inner) === 6 : isIP(inner) !== 0 || HOST_NAME.test(inner)) return undefined
+  return 'is not an address: give the address or host name alone, without a scheme, port or spaces ' +
+    '(e.g. 127.0.0.1 or ::1; the port is a setting of its own)'
+}
+
 /** A token of token mode (see `security.token`): the options' rule, and the token files' of the CLI. */
 const tokenSchema = z.string().refine((t) => Buffer.byteLength(t) >= 32, { message: 'is shorter than 32 bytes' })
   .refine((t) => /^[\x21-\x7e]*$/.test(t), {
@@ -35,9 +54,12 @@ export function tokenProblem (token: string): string | undefined {
   return checked.success ? undefined : checked.error.issues[0]?.message
 }
 
+/** `dispatch.mode`'s values. */
+const DISPATCH_MODES = ['pool', 'inline'] as const
+
 const dispatchSchema = z.strictObject({
   /** `pool`: callbacks run in worker threads (default). `inline`: on the main thread. */
-  mode: z.enum(['pool', 'inline']).default('pool'),
+  mode: z.enum(DISPATCH_MODES).default('pool'),
   /** Worker threads; 1 measured best on 2 cores for this I/O-bound work. */
   threads: z.number().int().min(1).max(64).default(1),
   /** The calls of one event-loop turn travel to a worker as one message, at most this many. */
@@ -240,7 +262,10 @@ export const optionsSchema = z.strictObject({
     if (twice !== undefined) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(twice)} is named more than once` })
   }).default([]),
   /** Address `listen()` binds by default. */
-  host: z.string().min(1).default('127.0.0.1'),
+  host: z.string().min(1).superRefine((host, ctx) => {
+    const problem = bindHostProblem(host)
+    if (problem !== undefined) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(host)} ${problem}` })
+  }).default('127.0.0.1'),
   /** Port `listen()` binds by default (0 = any free port). */
   port: z.number().int().min(0).max(65_535).default(3917),
   /** A role's sync to its model sessions fails after this long. */
@@ -280,12 +305,19 @@ export function parseOptions (input: unknown = {}): ResolvedOptions {
 export { ENVIRONMENT } from './environment.js'
 
 /**
- * Maps TOOLPORT_* variables onto an options object; the schema validates it, but a port or log
- * level that is not one is refused here, naming the variable (TP_ERR_CONFIG).
+ * Maps TOOLPORT_* variables onto an options object. A value the schema would refuse is refused
+ * here, naming the variable (TP_ERR_CONFIG): the schema's message names an option path
+ * (`dispatch.mode`, `roles.1`) the operator never wrote. Whether TOOLPORT_HOST may be bound (a
+ * loopback address, or `security.allowNonLoopbackBind`) depends on other settings: the CLI judges
+ * that once they are all read, naming the variable too.
  */
 export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown> {
   const out: Record<string, unknown> = {}
-  if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') out.host = env.TOOLPORT_HOST
+  if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') {
+    const problem = bindHostProblem(env.TOOLPORT_HOST)
+    if (problem !== undefined) throw new ConfigError(`TOOLPORT_HOST ${JSON.stringify(env.TOOLPORT_HOST)} ${problem}`)
+    out.host = env.TOOLPORT_HOST
+  }
   if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') {
     // Named as the variable, as `--port` is named: the schema's own message ("expected number,
     // received string") would blame the type of a value the operator typed as a number.
@@ -294,7 +326,12 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
     out.port = Number(env.TOOLPORT_PORT)
   }
   if (env.TOOLPORT_ROLES !== undefined && env.TOOLPORT_ROLES !== '') {
-    out.roles = env.TOOLPORT_ROLES.split(',').map((r) => r.trim()).filter((r) => r !== '')
+    const roles = env.TOOLPORT_ROLES.split(',').map((r) => r.trim()).filter((r) => r !== '')
+    // Named as the variable: the schema's path (`roles.1`) is an index into a list the operator
+    // never wrote as one.
+    const problem = rolesProblem(roles)
+    if (problem !== undefined) throw new ConfigError(`TOOLPORT_ROLES ${problem}`)
+    out.roles = roles
   }
   if (env.TOOLPORT_LOG_LEVEL !== undefined && env.TOOLPORT_LOG_LEVEL !== '') {
     const problem = logLevelProblem(env.TOOLPORT_LOG_LEVEL)
@@ -302,9 +339,23 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
     out.logger = env.TOOLPORT_LOG_LEVEL
   }
   if (env.TOOLPORT_DISPATCH_MODE !== undefined && env.TOOLPORT_DISPATCH_MODE !== '') {
-    out.dispatch = { mode: env.TOOLPORT_DISPATCH_MODE }
+    const mode = env.TOOLPORT_DISPATCH_MODE
+    if (!(DISPATCH_MODES as readonly string[]).includes(mode)) {
+      throw new ConfigError(`TOOLPORT_DISPATCH_MODE must be ${DISPATCH_MODES.join(' or ')} (got ${JSON.stringify(mode)})`)
+    }
+    out.dispatch = { mode }
   }
   return out
+}
+
+/** Why a list of role names given as text (TOOLPORT_ROLES) is refused, or undefined. */
+function rolesProblem (roles: string[]): string | undefined {
+  for (const [i, name] of roles.entries()) {
+    const problem = roleNameProblem(name)
+    if (problem !== undefined) return `names ${JSON.stringify(name)}, which is not a role name: ${problem}`
+    if (roles.indexOf(name) !== i) return `names ${JSON.stringify(name)} more than once`
+  }
+  return undefined
 }
 
 /** Why a port given as text (a flag, a variable) is refused, or undefined. */

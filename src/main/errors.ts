@@ -2,7 +2,12 @@
 //
 // Built with @fastify/error as fastify's own lib/errors.js is: a stable code, a `%s` message
 // format and an HTTP status. The README's error table lists exactly these codes (a test checks).
-import createError from '@fastify/error'
+//
+// The named import, not the default one: the declarations tsc emits for these constants then name
+// their type `import("@fastify/error").FastifyErrorConstructor`, which resolves under every
+// moduleResolution. From a default import they said `createError.FastifyErrorConstructor`, a
+// namespace that a consumer with moduleResolution "bundler" (skipLibCheck off) cannot see (TS2503).
+import { createError } from '@fastify/error'
 
 /** One problem found while validating a request, as sent in `details`. */
 export interface ErrorDetail {

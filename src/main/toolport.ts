@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
-import type { ToolportOptions } from './config.js'
+import { bindHostProblem, type ToolportOptions } from './config.js'
 import { isIPv4MappedAddress, isLoopbackAddress, isUnspecifiedAddress } from '../shared/loopback.js'
 import { ClosedError, ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
@@ -55,16 +55,8 @@ export class Toolport extends Runtime {
     if (typeof port !== 'number' || !Number.isInteger(port) || port < 0 || port > 65_535) {
       throw new ConfigError(`listen(): port must be an integer from 0 to 65535 (got ${describeValue(port)})`)
     }
-    // An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
-    const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
-    if (isIPv4MappedAddress(unbracketed)) {
-      // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
-      // answer could never be served.
-      throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
-    }
-    // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
-    const host = unbracketed.toLowerCase() === 'localhost' ? 'localhost' : unbracketed
-    if (!isLoopbackBindHost(host)) {
+    const { host, isLoopback } = resolveBindHost(given)
+    if (!isLoopback) {
       if (!this.options.security.allowNonLoopbackBind) {
         throw new ConfigError(`refusing to bind ${host}: not a loopback address (set security.allowNonLoopbackBind to allow it)`)
       }
@@ -73,7 +65,7 @@ export class Toolport extends Runtime {
     await this[kDispatchReady]
     // close() may have begun meanwhile: it must not be left a server it does not know of.
     if (this.closed) throw new ClosedError()
-    const listening = this.app.listen({ host, port })
+    const listening = this.app.listen({ host, port, listenTextResolver: listenText(host) })
     this.#listening = listening
     await listening
     this.app.server.maxConnections = this.options.limits.maxConnections
@@ -114,8 +106,49 @@ export function listeningUrl (host: string, port: number): string {
   return `http://${reachable.includes(':') ? `[${reachable}]` : reachable}:${port}`
 }
 
-function isLoopbackBindHost (host: string): boolean {
-  return host === 'localhost' || isLoopbackAddress(host)
+/**
+ * fastify's info line for each address it bound. For a wildcard bind (`0.0.0.0`, `::`) fastify
+ * logs every interface's address (`http://192.0.2.2:PORT`, which answers 403: docs/protocol.md R1)
+ * or `http://[::]:PORT` (no address to connect to), beside the banner's loopback URL: those lines
+ * name the loopback URL (listeningUrl) instead, and an interface that refuses every client is
+ * named as bound, without a URL to follow.
+ */
+function listenText (host: string): (address: string) => string {
+  if (!isUnspecifiedAddress(host)) return (address) => `Server listening at ${address}`
+  return (address) => {
+    let url: URL
+    try {
+      url = new URL(address)
+    } catch {
+      return `Server listening at ${address}`
+    }
+    const ip = url.hostname.replace(/^\[(.*)\]$/, '$1')
+    if (isLoopbackAddress(ip)) return `Server listening at ${address}`
+    const reachable = listeningUrl(host, Number(url.port))
+    if (isUnspecifiedAddress(ip)) return `Server listening at ${reachable} (bound to every address; non-loopback clients are refused)`
+    return `Server also bound to ${ip} (${host} is every address), where non-loopback clients are refused; it answers at ${reachable}`
+  }
+}
+
+/**
+ * The host `listen()` binds for `given` (unbracketed, `localhost` in lower case) and whether it is
+ * a loopback one; TP_ERR_CONFIG for a host it never binds, whatever the options say: one that is
+ * no address (see bindHostProblem), or an IPv4-mapped one. The CLI judges its settings with it
+ * before it starts anything, to name the flag or variable that gave the host.
+ */
+export function resolveBindHost (given: string): { host: string, isLoopback: boolean } {
+  const problem = bindHostProblem(given)
+  if (problem !== undefined) throw new ConfigError(`refusing to bind ${JSON.stringify(given)}: it ${problem}`)
+  // An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
+  const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
+  if (isIPv4MappedAddress(unbracketed)) {
+    // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
+    // answer could never be served.
+    throw new ConfigError(`refusing to bind ${given}: an IPv4-mapped IPv6 address; bind the IPv4 address itself (e.g. 127.0.0.1)`)
+  }
+  // Host names are case-insensitive (the guard compares them in lower case): `LOCALHOST` is localhost.
+  const host = unbracketed.toLowerCase() === 'localhost' ? 'localhost' : unbracketed
+  return { host, isLoopback: host === 'localhost' || isLoopbackAddress(host) }
 }
 
 /**

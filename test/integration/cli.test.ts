@@ -4,7 +4,7 @@ import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
 import { EventEmitter, once } from 'node:events'
-import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -306,6 +306,36 @@ test('CLI: a token or config file is read only so far: a device that never ends 
   assert.deepEqual(Object.keys((await httpJson(`${url}/api/tools`, 'GET')).body.tools_by_role), ['café'])
 })
 
+test('CLI: a config file that holds security.token must be private to its owner, as a token file must: group- or world-readable it exits 2 naming it; 0600 serves; without a token it may be 0644 (SECURITY.md "Token mode"; README "The command")', SLOW, async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const token = 'k'.repeat(40)
+  for (const mode of [0o644, 0o640, 0o604]) {
+    const file = join(dir, `token-${mode.toString(8)}.json`)
+    await writeFile(file, JSON.stringify({ port: 0, logger: 'silent', security: { token } }))
+    await chmod(file, mode)
+    for (const [args, env] of [[['--config', file], {}], [[], { TOOLPORT_CONFIG: file }]] as Array<[string[], Record<string, string>]>) {
+      const cli = runMain(t, ['serve', ...args], env)
+      const served = await Promise.race([cli.exited.then(() => false), listeningUrl(cli).then(() => true, () => false)])
+      assert.equal(served, false, `served with a ${mode.toString(8)} config file holding the token`)
+      assert.equal((await cli.exited).code, 2, mode.toString(8))
+      assert.equal(cli.stderr(), `toolport: the config file ${file} holds security.token and is readable by others ` +
+        `(mode ${mode.toString(8)}); chmod 600 it, or give the token with --token-file\n`)
+      assert.deepEqual(cli.stdout, [])
+    }
+  }
+  const owner = join(dir, 'token-600.json')
+  await writeFile(owner, JSON.stringify({ port: 0, logger: 'silent', security: { token } }))
+  await chmod(owner, 0o600)
+  const served = runMain(t, ['serve', '--config', owner])
+  const url = await listeningUrl(served)
+  assert.equal((await httpJson(`${url}/api/health`, 'GET')).statusCode, 401, 'token mode is on')
+  const open = join(dir, 'open.json')
+  await writeFile(open, JSON.stringify({ port: 0, logger: 'silent' }))
+  await chmod(open, 0o644)
+  await listeningUrl(runMain(t, ['serve', '--config', open]))
+})
+
 test('CLI: TOOLPORT_PORT and TOOLPORT_LOG_LEVEL that are not one are refused naming the variable; --log-level names the levels; a flag overriding a bad variable wins', SLOW, async (t) => {
   const port = runMain(t, ['serve'], { TOOLPORT_PORT: '-1' })
   assert.equal((await port.exited).code, 2)
@@ -318,6 +348,84 @@ test('CLI: TOOLPORT_PORT and TOOLPORT_LOG_LEVEL that are not one are refused nam
   assert.match(flag.stderr(), /--log-level must be one of fatal, error, warn, info, debug, trace, silent \(got "false"\)/)
   const overridden = runMain(t, ['serve', '--port', '0', '--log-level', 'silent'], { TOOLPORT_PORT: 'abc', TOOLPORT_LOG_LEVEL: 'loud' })
   await listeningUrl(overridden)
+})
+
+test('CLI: a TOOLPORT_DISPATCH_MODE or TOOLPORT_ROLES that is not one is refused naming the variable, not an option path (README "The command": the message names the setting)', SLOW, async (t) => {
+  const cases: Array<[Record<string, string>, RegExp]> = [
+    [{ TOOLPORT_DISPATCH_MODE: 'Inline' }, /^toolport: .*TOOLPORT_DISPATCH_MODE must be pool or inline \(got "Inline"\)/],
+    [{ TOOLPORT_ROLES: 'a,..' }, /^toolport: .*TOOLPORT_ROLES names "\.\.", which is not a role name/],
+    [{ TOOLPORT_ROLES: 'a, b, a' }, /^toolport: .*TOOLPORT_ROLES names "a" more than once/]
+  ]
+  for (const [env, message] of cases) {
+    const cli = runMain(t, ['serve', '--port', '0', '--log-level', 'silent'], env)
+    assert.equal((await cli.exited).code, 2, JSON.stringify(env))
+    assert.match(cli.stderr(), message)
+    assert.doesNotMatch(cli.stderr(), /dispatch\.mode|roles\.\d/, 'no option path the operator never wrote')
+    assert.deepEqual(cli.stdout, [])
+  }
+  // A flag wins over its variable, whatever the variable holds.
+  const overridden = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', '--inline', '--role', 'A'],
+    { TOOLPORT_DISPATCH_MODE: 'Inline', TOOLPORT_ROLES: 'a,..' })
+  await listeningUrl(overridden)
+})
+
+test('CLI: a --host or TOOLPORT_HOST that is no address (a port, a scheme, a space) is refused as such, naming it, even with --allow-non-loopback-bind, whose advice could not help (README "The command")', SLOW, async (t) => {
+  for (const host of ['127.0.0.1:8080', 'http://127.0.0.1', ' 127.0.0.1']) {
+    for (const [args, env, name] of [
+      [['--host', host], {}, '--host'],
+      [['--host', host, '--allow-non-loopback-bind'], {}, '--host'],
+      [[], { TOOLPORT_HOST: host }, 'TOOLPORT_HOST']
+    ] as Array<[string[], Record<string, string>, string]>) {
+      const cli = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', ...args], env)
+      const described = `${JSON.stringify(args)} ${JSON.stringify(env)}`
+      assert.equal((await cli.exited).code, 2, described)
+      const first = cli.stderr().split('\n')[0] ?? ''
+      assert.ok(first.startsWith(`toolport: ${name === '--host' ? '' : 'invalid Toolport options: '}${name} ${JSON.stringify(host)} is not an address`), `${described}: ${first}`)
+      assert.doesNotMatch(first, /loopback/, described)
+      assert.deepEqual(cli.stdout, [], described)
+    }
+  }
+})
+
+test('CLI: a non-loopback host is refused naming where it was given (--host, TOOLPORT_HOST, the config file) and the flag that allows it (README "The command")', SLOW, async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'toolport-cli-'))
+  t.after(() => rm(dir, { recursive: true, force: true }))
+  const file = join(dir, 'host.json')
+  await writeFile(file, JSON.stringify({ host: '192.0.2.10' }))
+  for (const [args, env, from] of [
+    [['--host', '192.0.2.10'], {}, '--host'],
+    [[], { TOOLPORT_HOST: '192.0.2.10' }, 'TOOLPORT_HOST'],
+    [['--config', file], {}, `host in ${file}`]
+  ] as Array<[string[], Record<string, string>, string]>) {
+    const cli = runMain(t, ['serve', '--port', '0', '--log-level', 'silent', ...args], env)
+    assert.equal((await cli.exited).code, 2, from)
+    const first = cli.stderr().split('\n')[0] ?? ''
+    assert.ok(first.includes(`refusing to bind 192.0.2.10 (${from}): not a loopback address; add --allow-non-loopback-bind`), first)
+    assert.doesNotMatch(first, /security\.allowNonLoopbackBind/)
+  }
+})
+
+test('CLI: bound to 0.0.0.0 or :: (--allow-non-loopback-bind), every URL in the log lines is the one the banner prints, the loopback one that answers (README "The command"; docs/protocol.md R1)', SLOW, async (t) => {
+  for (const host of ['0.0.0.0', '::']) {
+    const cli = runMain(t, ['serve', '--port', '0', '--host', host, '--allow-non-loopback-bind', '--log-level', 'info'])
+    const banner = await new Promise<string>((resolve, reject) => {
+      const check = (l: string): void => {
+        const url = /^Toolport listening on (http:\/\/\S+)/.exec(l)?.[1]
+        if (url !== undefined) resolve(url)
+      }
+      for (const l of cli.stdout) check(l)
+      cli.lines.on('line', check)
+      cli.exited.then(() => { reject(new Error(cli.stderr())) }, reject)
+    })
+    assert.equal((await httpJson(`${banner}/api/health`, 'GET')).statusCode, 200)
+    cli.stop('SIGTERM')
+    assert.equal((await cli.exited).code, 0)
+    const messages = cli.stdout.filter((l) => l.startsWith('{')).map((l) => String((JSON.parse(l) as { msg: unknown }).msg))
+    assert.ok(messages.some((m) => m.startsWith('Server listening at ')), `${host}: fastify's line is there: ${messages.join('\n')}`)
+    for (const message of messages) {
+      for (const [url] of message.matchAll(/https?:\/\/[^\s;,)]+/g)) assert.equal(url, banner, `${host}: ${message}`)
+    }
+  }
 })
 
 test('CLI: --host [::1] (bracketed, as in a URL) binds ::1 and prints a URL the server answers', SLOW, async (t) => {

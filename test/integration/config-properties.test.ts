@@ -589,7 +589,8 @@ test('config: property: the real `toolport serve` with one bad setting (flag or 
     { args: [], env: { TOOLPORT_PORT: '65536' }, name: /TOOLPORT_PORT/ },
     { args: ['--log-level', 'chatty'], env: {}, name: /log/ },
     { args: [], env: { TOOLPORT_LOG_LEVEL: 'chatty' }, name: /TOOLPORT_LOG_LEVEL/ },
-    { args: [], env: { TOOLPORT_DISPATCH_MODE: 'turbo' }, name: /dispatch/ },
+    { args: [], env: { TOOLPORT_DISPATCH_MODE: 'turbo' }, name: /TOOLPORT_DISPATCH_MODE/ },
+    { args: [], env: { TOOLPORT_ROLES: 'A,..' }, name: /TOOLPORT_ROLES/ },
     { args: ['--host', '0.0.0.0'], env: {}, name: /0\.0\.0\.0|host/ },
     { args: [], env: { TOOLPORT_HOST: '0.0.0.0' }, name: /0\.0\.0\.0|host/ },
     { args: ['--role', ''], env: {}, name: /role/ }

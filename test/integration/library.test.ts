@@ -41,6 +41,16 @@ test('library: listen() on a non-loopback address without security.allowNonLoopb
   assert.equal(tp.app.server.listening, false)
 })
 
+test('library: a host that is no address (a port, a scheme, a space) is TP_ERR_CONFIG as the host option and in listen(), allowNonLoopbackBind or not, never a failed lookup (README "Embedding: the library")', async (t) => {
+  for (const host of ['127.0.0.1:8080', 'http://127.0.0.1', ' 127.0.0.1', '[localhost]']) {
+    await assert.rejects(createToolport({ host, logger: false }), isCode('TP_ERR_CONFIG', 500), host)
+    const tp = await createTestToolport(t, { roles: ['A'], security: { allowNonLoopbackBind: true } })
+    await assert.rejects(tp.listen({ host, port: 0 }), (err: unknown) =>
+      isCode('TP_ERR_CONFIG', 500)(err) && /is not an address/.test((err as Error).message), host)
+    assert.equal(tp.app.server.listening, false)
+  }
+})
+
 test('library: invalid options are refused with a typed TP_ERR_CONFIG error', async () => {
   await assert.rejects(createToolport({ syncTimeoutMs: -1 }), isCode('TP_ERR_CONFIG', 500))
   await assert.rejects(createToolport({ unknownOption: true } as never), isCode('TP_ERR_CONFIG', 500))

@@ -155,12 +155,30 @@ test('bridge: a --url whose server answers JSON that is no MCP is said in one li
   assert.match(lines[0] ?? '', /is this the URL of a Toolport\?/)
 })
 
-test('bridge, R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND', async (t) => {
+test('bridge, R6: `toolport mcp` for a role the Toolport does not have exits 1 with TP_ERR_ROLE_NOT_FOUND, saying so once, with the Toolport it asked', async (t) => {
   const { url } = await startTp(t)
   const { code, stdout, stderr } = await runMainCollecting(t, ['mcp', '--role', 'Nobody', '--url', url])
   assert.equal(code, 1)
-  assert.match(stderr, /TP_ERR_ROLE_NOT_FOUND/)
+  assert.equal(stderr, `toolport: the role 'Nobody' does not exist on the Toolport at ${url} (TP_ERR_ROLE_NOT_FOUND)\n`)
   assert.equal(stdout, '', 'stdout carries the protocol only')
+})
+
+test('bridge: a --url (or TOOLPORT_URL) under which a live Toolport has no MCP route (…/api: 404 TP_ERR_ROUTE_NOT_FOUND) is a usage error, exit 2 naming the endpoint it tried, not a Toolport "not reachable" retried forever (README bridge paragraph)', async (t) => {
+  const { url } = await startTp(t)
+  for (const [args, env, name] of [
+    [['--url', `${url}/api`], {}, '--url'],
+    [[], { TOOLPORT_URL: `${url}/api` }, 'TOOLPORT_URL']
+  ] as Array<[string[], Record<string, string>, string]>) {
+    const run = runMainUntil(t, ['mcp', '--role', 'Lanlan', ...args], env)
+    // Without a verdict the bridge waits for Toolport, saying "cannot reach" on each try.
+    const code = await Promise.race([run.code, run.logged(/cannot reach/).then(() => undefined)])
+    assert.equal(code, 2, `${name}: ${run.stderr()}`)
+    const first = run.stderr().split('\n')[0] ?? ''
+    assert.ok(first.startsWith(`toolport: ${name} ${url}/api reaches a Toolport that has no MCP endpoint at ${url}/api/mcp/Lanlan ` +
+      '(HTTP 404 TP_ERR_ROUTE_NOT_FOUND)'), first)
+    assert.match(first, new RegExp(`e\\.g\\. ${url.replaceAll('.', '\\.')}\\)$`))
+    assert.equal(run.stdout(), '', 'stdout carries the protocol only')
+  }
 })
 
 test('bridge: `toolport mcp` without --role is a usage error (exit 2)', async (t) => {
@@ -291,6 +309,33 @@ function rawBridge (t: TestContext, args: string[]): {
  * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
  * its own streams and an empty environment; resolves with its exit code and everything it wrote.
  */
+/**
+ * Starts `main(args)` in this process with `env`: `code` resolves with its exit code, `logged(re)`
+ * once its stderr matches `re`. Stopped in t.after if still running.
+ */
+function runMainUntil (t: TestContext, args: string[], env: NodeJS.ProcessEnv): {
+  code: Promise<number>,
+  logged: (re: RegExp) => Promise<void>,
+  stdout: () => string,
+  stderr: () => string
+} {
+  const stdin = new PassThrough()
+  const out = new PassThrough()
+  const err = new PassThrough()
+  const seen = new EventEmitter()
+  let stdout = ''
+  let stderr = ''
+  out.setEncoding('utf8').on('data', (chunk: string) => { stdout += chunk })
+  err.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk; seen.emit('data') })
+  const controller = new AbortController()
+  const code = main(args, { stdin, stdout: out, stderr: err, env, stop: controller.signal })
+  t.after(async () => { controller.abort('SIGTERM'); stdin.end(); await code })
+  const logged = async (re: RegExp): Promise<void> => {
+    while (!re.test(stderr)) await once(seen, 'data')
+  }
+  return { code, logged, stdout: () => stdout, stderr: () => stderr }
+}
+
 async function runMainCollecting (t: TestContext, args: string[]): Promise<{
   code: number,
   stdout: string,

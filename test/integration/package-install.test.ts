@@ -1,15 +1,18 @@
-// The README's install path for MCP clients: `npm pack`, `npm install -g ./toolport-*.tgz`, then
-// the `toolport` command. The test builds the current sources, packs them, installs the tarball
-// into a temporary global prefix (--prefer-offline: the dependency tarballs are in npm's cache after `npm ci`),
-// starts the installed `toolport serve`, and connects the official MCP SDK client to the
-// installed `toolport mcp` bridge exactly as the README's Claude Desktop config launches it.
-import { test } from 'node:test'
+// The README's install path for MCP clients: `npm ci && npm pack` in a checkout, `npm install -g
+// ./toolport-*.tgz`, then the `toolport` command. The test copies the checkout as a fresh clone
+// has it (sources, build config and scripts, no dist/: it is gitignored) with the checkout's
+// node_modules, packs it (package.json's `prepack` builds it), installs the tarball into a
+// temporary global prefix (--prefer-offline: the dependency tarballs are in npm's cache after
+// `npm ci`), starts the installed `toolport serve`, and connects the official MCP SDK client to
+// the installed `toolport mcp` bridge exactly as the README's Claude Desktop config launches it.
+// The checkout's own dist/ is never read or written.
+import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { cp, copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises'
+import { access, cp, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { dirname, join, resolve, sep } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
@@ -18,6 +21,13 @@ import { httpJson } from '../helpers.js'
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const STEP_TIMEOUT_MS = 180_000
 
+/**
+ * What a checkout has that packing reads besides package.json's `files`: the build's inputs, and
+ * the files npm always packs (README, LICENSE).
+ */
+const CHECKOUT_INPUTS = ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json', 'src', 'scripts',
+  'README.md', 'LICENSE']
+
 function run (file: string, args: string[], cwd: string): Promise<string> {
   return new Promise((resolve, reject) => {
     execFile(file, args, { cwd, timeout: STEP_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
@@ -25,21 +35,6 @@ function run (file: string, args: string[], cwd: string): Promise<string> {
       else resolve(stdout)
     })
   })
-}
-
-/** The newest modification time of any file under `dir` (0 when it does not exist). */
-async function newestMtime (dir: string): Promise<number> {
-  let newest = 0
-  let entries
-  try {
-    entries = await readdir(dir, { withFileTypes: true, recursive: true })
-  } catch {
-    return 0
-  }
-  for (const entry of entries) {
-    if (entry.isFile()) newest = Math.max(newest, (await stat(join(entry.parentPath, entry.name))).mtimeMs)
-  }
-  return newest
 }
 
 /** Resolves with the URL `toolport serve` prints once it listens. */
@@ -55,35 +50,47 @@ async function listeningUrl (child: ChildProcess): Promise<string> {
   throw new Error(`toolport serve exited before listening:\n${out}`)
 }
 
-test('the packed tarball installs globally and its toolport bin serves, and bridges MCP as the README says', { timeout: 4 * STEP_TIMEOUT_MS }, async (t) => {
-  const work = await mkdtemp(join(tmpdir(), 'toolport-pack-'))
-  t.after(() => rm(work, { recursive: true, force: true }))
-  const pkg = join(work, 'pkg')
-  const prefix = join(work, 'prefix')
-  await mkdir(pkg)
-  await mkdir(prefix)
+interface Installed {
+  /** A directory of the test's own (removed after the file's tests). */
+  work: string
+  /** The `toolport` command the global install made. */
+  bin: string
+  /** The installed package's directory. */
+  dir: string
+}
 
-  // A package directory of its own with the sources as they are now: the checkout's dist when
-  // `npm run build` made it after the last source change (CI), else a fresh build (the
-  // checkout's dist is never written). Then pack and install it the README's way.
-  const dist = join(ROOT, 'dist')
-  if (await newestMtime(dist) > await newestMtime(join(ROOT, 'src'))) {
-    await cp(dist, join(pkg, 'dist'), { recursive: true })
-  } else {
-    await run(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.build.json'),
-      '--outDir', join(pkg, 'dist')], ROOT)
-  }
-  for (const file of ['package.json', 'README.md']) await copyFile(join(ROOT, file), join(pkg, file))
-  // The rest of what package.json's `files` ships (the console's static files).
-  const { files } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { files: string[] }
-  for (const entry of files) if (entry !== 'dist') await cp(join(ROOT, entry), join(pkg, entry), { recursive: true })
-  await run('npm', ['pack', '--silent', '--pack-destination', work], pkg)
-  const tarball = (await readdir(work)).find((f) => /^toolport-.*\.tgz$/.test(f))
-  assert.ok(tarball !== undefined, 'npm pack wrote toolport-<version>.tgz')
-  await run('npm', ['install', '-g', '--prefix', prefix, '--prefer-offline', '--no-audit', '--no-fund', join(work,
-    tarball)], work)
-  const bin = join(prefix, 'bin', 'toolport')
+let installing: Promise<Installed> | undefined
+let workDir: string | undefined
+after(async () => { if (workDir !== undefined) await rm(workDir, { recursive: true, force: true }) })
 
+/** Packs an unbuilt copy of the checkout and installs the tarball globally, once for the file's tests. */
+function installedPackage (): Promise<Installed> {
+  installing ??= (async () => {
+    const work = await mkdtemp(join(tmpdir(), 'toolport-pack-'))
+    workDir = work
+    const checkout = join(work, 'checkout')
+    const prefix = join(work, 'prefix')
+    await mkdir(checkout)
+    await mkdir(prefix)
+    const { files } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { files: string[] }
+    for (const entry of new Set([...CHECKOUT_INPUTS, ...files.filter((f) => f !== 'dist')])) {
+      await cp(join(ROOT, entry), join(checkout, entry), { recursive: true })
+    }
+    await symlink(join(ROOT, 'node_modules'), join(checkout, 'node_modules'), 'dir')
+    await run('npm', ['pack', '--silent', '--pack-destination', work], checkout)
+    const tarball = (await readdir(work)).find((f) => /^toolport-.*\.tgz$/.test(f))
+    assert.ok(tarball !== undefined, 'npm pack wrote toolport-<version>.tgz')
+    // --engine-strict: no package of the tree may need a newer Node than package.json's engines
+    // allow (README: Node.js ≥ 20.18.1) on the Node running the tests.
+    await run('npm', ['install', '-g', '--prefix', prefix, '--prefer-offline', '--engine-strict', '--no-audit', '--no-fund',
+      join(work, tarball)], work)
+    return { work, bin: join(prefix, 'bin', 'toolport'), dir: join(prefix, 'lib', 'node_modules', 'toolport') }
+  })()
+  return installing
+}
+
+test('the packed tarball of a never-built checkout (npm pack builds it first) installs globally and its toolport bin serves, and bridges MCP as the README says', { timeout: 4 * STEP_TIMEOUT_MS }, async (t) => {
+  const { work, bin } = await installedPackage()
   const help = await run(bin, ['--help'], work)
   assert.match(help, /toolport <command>/)
 
@@ -117,4 +124,71 @@ test('the packed tarball installs globally and its toolport bin serves, and brid
   t.after(() => client.close())
   const listed = await client.listTools()
   assert.deepEqual(listed.tools.map((tool) => tool.name), ['get_weather'])
+})
+
+/** Folders of the repository the README links to that are no part of the npm package. */
+const REPOSITORY_ONLY = ['bench/', 'examples/', 'python/']
+
+test('the installed package holds what its README links to (docs/, SECURITY.md, LICENSE: package.json says MIT), and the sources its source maps name', { timeout: 4 * STEP_TIMEOUT_MS }, async () => {
+  const { dir } = await installedPackage()
+  const manifest = JSON.parse(await readFile(join(dir, 'package.json'), 'utf8')) as { license: string }
+  assert.equal(manifest.license, 'MIT')
+  assert.match(await readFile(join(dir, 'LICENSE'), 'utf8'), /^MIT License\n\nCopyright \(c\) \d{4} Toolport contributors\n/)
+
+  const readme = await readFile(join(dir, 'README.md'), 'utf8')
+  const targets = new Set([...readme.matchAll(/\]\(([^)#\s]+)(?:#[^)]*)?\)/g)].map((m) => m[1] as string)
+    .filter((target) => !/^[a-z]+:/i.test(target)))
+  assert.ok(targets.has('SECURITY.md') && targets.has('docs/protocol.md'), [...targets].join(' '))
+  for (const target of targets) {
+    if (REPOSITORY_ONLY.some((folder) => target.startsWith(folder) || `${target}/` === folder)) continue
+    await access(join(dir, target)).catch(() => { assert.fail(`the README links to ${target}, which the package lacks`) })
+  }
+
+  // tsc's maps (and declaration maps: an editor's "go to definition") name src/*.ts; the bundles'
+  // name those too, and their dependencies' files, which npm installs (not checked here).
+  let named = 0
+  for (const entry of await readdir(join(dir, 'dist'), { recursive: true, withFileTypes: true })) {
+    if (!entry.isFile() || !entry.name.endsWith('.map')) continue
+    const map = join(entry.parentPath, entry.name)
+    const { sources, sourceRoot } = JSON.parse(await readFile(map, 'utf8')) as { sources: string[], sourceRoot?: string }
+    for (const source of sources) {
+      if (source.split('/').includes('node_modules')) continue
+      const file = resolve(dirname(map), sourceRoot ?? '', source)
+      assert.ok(file.startsWith(join(dir, 'src') + sep), `${map} names ${source}, outside the package's src/`)
+      await access(file).catch(() => { assert.fail(`${map} names ${source}, which the package lacks`) })
+      named++
+    }
+  }
+  assert.ok(named > 0, 'the package has source maps')
+})
+
+/** A TypeScript program that embeds Toolport and writes a plugin, as the README shows. */
+const CONSUMER = `import { createToolport, isToolportError, type ToolportOptions } from 'toolport'
+import { createPlugin } from 'toolport/plugin'
+
+const options: ToolportOptions = { roles: ['Lanlan'] }
+const tp = await createToolport(options)
+try {
+  await tp.listen({ port: 0 })
+} catch (err) {
+  if (isToolportError(err)) console.log(err.code, err.statusCode)
+}
+await tp.close()
+export const plugin: unknown = createPlugin
+`
+
+test('the installed package\'s types check in a TypeScript program under moduleResolution node16 and bundler, with skipLibCheck off, as an embedder may have them (README "Embedding: the library")', { timeout: 4 * STEP_TIMEOUT_MS }, async () => {
+  const { work, dir } = await installedPackage()
+  const consumer = join(work, 'consumer')
+  await mkdir(join(consumer, 'node_modules'), { recursive: true })
+  await symlink(dir, join(consumer, 'node_modules', 'toolport'), 'dir')
+  await writeFile(join(consumer, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }))
+  await writeFile(join(consumer, 'main.ts'), CONSUMER)
+  const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
+  for (const [module, moduleResolution] of [['node16', 'node16'], ['esnext', 'bundler']] as const) {
+    // Every error is a line of tsc's output; its exit code says whether there was one.
+    await run(process.execPath, [tsc, '--noEmit', '--strict', '--skipLibCheck', 'false', '--target', 'es2022',
+      '--module', module, '--moduleResolution', moduleResolution, '--types', 'node',
+      '--typeRoots', join(ROOT, 'node_modules', '@types'), 'main.ts'], consumer)
+  }
 })
