@@ -31,10 +31,13 @@ export const UNIQUE_ITEMS_MODULE = 'toolport:unique'
  */
 const QUANTUM = 1 << 20
 /**
- * The work a check cut short (`start(0)`) may do before it is stopped: tens of microseconds, far
- * more than a check of ordinary arguments needs, far less than a costly one takes.
+ * The work a check cut short may do before it is stopped (`start(0, CUT_SHORT_UNITS)`): tens of
+ * microseconds, far more than a check of ordinary arguments needs, far less than a costly one
+ * takes.
  */
-const CUT_QUANTUM = 1 << 16
+export const CUT_SHORT_UNITS = 1 << 16
+/** A check stopped once it would be costly (`start(0, CHEAP_UNITS)`): any cheap check still passes. */
+export const CHEAP_UNITS = QUANTUM
 /** Charges of the helpers: an RE2 or format test (~2 µs plus the input), a deep-equality step. */
 export const REGEXP_TEST_UNITS = 2048
 const EQUAL_STEP_UNITS = 16
@@ -69,6 +72,8 @@ class ValidationBudget {
   costlyMs = 0
   #deadline = Infinity
   #limitMs = 0
+  /** Units after which the running check is stopped whatever the clock says; 0: none. */
+  #cutUnits = 0
   /** The deadline is set (or no check is running). */
   #started = true
   /** When the running check's time began (its first charge). */
@@ -80,11 +85,12 @@ class ValidationBudget {
    * Arms the budget for a check of at most `limitMs` ms. The time runs from the first charge, at
    * the entry of the validator's top function: V8 compiles a function on its first call, and
    * that compile (bounded by `limits.maxSchemaCodeBytes` and MAX_CODE_NESTING) is not the check's.
-   * `limitMs` 0 cuts the check short: it stops once its charges pass CUT_QUANTUM, whatever the
-   * clock says (src/main/dispatch/check-time.ts).
+   * `cutUnits` > 0 cuts the check short: it stops once its charges pass that many units, whatever
+   * the clock says (CUT_SHORT_UNITS or CHEAP_UNITS; src/main/dispatch/check-time.ts).
    */
-  start (limitMs: number): void {
+  start (limitMs: number, cutUnits = 0): void {
     this.#limitMs = limitMs
+    this.#cutUnits = cutUnits
     this.#deadline = Infinity
     this.#started = false
     this.#costly = false
@@ -111,11 +117,11 @@ class ValidationBudget {
       this.#started = true
       this.#startedAt = performance.now()
       this.#deadline = this.#startedAt + this.#limitMs
-      if (this.#limitMs === 0) this.left = CUT_QUANTUM
+      if (this.#cutUnits > 0) this.left = this.#cutUnits
       return
     }
     this.#costly = true
-    if (performance.now() > this.#deadline || this.#limitMs === 0) {
+    if (performance.now() > this.#deadline || this.#cutUnits > 0) {
       this.#deadline = Infinity
       throw new ValidationTooCostly(`checking them took longer than ${this.#limitMs} ms (limits.maxValidationMs)`)
     }

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import type { CallFinishedEvent } from '../../src/main/events.js'
+import { chargeCheck, CheckTime, threadOverdrawn } from '../../src/main/dispatch/check-time.js'
 import { httpJson, startToolport, tool } from '../helpers.js'
 
 /** Two `anyOf` branches that both `$ref` their definition: 2^depth work on nested arrays. */
@@ -35,6 +36,15 @@ test('docs/protocol.md R9: a tool whose argument checks keep running into limits
     const bomb = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'bomb', raw_arguments: DEEP })
     assert.equal(bomb.body.is_error, true)
     errors.push(bomb.body.error)
+    if (i === 0) {
+      // The first check ran to its deadline and overdrew the tool's account, by a few ms: it
+      // drains within tens of ms. Overdraw it by ten seconds' worth, so that the calls below
+      // are made while it is, however slow the machine (the assertions count outcomes).
+      const account = tp.roles.get('A').registry.get('bomb')!.checkTime
+      assert.equal(account.isOverdrawn, true)
+      account.debtMs = 500
+      account.at = performance.now()
+    }
     const ping = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'ping', arguments: { n: i } })
     assert.equal(ping.body.is_error, false, ping.body.error)
     assert.deepEqual(ping.body.output, { pong: i })
@@ -42,19 +52,12 @@ test('docs/protocol.md R9: a tool whose argument checks keep running into limits
   tp.off('call-finished', record)
   const bombs = outcomes.filter(([name]) => name === 'bomb').map(([, outcome]) => outcome)
   assert.deepEqual(outcomes.filter(([name]) => name === 'ping').map(([, outcome]) => outcome), Array(10).fill('ok'))
-  // The first check ran (to its deadline); of the rest, one in a second at most ran to its
-  // deadline (its 50 ms share of that second), and the others were cut short.
-  assert.equal(bombs[0], 'invalid_arguments')
+  // The first check ran (to its deadline); the rest were cut short.
+  assert.deepEqual(bombs, ['invalid_arguments', ...Array(9).fill('check_budget')])
   assert.match(errors[0] ?? '', CHECK_TOOK_TOO_LONG)
-  const refused = bombs.filter((outcome) => outcome === 'check_budget').length
-  assert.ok(refused >= 7, `refused ${refused} of 10: ${bombs.join(' ')}`)
-  for (const [i, outcome] of bombs.entries()) {
-    if (outcome === 'check_budget') {
-      assert.match(errors[i] ?? '', /^the arguments could not be checked against the tool's parameters: checking this tool's arguments took more than its share of time lately \(50 ms a second, limits\.maxValidationMs\): until that has passed, only arguments it can check at once are checked \(for up to \d+ s more\)$/)
-    } else {
-      assert.equal(outcome, 'invalid_arguments')
-      assert.match(errors[i] ?? '', CHECK_TOOK_TOO_LONG)
-    }
+  const refused = 9
+  for (const error of errors.slice(1)) {
+    assert.match(error, /^the arguments could not be checked against the tool's parameters: checking this tool's arguments took more than its share of time lately \(50 ms a second, limits\.maxValidationMs\): until that has passed, only arguments it can check at once are checked \(for up to \d+ s more\)$/)
   }
   const metrics = await (await fetch(`${url}/metrics`)).text()
   assert.match(metrics, new RegExp(`^toolport_calls_total\\{role="A",tool="bomb",outcome="check_budget"\\} ${refused}$`, 'm'))
@@ -63,12 +66,16 @@ test('docs/protocol.md R9: a tool whose argument checks keep running into limits
   assert.match(shallow.body.error, /unreachable/)
 })
 
-test('SECURITY.md "Argument validation": once all tools\' costly checks pass the thread\'s share, each check is cut short (outcome check_budget), so many tools cannot take the thread either; cheap checks still pass', async (t) => {
+test('SECURITY.md "Argument validation": while all tools\' costly checks are past the thread\'s share, every tool\'s costly checks are cut (outcome check_budget), a fresh tool\'s too, so many tools cannot take the thread either; cheap checks still pass', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['A'] })
   // Thirteen tools, each with a fresh account of its own: without the thread's account each would
   // run one check to its deadline, 13 × 50 ms against the thread's 250 ms a second.
   for (let i = 0; i < 13; i++) await tp.register(tool(`bomb${i}`, { parameters: BOMB, source: `plugin:evil${i}` }))
   await tp.roles.get('A').registerLocalTool({ name: 'shallow', parameters: BOMB, handler: () => 'ran' })
+  // The thread's account overdrawn by ~20 s (this file's last test: it is per process), as costly
+  // checks of other tools would leave it, so that every call below is made while it is.
+  chargeCheck(new CheckTime(), 5000, 50)
+  assert.equal(threadOverdrawn(50), true)
   const outcomes: string[] = []
   const record = (e: CallFinishedEvent): void => { outcomes.push(e.outcome) }
   tp.on('call-finished', record)
@@ -77,22 +84,33 @@ test('SECURITY.md "Argument validation": once all tools\' costly checks pass the
     const call = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: `bomb${i}`, raw_arguments: DEEP })
     errors.push(call.body.error)
   }
-  const cut = outcomes.indexOf('check_budget')
-  assert.notEqual(cut, -1, `one of the thirteen is cut short: ${outcomes.join(' ')}`)
-  for (const [i, outcome] of outcomes.entries()) {
-    if (outcome === 'invalid_arguments') assert.match(errors[i] ?? '', CHECK_TOOK_TOO_LONG)
-    else {
-      assert.equal(outcome, 'check_budget')
-      assert.equal(errors[i], 'the arguments could not be checked against the tool\'s parameters: argument checks took ' +
-        'more than their share of time lately (limits.maxValidationMs): until that has passed, only arguments that ' +
-        'can be checked at once are checked')
-    }
+  assert.deepEqual(outcomes, Array(13).fill('check_budget'))
+  for (const error of errors) {
+    assert.equal(error, 'the arguments could not be checked against the tool\'s parameters: argument checks took ' +
+      'more than their share of time lately (limits.maxValidationMs): until that has passed, only arguments that ' +
+      'can be checked at once are checked')
   }
   outcomes.length = 0
-  // A check of the same schema on arguments it checks at once passes meanwhile.
+  // A check of the same schema on arguments it checks at once passes meanwhile; so does a cheap
+  // check that does more than a tool cut short may (150 strings of a format: ~300 000 units of
+  // work, past the 2^16 of a cut-short check, under the quantum where a check becomes costly).
+  await tp.roles.get('A').registerLocalTool({
+    name: 'emails',
+    parameters: { type: 'object', properties: { to: { type: 'array', items: { type: 'string', format: 'email' } } } },
+    handler: (args) => (args as { to: string[] }).to.length
+  })
   const shallow = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'shallow', raw_arguments: '{"v":[[[]]]}' })
   assert.equal(shallow.body.is_error, false, shallow.body.error)
   assert.equal(shallow.body.output, 'ran')
+  const to = Array.from({ length: 150 }, (_, i) => `user${i}@example.com`)
+  const emails = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'emails', arguments: { to } })
+  assert.equal(emails.body.is_error, false, emails.body.error)
+  assert.equal(emails.body.output, 150)
+  // A costly check of a tool with no debt of its own is still cut, at the quantum.
+  await tp.register(tool('fresh', { parameters: BOMB, source: 'plugin:evil-fresh' }))
+  const bomb = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'fresh', raw_arguments: DEEP })
+  assert.match(bomb.body.error, /argument checks took more than their share of time lately/)
+  assert.equal(threadOverdrawn(50), true)
   tp.off('call-finished', record)
-  assert.deepEqual(outcomes, ['ok'])
+  assert.deepEqual(outcomes, ['ok', 'ok', 'check_budget'])
 })

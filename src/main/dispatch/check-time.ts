@@ -10,11 +10,14 @@
 // - The thread's, all tools together, five deadlines per second (25 %), so that any number of
 //   tools, each with an account of its own, cannot take the thread either.
 //
-// While an account is overdrawn, the checks it covers are cut short: each stops once it has done
-// 2^16 units of work (`validationBudget.start(0)`: tens of microseconds; a whole refused call of
-// the schema above took 0.1–0.2 ms in-process), and the call is refused unsent (outcome
-// `check_budget`). Checks that finish before that pass as ever: a tool that someone calls with
-// arguments its schema takes long to check goes on answering the calls it can check at once.
+// While a tool's account is overdrawn, its checks are cut short: each stops once it has done 2^16
+// units of work (CUT_SHORT_UNITS: tens of microseconds; a whole refused call of the schema above
+// took 0.1–0.2 ms in-process), and the call is refused unsent (outcome `check_budget`). While the
+// thread's is, every other tool's checks stop once they would be costly (CHEAP_UNITS, about a
+// millisecond of work): the tools that take long cannot take the thread, and the cheap checks of
+// every other tool (a few hundred strings of a `format`, a list of small objects) pass as ever.
+// Checks that finish before their cut pass: a tool that someone calls with arguments its schema
+// takes long to check goes on answering the calls it can check at once.
 //
 // Only costly checks are charged: those that run past one quantum of the budget, which read the
 // clock anyway; a cheap check reads it once, at its start, and costs two boolean reads more here.

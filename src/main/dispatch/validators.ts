@@ -36,7 +36,8 @@ import {
   STANDALONE_REGEXP_MODULE, validationJson, type Re2Handle
 } from '../../shared/json-schema.js'
 import {
-  BUDGET_MODULE, chargeTest, countingEqual, UNIQUE_ITEMS_MODULE, uniqueItemsPair, validationBudget, ValidationTooCostly
+  BUDGET_MODULE, chargeTest, CHEAP_UNITS, countingEqual, CUT_SHORT_UNITS, UNIQUE_ITEMS_MODULE, uniqueItemsPair,
+  validationBudget, ValidationTooCostly
 } from '../../shared/validation-cost.js'
 import { chargeCheck, CheckTime, overdrawnForMs, threadOverdrawn } from './check-time.js'
 import { validationError, type ToolportError } from '../errors.js'
@@ -179,14 +180,16 @@ async function build (key: string, outcome: Promise<CompileOutcome>,
     throw schemaError('invalid_schema', problem)
   }
   const validator: ArgumentsValidator = function validateArguments (value: unknown, account = UNACCOUNTED): string {
-    // A tool whose checks took more than their share of the thread lately, and every tool while
-    // all checks together did, has its checks cut short: stopped after tens of microseconds of
-    // work (src/main/dispatch/check-time.ts). Otherwise this costs two boolean reads.
+    // A tool whose checks took more than their share of the thread lately has its checks cut
+    // short: stopped after tens of microseconds of work; while all checks together did, every
+    // other tool's are stopped once they would be costly, so a cheap check still passes
+    // (src/main/dispatch/check-time.ts). Otherwise this costs two boolean reads.
     const toolWaitMs = account.isOverdrawn ? overdrawnForMs(account, maxValidationMs) : 0
-    const isCut = toolWaitMs > 0 || threadOverdrawn(maxValidationMs)
+    const cutUnits = toolWaitMs > 0 ? CUT_SHORT_UNITS : threadOverdrawn(maxValidationMs) ? CHEAP_UNITS : 0
+    const isCut = cutUnits > 0
     // The check has a deadline (src/shared/validation-cost.ts): no schema and no argument can
     // hold the main thread for longer.
-    validationBudget.start(isCut ? 0 : maxValidationMs)
+    validationBudget.start(maxValidationMs, cutUnits)
     let isValid: boolean
     try {
       isValid = validate(value)
