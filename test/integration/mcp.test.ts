@@ -3,7 +3,7 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { EventEmitter, once } from 'node:events'
-import type { Socket } from 'node:net'
+import { connect, type Socket } from 'node:net'
 import fastify from 'fastify'
 import { request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
@@ -15,7 +15,7 @@ import {
 import { createToolport, type Toolport } from '../../src/main/index.js'
 import { registerMcpRoutes } from '../../src/main/http/mcp-routes.js'
 import type { McpSessions, McpSessionsOptions } from '../../src/main/sessions/mcp.js'
-import { assertError, callbackServer as callbacks, httpJson, waitFor } from '../helpers.js'
+import { assertError, callbackServer as callbacks, httpJson, waitFor, within } from '../helpers.js'
 import { kPendingCalls, kSyncCount } from '../../src/main/symbols.js'
 
 const WEATHER_PARAMS = {
@@ -146,6 +146,43 @@ test('MCP: a registration, unregister and clear answer only once list_changed ha
     await changed
     await client.listTools()
   }
+})
+
+test('MCP: a client that stopped reading its event stream does not hold changes to its role: the notice is queued for it, the API call answers', async (t) => {
+  const tp = await createToolport({ roles: ['Lanlan'], logger: false, dispatch: { mode: 'inline' }, syncTimeoutMs: 120_000 })
+  t.after(() => tp.close())
+  const { url, port } = await tp.listen({ host: '127.0.0.1', port: 0 })
+  const serverSockets: Socket[] = []
+  tp.app.server.on('connection', (socket: Socket) => { serverSockets.push(socket) })
+  const endpoint = `${url}/mcp/Lanlan`
+  const post = async (body: unknown, headers: Record<string, string> = {}) => await httpRequest(endpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+    body: JSON.stringify(body)
+  })
+  const init = await post(INITIALIZE)
+  const sessionId = String(init.headers['mcp-session-id'])
+  await init.body.dump()
+  const session = { 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' }
+  await (await post({ jsonrpc: '2.0', method: 'notifications/initialized' }, session)).body.dump()
+  await (await post({ jsonrpc: '2.0', id: 2, method: 'tools/list' }, session)).body.dump()
+  // The event stream on a raw socket that reads nothing after its headers.
+  const stream = connect(port, '127.0.0.1')
+  t.after(() => stream.destroy())
+  await once(stream, 'connect')
+  stream.write(`GET /mcp/Lanlan HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\naccept: text/event-stream\r\n` +
+    `mcp-session-id: ${sessionId}\r\nmcp-protocol-version: 2025-06-18\r\n\r\n`)
+  await once(stream, 'data')
+  stream.pause()
+  const server = serverSockets.find((socket) => socket.remotePort === stream.localPort)
+  assert.ok(server !== undefined)
+  // Its socket backs up, as tens of thousands of unread notices would leave it (an SSE comment:
+  // nothing a client would read as an event).
+  server.write(`:${' '.repeat(32 * 1024 * 1024)}\n\n`)
+  assert.equal(server.writableNeedDrain, true)
+  const result = await within(tp.register({ name: 'a', callback_url: 'http://127.0.0.1:9333/a' }),
+    'the registration, held by the event stream nobody reads', 20_000)
+  assert.deepEqual(result, { ok: true, registered: 'a', affected_roles: ['Lanlan'], failed_roles: [] })
 })
 
 test('MCP: tools/list keeps registration order, and a replaced tool moves to the end (R5)', async (t) => {

@@ -568,11 +568,14 @@ export class McpSession implements ModelSession {
    * Resolves once everything written to the event stream so far has left for the client's socket.
    * The transport's write only queues a chunk (Node sends a chunked response's writes at the next
    * tick), so without this the API call's answer, written at once, went out first. A write's
-   * callback comes after every earlier write's; an empty one adds no byte to the stream.
+   * callback comes after every earlier write's; an empty one adds no byte to the stream. A client
+   * that stopped reading its stream (the socket backed up past its buffer) is not waited for: it
+   * would hold every change to its role until the sync timeout; the notice is queued for it.
    */
   async #flushEventStream (signal: AbortSignal): Promise<void> {
     const socket = this.#eventStream?.socket
-    if (socket === null || socket === undefined || socket.destroyed || socket.writableLength === 0) return
+    if (socket === null || socket === undefined || socket.destroyed || socket.writableLength === 0 ||
+      socket.writableNeedDrain) return
     signal.throwIfAborted()
     await new Promise<void>((resolve, reject) => {
       const onAbort = (): void => { reject(signal.reason) }
