@@ -400,3 +400,50 @@ test('past maxUnsentAnswerBytes of answers waiting for their clients, the one wa
   const answer = await res.body.json() as { output: string }
   assert.equal(answer.output.length, chars)
 })
+
+test('a streamed answer (definitions, a large list, the console state) whose client takes no piece for answerStallTimeoutMs is cut, its socket closed', async (t) => {
+  const { tp, port } = await startToolport(t, { roles: ['A'], limits: { answerStallTimeoutMs: 200 } })
+  // ~14 MB of definitions: 150 descriptions of 16 384 control characters, 6 bytes each escaped.
+  const description = '\u0001'.repeat(16_384)
+  for (let i = 0; i < 150; i++) {
+    assert.equal((await tp.register({ name: `t${i}`, description, callback_url: 'http://127.0.0.1:9/t' })).ok, true)
+  }
+  const serverSockets: Socket[] = []
+  tp.app.server.on('connection', (socket: Socket) => { serverSockets.push(socket) })
+  for (const path of ['/api/tools/definitions?role=A&format=openai-chat', '/api/console/state']) {
+    const client = connect(port, '127.0.0.1')
+    client.on('error', () => {})
+    t.after(() => client.destroy())
+    await once(client, 'connect')
+    client.write(`GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`)
+    // It reads nothing: the kernel's buffers fill, the stream is paused, no piece is taken.
+    await waitFor(`the server side of ${path}`, () => serverSockets.some((socket) => socket.remotePort === client.localPort))
+    const server = serverSockets.find((socket) => socket.remotePort === client.localPort)!
+    await waitFor(`the stalled ${path} answer to be cut`, () => server.destroyed)
+  }
+})
+
+test('past maxUnsentAnswerBytes, an answer its client is taking is not cut; one whose client took nothing since it was last looked at is', async (t) => {
+  const limits = { maxUnsentAnswerBytes: 1024 * 1024, answerStallTimeoutMs: 600_000 }
+  const { stalledCall } = await bigAnswers(t, limits)
+  const first = await stalledCall()
+  // Its client takes a few MB of it (a client reading slowly), then pauses again.
+  let received = 0
+  const reading = new Promise<void>((resolve) => {
+    first.client.on('data', (chunk: Buffer) => {
+      received += chunk.length
+      if (received >= 4 * 1024 * 1024) {
+        first.client.pause()
+        resolve()
+      }
+    })
+  })
+  first.client.resume()
+  await reading
+  const second = await stalledCall()
+  assert.equal(first.server.destroyed, false, 'an answer being taken was cut')
+  // Neither client took anything since: the next answer makes room by cutting both.
+  const third = await stalledCall()
+  await waitFor('the two older answers to be cut', () => first.server.destroyed && second.server.destroyed)
+  assert.equal(third.server.destroyed, false)
+})

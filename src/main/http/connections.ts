@@ -19,7 +19,8 @@
 // answer can be ~12× its callback's reply: the text JSON-escaped, twice). `UnsentAnswers` bounds
 // what such clients hold: an answer still not taken `limits.answerStallTimeoutMs` after it was
 // written is cut (its socket closed), and past `limits.maxUnsentAnswerBytes` of answers waiting,
-// the ones waiting longest are cut, never the one just written.
+// the ones waiting longest whose clients took nothing since they were last looked at are cut,
+// never the one just written. Streamed answers are watched where they are made (streamed-json.ts).
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 
@@ -54,6 +55,8 @@ interface SocketState {
   idleSince: number
   /** Token mode: the socket presented the valid token. */
   isTrusted: boolean
+  /** The server's unsent answers (the same for every socket), for the response listeners. */
+  answers: UnsentAnswers
 }
 
 const kState = Symbol('toolport.connectionState')
@@ -76,7 +79,7 @@ export class ConnectionPressure {
   constructor (server: Server, options: ConnectionPressureOptions) {
     this.#threshold = Math.max(1, options.maxConnections - options.reservedConnections)
     this.#idleTimeoutMs = options.pressureIdleTimeoutMs
-    this.answers = new UnsentAnswers(server, options)
+    this.answers = new UnsentAnswers(options)
     server.on('connection', (socket: Socket) => { this.#onConnection(socket) })
     server.on('request', (request: IncomingMessage, response: ServerResponse) => { this.#onRequest(request, response) })
     server.once('close', () => { this.#stopSweeper() })
@@ -96,7 +99,9 @@ export class ConnectionPressure {
   }
 
   #onConnection (socket: Socket): void {
-    const state: SocketState = { busy: 0, queued: null, first: null, idleSince: performance.now(), isTrusted: false }
+    const state: SocketState = {
+      busy: 0, queued: null, first: null, idleSince: performance.now(), isTrusted: false, answers: this.answers
+    }
     this.#sockets.set(socket, state)
     socket.once('close', () => {
       this.#sockets.delete(socket)
@@ -114,6 +119,8 @@ export class ConnectionPressure {
     state.busy++
     ;(response as ServerResponse & { [kState]?: SocketState })[kState] = state
     response.once('close', onResponseClose)
+    // 'prefinish' fires once, when the response is ended: `on`, which wraps nothing.
+    response.on('prefinish', onAnswerWritten)
     if (state.busy === 1) {
       state.first = response
       return
@@ -219,13 +226,22 @@ const FOLLOWED_ANSWER_BYTES = 64 * 1024
 
 interface UnsentAnswer {
   socket: Socket
+  /** What the answer holds in memory: the socket's buffered bytes, as last looked at. */
   bytes: number
+  /** How much the socket had still to send, as last looked at (see `pendingOf`). */
+  pending: number
   timer: NodeJS.Timeout
 }
 
-const kAnswers = Symbol('toolport.unsentAnswers')
-
-type FollowedResponse = ServerResponse & { [kAnswers]?: UnsentAnswers }
+/**
+ * How much `socket` has still to send: what its stream buffers plus libuv's write queue. The
+ * stream's count drops only once a whole chunk is written (an answer is one chunk, tens of MB),
+ * libuv's as the client reads; so this falls as soon as the client takes any part of an answer.
+ */
+function pendingOf (socket: Socket): number {
+  const queue = (socket as Socket & { _handle?: { writeQueueSize?: unknown } | null })._handle?.writeQueueSize
+  return socket.writableLength + (typeof queue === 'number' ? queue : 0)
+}
 
 /** Bounds the answers that clients which stopped reading leave in memory (see the top of the file). */
 export class UnsentAnswers {
@@ -237,30 +253,43 @@ export class UnsentAnswers {
   /** Answers cut because their clients did not take them (for tests and logs). */
   cut = 0
 
-  constructor (server: Server, options: UnsentAnswersOptions) {
+  constructor (options: UnsentAnswersOptions) {
     this.#maxBytes = options.maxUnsentAnswerBytes
     this.#stallMs = options.answerStallTimeoutMs
-    server.on('request', (_request: IncomingMessage, response: FollowedResponse) => {
-      response[kAnswers] = this
-      response.once('prefinish', onAnswerWritten)
-    })
   }
 
-  /** Bytes of answers waiting for their clients. */
+  /** Bytes of answers waiting for their clients, as last looked at. */
   get bytes (): number { return this.#bytes }
 
   /** `response` was ended with `bytes` still queued on its socket: follow it until it is taken. */
   follow (response: ServerResponse, socket: Socket, bytes: number): void {
     const timer = setTimeout(cutStalled, this.#stallMs, this, response)
     timer.unref()
-    this.#waiting.set(response, { socket, bytes, timer })
+    this.#waiting.set(response, { socket, bytes, pending: pendingOf(socket), timer })
     this.#bytes += bytes
     response.once('close', onAnswerTaken)
-    // Over the budget: cut the answers waiting longest, never the one just written (a large answer
-    // to a client that reads is taken in a moment; it is the ones left waiting that are cut).
-    for (const [older, answer] of this.#waiting) {
-      if (this.#bytes <= this.#maxBytes || older === response) break
-      this.cutAnswer(older, answer)
+    if (this.#bytes > this.#maxBytes) this.#makeRoom(response)
+  }
+
+  /**
+   * Over the budget: cuts the answers waiting longest whose clients took nothing since they were
+   * last looked at, never `newest` (a large answer to a client that reads is taken in a moment)
+   * and never one that is being taken (its bytes are counted again, as they are now). Answers
+   * that all move are let be: each is still cut if it is not taken within `answerStallTimeoutMs`.
+   */
+  #makeRoom (newest: ServerResponse): void {
+    for (const [response, answer] of this.#waiting) {
+      if (this.#bytes <= this.#maxBytes) return
+      if (response === newest) continue
+      const pending = pendingOf(answer.socket)
+      if (pending < answer.pending) {
+        answer.pending = pending
+        const bytes = answer.socket.writableLength
+        this.#bytes += bytes - answer.bytes
+        answer.bytes = bytes
+        continue
+      }
+      this.cutAnswer(response, answer)
     }
   }
 
@@ -283,17 +312,17 @@ export class UnsentAnswers {
 }
 
 /** 'prefinish' of a response: ended, and what its socket has not sent yet is the client's to take. */
-function onAnswerWritten (this: FollowedResponse): void {
-  const answers = this[kAnswers]
+function onAnswerWritten (this: ServerResponse & { [kState]?: SocketState }): void {
+  const state = this[kState]
   const socket = this.socket
-  if (answers === undefined || socket === null || socket.destroyed) return
+  if (state === undefined || socket === null || socket.destroyed) return
   const queued = socket.writableLength
-  if (queued >= FOLLOWED_ANSWER_BYTES) answers.follow(this, socket, queued)
+  if (queued >= FOLLOWED_ANSWER_BYTES) state.answers.follow(this, socket, queued)
 }
 
 /** 'close' of a followed response: finished (every byte handed to the kernel) or its socket gone. */
-function onAnswerTaken (this: FollowedResponse): void {
-  this[kAnswers]?.release(this)
+function onAnswerTaken (this: ServerResponse & { [kState]?: SocketState }): void {
+  this[kState]?.answers.release(this)
 }
 
 function cutStalled (answers: UnsentAnswers, response: ServerResponse): void {

@@ -46,6 +46,7 @@ export function registerDefinitionRoutes (app: FastifyInstance, runtime: Runtime
     const query = parseOrThrow(definitionsQuerySchema, request.query ?? {})
     const role = runtime.roles.get(query.role)
     const body = await definitionsBody(role, query.format, runtime.options.limits.maxDefinitionsBytes)
-    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes).send(body.stream())
+    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes)
+      .send(body.stream(runtime.options.limits.answerStallTimeoutMs))
   })
 }

@@ -103,7 +103,8 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
     // Streamed (streamed-json.ts): every tool's description is in it, so one JSON string of it
     // can be longer than V8 allows, as the list's.
     const body = await streamedJson(consoleStateParts(observer.state()))
-    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes).send(body.stream())
+    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes)
+      .send(body.stream(runtime.options.limits.answerStallTimeoutMs))
   })
 
   app.get('/api/console/stats', {

@@ -13,6 +13,11 @@
 // Both passes yield to the event loop every MiB. The writing pass must too: a socket whose reader
 // keeps up (loopback) takes every piece at once, so the stream was pulled to its end in one turn
 // of the loop (590 MB of JSON held every other request ~1.4 s; ~10–20 ms at most with the yields).
+//
+// A client that stops reading pauses the stream, which then holds the registry snapshot it was
+// made from (tens of MB for a large registry) for as long as the client keeps the connection: a
+// stream whose next piece is not taken within `limits.answerStallTimeoutMs` is destroyed, and its
+// connection with it (SECURITY.md, answers a client does not take).
 import { Readable } from 'node:stream'
 import { setImmediate as yieldToLoop } from 'node:timers/promises'
 
@@ -27,8 +32,11 @@ export type JsonPart = string | readonly unknown[]
 export interface StreamedJson {
   /** Exact length of the body in bytes. */
   readonly bytes: number
-  /** A new stream of the body, in pieces of about 64 KiB (plus one item). */
-  stream: () => Readable
+  /**
+   * A new stream of the body, in pieces of about 64 KiB (plus one item); destroyed when its reader
+   * takes no piece for `stallMs` (0: never).
+   */
+  stream: (stallMs?: number) => Readable
   /** The body as one Buffer: for bodies small enough to write at once (or to keep). */
   toBuffer: () => Buffer
 }
@@ -54,7 +62,12 @@ export async function streamedJson (parts: readonly JsonPart[],
   }
   return {
     bytes,
-    stream: () => Readable.from(pieces(parts), { objectMode: false }),
+    stream: (stallMs = 0) => {
+      const watch: StallWatch = { stallMs, readable: null }
+      const readable = Readable.from(pieces(parts, watch), { objectMode: false })
+      watch.readable = readable
+      return readable
+    },
     toBuffer: () => {
       // One native JSON.stringify per array, not one per item: a third of the time for 10 000
       // small rows. Only for bodies small enough to be one string.
@@ -86,7 +99,31 @@ async function itemsBytes (items: readonly unknown[], maxBytes: number,
   return bytes
 }
 
-async function * pieces (parts: readonly JsonPart[]): AsyncGenerator<string> {
+interface StallWatch {
+  readonly stallMs: number
+  readable: Readable | null
+}
+
+/** Destroys the stream of a reader that took no piece for its `stallMs`. */
+function onStall (watch: StallWatch): void {
+  watch.readable?.destroy(new Error(`the client took no part of the answer for ${watch.stallMs} ms`))
+}
+
+/**
+ * `piece`, handed to the stream when its reader asks for more; a reader that does not ask within
+ * `watch.stallMs` has the stream destroyed.
+ */
+async function * handOver (piece: string, watch: StallWatch): AsyncGenerator<string> {
+  const timer = watch.stallMs > 0 ? setTimeout(onStall, watch.stallMs, watch) : undefined
+  timer?.unref()
+  try {
+    yield piece
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+async function * pieces (parts: readonly JsonPart[], watch: StallWatch): AsyncGenerator<string> {
   let piece = ''
   let sinceYield = 0
   for (const part of parts) {
@@ -96,7 +133,7 @@ async function * pieces (parts: readonly JsonPart[]): AsyncGenerator<string> {
       for (let i = 0; i < part.length; i++) {
         piece += (i === 0 ? '' : ',') + JSON.stringify(part[i])
         if (piece.length >= PIECE_CHARS) {
-          yield piece
+          yield * handOver(piece, watch)
           sinceYield += piece.length
           piece = ''
           if (sinceYield >= YIELD_BYTES) {
@@ -107,9 +144,9 @@ async function * pieces (parts: readonly JsonPart[]): AsyncGenerator<string> {
       }
     }
     if (piece.length >= PIECE_CHARS) {
-      yield piece
+      yield * handOver(piece, watch)
       piece = ''
     }
   }
-  if (piece !== '') yield piece
+  if (piece !== '') yield * handOver(piece, watch)
 }

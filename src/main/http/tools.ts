@@ -34,7 +34,7 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
     const answer = await listAnswers.answer(query.role, query)
     reply.type('application/json; charset=utf-8')
     if (Buffer.isBuffer(answer)) return await reply.send(answer)
-    return await reply.header('content-length', answer.bytes).send(answer.stream())
+    return await reply.header('content-length', answer.bytes).send(answer.stream(runtime.options.limits.answerStallTimeoutMs))
   })
 
   app.post('/api/tools/call', { schema: ROUTE_SCHEMAS.call }, async function callRoute (request: FastifyRequest,
