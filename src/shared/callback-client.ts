@@ -36,6 +36,11 @@ export interface CallbackClientOptions {
   /** This thread's share of the budget (`ReplyBudget.createShare`), when another thread may reclaim it. */
   replyShare?: SharedArrayBuffer
   /**
+   * The `localhost` ports last reached over ::1 (`createLocalhostV6Ports`), shared by every thread
+   * that calls callbacks; default: this client's own.
+   */
+  localhostV6Ports?: SharedArrayBuffer
+  /**
    * Most reply bytes the calls to one origin hold at once on this thread (src/shared/call-attempt.ts
    * `OriginShare`); default: half the budget.
    */
@@ -88,7 +93,7 @@ export class CallbackClient implements CallOwner {
 
   constructor (options: CallbackClientOptions) {
     this.#options = options
-    this.#connector = createLoopbackConnector(options.connectTimeoutMs)
+    this.#connector = createLoopbackConnector(options.connectTimeoutMs, options.localhostV6Ports)
     this.#slotSpace = options.slotSpace ?? DEFAULT_SLOT_SPACE
     this.#slots = new Array<CallAttempt | undefined>(this.#slotSpace).fill(undefined)
     this.budget = new ReplyBudget(options.replyBudget ?? ReplyBudget.create(DEFAULT_REPLY_BUDGET), options.replyShare)

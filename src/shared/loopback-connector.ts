@@ -4,7 +4,7 @@
 import type { LookupAddress, LookupOptions } from 'node:dns'
 import type { Socket } from 'node:net'
 import { buildConnector } from 'undici'
-import { isLoopbackAddress } from './loopback.js'
+import { createLocalhostV6Ports, isLoopbackAddress } from './loopback.js'
 
 // Every error our connector hands to undici. undici passes the same object to the request's
 // handler, so membership proves the failure happened before a connection existed, whatever the
@@ -72,7 +72,8 @@ function failConnect (callback: buildConnector.Callback, err: Error): void {
  * sees it: a socket whose `remoteAddress` is not loopback is destroyed before any byte is written
  * (for https, before the TLS handshake starts: TCP first, then TLS over the checked socket).
  */
-export function createLoopbackConnector (connectTimeoutMs: number): buildConnector.connector {
+export function createLoopbackConnector (connectTimeoutMs: number,
+  localhostV6Ports = createLocalhostV6Ports()): buildConnector.connector {
   // `localhost` tries 127.0.0.1 and ::1, whichever the plugin listens on: 127.0.0.1 first, and ::1
   // first for a port whose last connection was over ::1. Both loopback addresses are free sockets
   // for any local process to bind: a plugin that listens on ::1 alone must keep its calls when
@@ -81,15 +82,17 @@ export function createLoopbackConnector (connectTimeoutMs: number): buildConnect
     buildConnector({ timeout: connectTimeoutMs, lookup: pinnedLookup(order), autoSelectFamily: true })
   const connectV4First = connector(V4_FIRST)
   const connectV6First = connector(V6_FIRST)
-  /** The ports of `localhost` callbacks whose last connection was over ::1 (at most 65 535). */
-  const v6Ports = new Set<string>()
+  // The ports of `localhost` callbacks whose last connection was over ::1: 1 at the port's index.
+  // Shared by every thread that calls callbacks (pool mode), so that what one learnt holds for all.
+  const v6Ports = new Uint8Array(localhostV6Ports)
   return function connectLoopback (options, callback) {
     const isHttps = options.protocol === 'https:'
     // Step 1 is always plain TCP; undici's URL drops a default port, so make it explicit.
     const port = options.port === '' ? (isHttps ? '443' : '80') : options.port
     const tcpOptions = isHttps ? { ...options, protocol: 'http:', port } : options
     const isLocalhost = options.hostname === 'localhost'
-    const connectBase = isLocalhost && v6Ports.has(port) ? connectV6First : connectV4First
+    const portIndex = Number(port)
+    const connectBase = isLocalhost && Atomics.load(v6Ports, portIndex) === 1 ? connectV6First : connectV4First
     connectBase(tcpOptions, function onTcp (err, socket) {
       if (err !== null) {
         failConnect(callback, err)
@@ -101,10 +104,7 @@ export function createLoopbackConnector (connectTimeoutMs: number): buildConnect
         failConnect(callback, refusal)
         return
       }
-      if (isLocalhost) {
-        if (socket.remoteFamily === 'IPv6') v6Ports.add(port)
-        else v6Ports.delete(port)
-      }
+      if (isLocalhost) Atomics.store(v6Ports, portIndex, socket.remoteFamily === 'IPv6' ? 1 : 0)
       if (!isHttps) {
         callback(null, socket)
         return

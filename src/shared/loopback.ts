@@ -169,3 +169,11 @@ export function isLoopbackHostname (hostname: string): boolean {
   // is not one (including "localhost." and "x.localhost") is refused here.
   return ipaddr.IPv4.isValidFourPartDecimal(hostname) && isLoopbackAddress(hostname)
 }
+
+/**
+ * A table of the `localhost` callback ports last reached over ::1, a byte per port, for the
+ * connector of every thread that calls callbacks (src/shared/loopback-connector.ts).
+ */
+export function createLocalhostV6Ports (): SharedArrayBuffer {
+  return new SharedArrayBuffer(65_536)
+}

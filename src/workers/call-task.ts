@@ -32,6 +32,7 @@ const client = new CallbackClient({
   maxImageBytes: options.maxImageBytes,
   slotSpace: options.slotSpace,
   replyBudget: options.replyBudget,
+  localhostV6Ports: options.localhostV6Ports,
   maxOriginReplyBytes: options.maxOriginReplyBytes,
   replyShare
 })

@@ -115,6 +115,8 @@ export interface WorkerOptions {
   slotSpace: number
   /** The reply-byte budget shared by every thread (src/shared/reply-budget.ts). */
   replyBudget: SharedArrayBuffer
+  /** The `localhost` ports last reached over ::1, shared by every thread (src/shared/loopback-connector.ts). */
+  localhostV6Ports: SharedArrayBuffer
   /** Most reply bytes the calls to one origin hold at once on this thread. */
   maxOriginReplyBytes: number
   /** Per-origin connection cap of each thread's undici pools. */

@@ -9,6 +9,7 @@ import type { MessagePort } from 'node:worker_threads'
 import { Piscina } from 'piscina'
 import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '../../src/workers/protocol.js'
 import type { CallOutcome, CallTask, LaneHello, WorkerOptions } from '../../src/workers/protocol.js'
+import { createLocalhostV6Ports } from '../../src/shared/loopback.js'
 import { ReplyBudget } from '../../src/shared/reply-budget.js'
 import { sourceWorkerModule, workerModule, type WorkerModule } from '../../src/main/dispatch/worker-module.js'
 import { buildCallTask, startCallbackServer } from '../fixtures/callback-server.js'
@@ -37,6 +38,7 @@ Promise<Harness> {
   const workerData: WorkerOptions = {
     slotSpace: 1024,
     replyBudget: ReplyBudget.create(64 * 1024 * 1024),
+    localhostV6Ports: createLocalhostV6Ports(),
     maxOriginReplyBytes: 32 * 1024 * 1024,
     connectionsPerOrigin: 8,
     keepAliveTimeoutMs: 4000,

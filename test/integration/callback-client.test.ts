@@ -8,6 +8,7 @@ import { test } from 'node:test'
 import { gzipSync } from 'node:zlib'
 import type { TestContext } from 'node:test'
 import { CallbackClient } from '../../src/shared/callback-client.js'
+import { createLocalhostV6Ports } from '../../src/shared/loopback.js'
 import { HTTP_ERROR_SNIPPET_CHARS } from '../../src/workers/protocol.js'
 import type { CallOutcome } from '../../src/workers/protocol.js'
 import {
@@ -384,6 +385,33 @@ test('R2: a `localhost` callback keeps to the loopback address its plugin answer
   }
   assert.equal(server.requests.length, 4)
   assert.equal(stolen, 0)
+})
+
+test('R2: what one thread learnt of a `localhost` port on ::1 holds for every thread (pool mode): another client sharing the table never tried 127.0.0.1 first', async (t) => {
+  const server = await startCallbackServer({ host: '::1' })
+  t.after(() => server.close())
+  const ports = createLocalhostV6Ports()
+  const options = { connectionsPerOrigin: 4, keepAliveTimeoutMs: 4000, connectTimeoutMs: 2000, localhostV6Ports: ports }
+  const first = new CallbackClient(options)
+  t.after(() => first.close())
+  const url = `http://localhost:${server.port}`
+  assert.equal((await first.call(buildCallTask(url, '/echo'))).kind, 'ok')
+  let stolen = 0
+  const thief = net.createServer((socket) => {
+    stolen++
+    socket.destroy()
+  })
+  await new Promise<void>((resolve, reject) => {
+    thief.once('error', reject)
+    thief.listen(server.port, '127.0.0.1', resolve)
+  })
+  t.after(() => thief.close())
+  // A thread that never called this plugin (or one started to replace another).
+  const second = new CallbackClient(options)
+  t.after(() => second.close())
+  for (let i = 0; i < 3; i++) assert.equal((await second.call(buildCallTask(url, '/echo'))).kind, 'ok')
+  assert.equal(stolen, 0)
+  assert.equal(server.requests.length, 4)
 })
 
 test('R14: a non-loopback callback URL is refused without any network traffic', async (t) => {

@@ -24,6 +24,7 @@ import { LANE_CALLS, LANE_CANCEL, OUTCOME_STRIDE, pushTask, readOutcome } from '
 import type { CallOutcome, CallTask, LaneHello, OutcomeKind, WorkerOptions } from '../../workers/protocol.js'
 import type { CallbackClient, CallbackClientOptions } from '../../shared/callback-client.js'
 import { ReplyBudget } from '../../shared/reply-budget.js'
+import { createLocalhostV6Ports } from '../../shared/loopback.js'
 import type { CancelSignal } from '../../shared/cancel.js'
 import type { DispatchOptions } from '../config.js'
 import { workerModule } from './worker-module.js'
@@ -210,6 +211,7 @@ export class Dispatcher {
         maxImageBytes: options.maxImageBytes,
         slotSpace: space,
         replyBudget: this.#budget,
+        localhostV6Ports: createLocalhostV6Ports(),
         maxOriginReplyBytes: originReplyShare(options, 1)
       }
       if (InlineClient !== null) {
@@ -234,6 +236,9 @@ export class Dispatcher {
     const workerData: WorkerOptions = {
       slotSpace: space,
       replyBudget: this.#budget,
+      // One for every thread: a thread that has not yet reached a plugin on ::1 (or one started
+      // to replace another) must not try 127.0.0.1 first, where another process may listen.
+      localhostV6Ports: createLocalhostV6Ports(),
       maxOriginReplyBytes: originReplyShare(options, options.threads),
       connectionsPerOrigin: options.connectionsPerOrigin,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
