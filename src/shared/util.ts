@@ -108,3 +108,14 @@ export function isWellFormedText (s: string): boolean {
 
 /** setTimeout's largest delay (~24.8 days); a larger one fires at once. */
 export const MAX_TIMER_MS = 2 ** 31 - 1
+
+/**
+ * Bytes `socket` has still to send: what its stream buffers plus libuv's write queue. The
+ * stream's count drops only once a whole chunk is written (an answer can be one chunk of tens of
+ * MB), libuv's as the peer reads; so this falls as soon as the peer takes any part, and is above
+ * 0 while the kernel's buffer is full.
+ */
+export function unsentBytes (socket: { readonly writableLength: number }): number {
+  const queue = (socket as { _handle?: { writeQueueSize?: unknown } | null })._handle?.writeQueueSize
+  return socket.writableLength + (typeof queue === 'number' ? queue : 0)
+}

@@ -23,6 +23,7 @@
 // never the one just written. Streamed answers are watched where they are made (streamed-json.ts).
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
+import { unsentBytes } from '../../shared/util.js'
 
 export interface ConnectionPressureOptions extends UnsentAnswersOptions {
   /** The hard cap (`server.maxConnections`): Node drops connections beyond it at accept. */
@@ -228,19 +229,9 @@ interface UnsentAnswer {
   socket: Socket
   /** What the answer holds in memory: the socket's buffered bytes, as last looked at. */
   bytes: number
-  /** How much the socket had still to send, as last looked at (see `pendingOf`). */
+  /** How much the socket had still to send, as last looked at (`unsentBytes`). */
   pending: number
   timer: NodeJS.Timeout
-}
-
-/**
- * How much `socket` has still to send: what its stream buffers plus libuv's write queue. The
- * stream's count drops only once a whole chunk is written (an answer is one chunk, tens of MB),
- * libuv's as the client reads; so this falls as soon as the client takes any part of an answer.
- */
-function pendingOf (socket: Socket): number {
-  const queue = (socket as Socket & { _handle?: { writeQueueSize?: unknown } | null })._handle?.writeQueueSize
-  return socket.writableLength + (typeof queue === 'number' ? queue : 0)
 }
 
 /** Bounds the answers that clients which stopped reading leave in memory (see the top of the file). */
@@ -265,7 +256,7 @@ export class UnsentAnswers {
   follow (response: ServerResponse, socket: Socket, bytes: number): void {
     const timer = setTimeout(cutStalled, this.#stallMs, this, response)
     timer.unref()
-    this.#waiting.set(response, { socket, bytes, pending: pendingOf(socket), timer })
+    this.#waiting.set(response, { socket, bytes, pending: unsentBytes(socket), timer })
     this.#bytes += bytes
     response.once('close', onAnswerTaken)
     if (this.#bytes > this.#maxBytes) this.#makeRoom(response)
@@ -281,7 +272,7 @@ export class UnsentAnswers {
     for (const [response, answer] of this.#waiting) {
       if (this.#bytes <= this.#maxBytes) return
       if (response === newest) continue
-      const pending = pendingOf(answer.socket)
+      const pending = unsentBytes(answer.socket)
       if (pending < answer.pending) {
         answer.pending = pending
         const bytes = answer.socket.writableLength

@@ -38,7 +38,7 @@ import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
 import { kRefuseCall } from '../symbols.js'
 import type { ToolResult } from '../dispatch/result.js'
-import { isPlainObject, noop } from '../../shared/util.js'
+import { isPlainObject, noop, unsentBytes } from '../../shared/util.js'
 import { checkedRequest, MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
 import { loadMcpSdk, mcpSdk } from './mcp-sdk.js'
 import { jsonDepth } from '../schemas.js'
@@ -98,6 +98,12 @@ export interface McpSessionsEvents {
  * each evict the one before it mid-handshake, leaving one connected.
  */
 const HANDSHAKE_GRACE_MS = 5000
+
+/**
+ * Longest a change waits for its `list_changed` to leave for a client's socket: a client that
+ * reads takes it in well under a millisecond; one whose socket fills with it has stopped reading.
+ */
+const FLUSH_WAIT_MS = 1000
 
 /** Defaults of the options that are not in the runtime's `mcp` options (config.ts has the others). */
 const DEFAULTS = { idleTimeoutMs: 600_000, reconnectGraceMs: 30_000 }
@@ -555,8 +561,12 @@ export class McpSession implements ModelSession {
     if (this.#isClosed || this.#listed === null || this.#listed === tools) return
     signal.throwIfAborted()
     try {
+      // A client that stopped reading its stream (the socket already has bytes it could not send)
+      // is not waited for: it would hold every change to its role; the notice is queued for it.
+      const socket = this.#eventStream?.socket
+      const isBackedUp = socket !== null && socket !== undefined && unsentBytes(socket) > 0
       await this.#server.sendToolListChanged()
-      await this.#flushEventStream(signal)
+      if (!isBackedUp) await this.#flushEventStream(signal)
     } catch (err) {
       // A session that ended meanwhile (DELETE, disconnect) has nothing left to sync.
       if (this.#isClosed) return
@@ -568,23 +578,28 @@ export class McpSession implements ModelSession {
    * Resolves once everything written to the event stream so far has left for the client's socket.
    * The transport's write only queues a chunk (Node sends a chunked response's writes at the next
    * tick), so without this the API call's answer, written at once, went out first. A write's
-   * callback comes after every earlier write's; an empty one adds no byte to the stream. A client
-   * that stopped reading its stream (the socket backed up past its buffer) is not waited for: it
-   * would hold every change to its role until the sync timeout; the notice is queued for it.
+   * callback comes after every earlier write's; an empty one adds no byte to the stream. Waited
+   * for FLUSH_WAIT_MS at most: a client whose socket fills with this very notice has stopped
+   * reading, and the next change does not wait for it at all (see syncTools).
    */
   async #flushEventStream (signal: AbortSignal): Promise<void> {
     const socket = this.#eventStream?.socket
-    if (socket === null || socket === undefined || socket.destroyed || socket.writableLength === 0 ||
-      socket.writableNeedDrain) return
+    if (socket === null || socket === undefined || socket.destroyed || socket.writableLength === 0) return
     signal.throwIfAborted()
     await new Promise<void>((resolve, reject) => {
-      const onAbort = (): void => { reject(signal.reason) }
-      signal.addEventListener('abort', onAbort, { once: true })
-      // An error means the stream is gone: nothing is left to wait for (the session ends).
-      socket.write('', () => {
+      const done = (): void => {
+        clearTimeout(timer)
         signal.removeEventListener('abort', onAbort)
         resolve()
-      })
+      }
+      const onAbort = (): void => {
+        clearTimeout(timer)
+        reject(signal.reason)
+      }
+      const timer = setTimeout(done, FLUSH_WAIT_MS)
+      signal.addEventListener('abort', onAbort, { once: true })
+      // An error means the stream is gone: nothing is left to wait for (the session ends).
+      socket.write('', done)
     })
   }
 
