@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import type { CallFinishedEvent } from '../../src/main/events.js'
-import { chargeCheck, CheckTime, threadOverdrawn } from '../../src/main/dispatch/check-time.js'
+import { chargeCheck, CheckTime, threadCheckTime, threadOverdrawn } from '../../src/main/dispatch/check-time.js'
 import { httpJson, startToolport, tool } from '../helpers.js'
 
 /** Two `anyOf` branches that both `$ref` their definition: 2^depth work on nested arrays. */
@@ -91,26 +91,45 @@ test('SECURITY.md "Argument validation": while all tools\' costly checks are pas
       'can be checked at once are checked')
   }
   outcomes.length = 0
-  // A check of the same schema on arguments it checks at once passes meanwhile; so does a cheap
-  // check that does more than a tool cut short may (150 strings of a format: ~300 000 units of
-  // work, past the 2^16 of a cut-short check, under the quantum where a check becomes costly).
+  // Just past the thread's share (a debt short of twice it: held there for about a second, a
+  // thousand times what a call here takes): a check of the same schema on arguments it checks at
+  // once passes, and so does a cheap check that does more than a tool cut short may (150 strings
+  // of a format: ~300 000 units of work, past the 2^16 of a cut-short check, under the quantum
+  // where a check becomes costly).
+  const thread = threadCheckTime()
+  const holdJustPast = (): void => {
+    thread.debtMs = 499
+    thread.at = performance.now()
+    thread.isOverdrawn = true
+  }
   await tp.roles.get('A').registerLocalTool({
     name: 'emails',
     parameters: { type: 'object', properties: { to: { type: 'array', items: { type: 'string', format: 'email' } } } },
     handler: (args) => (args as { to: string[] }).to.length
   })
+  const to = Array.from({ length: 150 }, (_, i) => `user${i}@example.com`)
+  const callEmails = async (): Promise<{ is_error: boolean, output: unknown, error?: string }> =>
+    (await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'emails', arguments: { to } })).body
+  holdJustPast()
   const shallow = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'shallow', raw_arguments: '{"v":[[[]]]}' })
   assert.equal(shallow.body.is_error, false, shallow.body.error)
   assert.equal(shallow.body.output, 'ran')
-  const to = Array.from({ length: 150 }, (_, i) => `user${i}@example.com`)
-  const emails = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'emails', arguments: { to } })
-  assert.equal(emails.body.is_error, false, emails.body.error)
-  assert.equal(emails.body.output, 150)
+  holdJustPast()
+  const emails = await callEmails()
+  assert.equal(emails.is_error, false, emails.error)
+  assert.equal(emails.output, 150)
   // A costly check of a tool with no debt of its own is still cut, at the quantum.
   await tp.register(tool('fresh', { parameters: BOMB, source: 'plugin:evil-fresh' }))
+  holdJustPast()
   const bomb = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'fresh', raw_arguments: DEEP })
   assert.match(bomb.body.error, /argument checks took more than their share of time lately/)
-  assert.equal(threadOverdrawn(50), true)
+  // Far past it (many tools, each stopped at the quantum, charged): every check is cut short,
+  // the 150 strings' too; the shallow one still passes.
+  chargeCheck(new CheckTime(), 5000, 50)
+  const cutShort = await callEmails()
+  assert.match(cutShort.error ?? '', /argument checks took more than their share of time lately/)
+  const stillShallow = await httpJson(`${url}/api/tools/call`, 'POST', { role: 'A', name: 'shallow', raw_arguments: '{"v":[[[]]]}' })
+  assert.equal(stillShallow.body.is_error, false, stillShallow.body.error)
   tp.off('call-finished', record)
-  assert.deepEqual(outcomes, ['ok', 'ok', 'check_budget'])
+  assert.deepEqual(outcomes, ['ok', 'ok', 'check_budget', 'check_budget', 'ok'])
 })

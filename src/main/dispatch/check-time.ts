@@ -13,9 +13,11 @@
 // While a tool's account is overdrawn, its checks are cut short: each stops once it has done 2^16
 // units of work (CUT_SHORT_UNITS: tens of microseconds; a whole refused call of the schema above
 // took 0.1–0.2 ms in-process), and the call is refused unsent (outcome `check_budget`). While the
-// thread's is, every other tool's checks stop once they would be costly (CHEAP_UNITS, about a
-// millisecond of work): the tools that take long cannot take the thread, and the cheap checks of
-// every other tool (a few hundred strings of a `format`, a list of small objects) pass as ever.
+// thread's is, every other tool's checks stop once they would be costly (CHEAP_UNITS, 0.1–1 ms of
+// work): the tools that take long cannot take the thread, and the cheap checks of every other
+// tool (a few hundred strings of a `format`, a list of small objects) pass as ever. Those stops
+// are charged too; once the thread's debt reaches twice its allowance (many tools, each stopped
+// at the quantum), every check is cut short until it is back under that.
 // Checks that finish before their cut pass: a tool that someone calls with arguments its schema
 // takes long to check goes on answering the calls it can check at once.
 //
@@ -45,6 +47,14 @@ export class CheckTime {
 /** Checks of deadline length all tools together may run per second before checks are cut short. */
 const THREAD_CHECKS_PER_SECOND = 5
 
+/**
+ * Past the thread's allowance, checks that would be costly are stopped at the quantum; each such
+ * stop is still up to ~1 ms, charged to its tool's account, so many tools could keep many of them
+ * going. Once the thread's debt is twice its allowance (overdrawn for more than this long), every
+ * check is cut short, as an overdrawn tool's are.
+ */
+export const THREAD_CUT_SHORT_AFTER_MS = 1000
+
 /** The thread's account: every tool's costly checks (per thread; checks run on the main thread). */
 const thread = new CheckTime()
 
@@ -65,10 +75,23 @@ export function overdrawnForMs (account: CheckTime, allowanceMs: number): number
   return 0
 }
 
-/** Whether all tools' costly checks are past the thread's allowance now: checks are cut short. */
+/**
+ * How long, in ms, all tools' costly checks stay past the thread's allowance (0: they are not).
+ * Past THREAD_CUT_SHORT_AFTER_MS (a debt of twice the allowance) every check is cut short.
+ */
+export function threadOverdrawnForMs (maxValidationMs: number): number {
+  if (!thread.isOverdrawn) return 0
+  return overdrawnForMs(thread, maxValidationMs * THREAD_CHECKS_PER_SECOND)
+}
+
+/** Whether all tools' costly checks are past the thread's allowance now. */
 export function threadOverdrawn (maxValidationMs: number): boolean {
-  if (!thread.isOverdrawn) return false
-  return overdrawnForMs(thread, maxValidationMs * THREAD_CHECKS_PER_SECOND) > 0
+  return threadOverdrawnForMs(maxValidationMs) > 0
+}
+
+/** The thread's account itself, for tests that must hold it at a given debt. */
+export function threadCheckTime (): CheckTime {
+  return thread
 }
 
 /** Charges a costly check of `spentMs` to its tool's account and to the thread's. */

@@ -39,7 +39,7 @@ import {
   BUDGET_MODULE, chargeTest, CHEAP_UNITS, countingEqual, CUT_SHORT_UNITS, UNIQUE_ITEMS_MODULE, uniqueItemsPair,
   validationBudget, ValidationTooCostly
 } from '../../shared/validation-cost.js'
-import { chargeCheck, CheckTime, overdrawnForMs, threadOverdrawn } from './check-time.js'
+import { chargeCheck, CheckTime, overdrawnForMs, THREAD_CUT_SHORT_AFTER_MS, threadOverdrawnForMs } from './check-time.js'
 import { validationError, type ToolportError } from '../errors.js'
 import type { ArgumentsValidator } from '../roles/tool-registry.js'
 import { SchemaCompiler, type CompileOutcome, type QueuedJob } from './compiler-thread.js'
@@ -185,7 +185,10 @@ async function build (key: string, outcome: Promise<CompileOutcome>,
     // other tool's are stopped once they would be costly, so a cheap check still passes
     // (src/main/dispatch/check-time.ts). Otherwise this costs two boolean reads.
     const toolWaitMs = account.isOverdrawn ? overdrawnForMs(account, maxValidationMs) : 0
-    const cutUnits = toolWaitMs > 0 ? CUT_SHORT_UNITS : threadOverdrawn(maxValidationMs) ? CHEAP_UNITS : 0
+    const threadWaitMs = toolWaitMs > 0 ? 0 : threadOverdrawnForMs(maxValidationMs)
+    const cutUnits = toolWaitMs > 0 || threadWaitMs > THREAD_CUT_SHORT_AFTER_MS
+      ? CUT_SHORT_UNITS
+      : threadWaitMs > 0 ? CHEAP_UNITS : 0
     const isCut = cutUnits > 0
     // The check has a deadline (src/shared/validation-cost.ts): no schema and no argument can
     // hold the main thread for longer.
