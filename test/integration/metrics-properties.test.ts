@@ -38,6 +38,7 @@ import type { CallFinishedEvent, OriginEvictedEvent, SyncFinishedEvent } from '.
 import { kPendingCalls, kWorkerThreads } from '../../src/main/symbols.js'
 import { STALE_TOOL_NAMES } from '../../src/main/metrics.js'
 import { assertError, httpJson, session, startToolport, subscribeEvents, waitFor, within, type FakeSession, type SseItem } from '../helpers.js'
+import { closedPort } from '../fixtures/callback-server.js'
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
 const FAILING_TIMEOUT_MS = 600_000
@@ -495,13 +496,12 @@ function json (response: ServerResponse, body: unknown): void {
   response.end(text)
 }
 
-/** A port nothing listens on: every connection to it is refused. */
+/**
+ * A port nothing listens on: every connection to it is refused. Below the range the kernel hands
+ * out for port 0 (closedPort), so that no other test's server is given it later.
+ */
 async function deadOrigin (): Promise<string> {
-  const server = createServer()
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const port = (server.address() as AddressInfo).port
-  await new Promise<void>((resolve) => server.close(() => resolve()))
-  return `http://127.0.0.1:${port}`
+  return `http://127.0.0.1:${await closedPort()}`
 }
 
 async function startPlugin (t: TestContext): Promise<Plugin> {

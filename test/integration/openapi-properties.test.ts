@@ -28,7 +28,7 @@ import { request as httpRequest } from 'undici'
 import { ERROR_CODES } from '../../src/main/errors.js'
 import type { Toolport, ToolportOptions } from '../../src/main/index.js'
 import { callbackServer, within } from '../helpers.js'
-import type { CallbackServer } from '../fixtures/callback-server.js'
+import { closedPort, type CallbackServer } from '../fixtures/callback-server.js'
 
 const RUNS = Math.max(1, Number(process.env.TP_PROPERTY_RUNS ?? '1'))
 const FAILING_TIMEOUT_MS = 600_000
@@ -1101,15 +1101,11 @@ type ApiOp =
 type Route = 'echo' | 'tool-error' | 'status/500' | 'text' | 'dead'
 const ROUTES: Route[] = ['echo', 'tool-error', 'status/500', 'text', 'dead']
 
-/** A loopback port nothing listens on: connections to it are refused (R13's connection failure). */
-const DEAD_ORIGIN = await (async () => {
-  const { createServer } = await import('node:net')
-  const server = createServer()
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const { port } = server.address() as { port: number }
-  await new Promise<void>((resolve) => server.close(() => resolve()))
-  return `http://127.0.0.1:${port}`
-})()
+/**
+ * A loopback port nothing listens on: connections to it are refused (R13's connection failure).
+ * Below the range the kernel hands out for port 0 (closedPort), so no other test's server gets it.
+ */
+const DEAD_ORIGIN = `http://127.0.0.1:${await closedPort()}`
 const EVICTION_THRESHOLD = 3
 
 function callbackUrl (route: Route, cb: CallbackServer): string {

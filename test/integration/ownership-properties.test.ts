@@ -26,7 +26,7 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
-import { connect, createServer, type AddressInfo } from 'node:net'
+import { connect } from 'node:net'
 import { Writable } from 'node:stream'
 import { isDeepStrictEqual } from 'node:util'
 import fc from 'fast-check'
@@ -35,7 +35,7 @@ import { Toolport } from '../../src/main/toolport.js'
 import { createLogger } from '../../src/main/logger.js'
 import { kDispatchReady } from '../../src/main/symbols.js'
 import { createPlugin, PluginError } from '../../src/plugin/index.js'
-import { startCallbackServer } from '../fixtures/callback-server.js'
+import { closedPort, startCallbackServer } from '../fixtures/callback-server.js'
 import { waitFor, within } from '../helpers.js'
 
 type Json = Record<string, any>
@@ -179,13 +179,12 @@ function isComplete (data: Buffer): boolean {
   return false
 }
 
-/** A port that refuses connections (a plugin that died). */
+/**
+ * A port that refuses connections (a plugin that died). Below the range the kernel hands out for
+ * port 0 (closedPort), so that no other test's server is given it later.
+ */
 async function deadPort (): Promise<number> {
-  const server = createServer()
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const port = (server.address() as AddressInfo).port
-  await new Promise<void>((resolve) => server.close(() => { resolve() }))
-  return port
+  return await closedPort()
 }
 
 // ---------------------------------------------------------------------------------------------
