@@ -362,21 +362,29 @@ test('R14: an IPv6 loopback callback on [::1] connects', async (t) => {
   assert.equal((await client.call(buildCallTask(server.url, '/echo'))).kind, 'ok')
 })
 
-test('R2: a `localhost` callback keeps to the loopback address its plugin answered on: a socket another process binds later on the other one gets no call', async (t) => {
-  const { server, client } = await setup(t, { host: '::1', keepAliveTimeoutMs: 50 })
-  const url = `http://localhost:${server.port}`
-  assert.equal((await client.call(buildCallTask(url, '/echo'))).kind, 'ok')
-  // Another process binds the same port on 127.0.0.1: a separate socket, free to bind.
-  let stolen = 0
+/**
+ * Another process binding a plugin's port on 127.0.0.1 (a separate socket, free to bind while the
+ * plugin listens on ::1): it counts the connections it gets, and closes each.
+ */
+async function bindThief (t: TestContext, port: number): Promise<{ readonly connections: number }> {
+  let connections = 0
   const thief = net.createServer((socket) => {
-    stolen++
+    connections++
     socket.destroy()
   })
   await new Promise<void>((resolve, reject) => {
     thief.once('error', reject)
-    thief.listen(server.port, '127.0.0.1', resolve)
+    thief.listen(port, '127.0.0.1', resolve)
   })
   t.after(() => thief.close())
+  return { get connections () { return connections } }
+}
+
+test('R2: a `localhost` callback keeps to the loopback address its plugin answered on: a socket another process binds later on the other one gets no call', async (t) => {
+  const { server, client } = await setup(t, { host: '::1', keepAliveTimeoutMs: 50 })
+  const url = `http://localhost:${server.port}`
+  assert.equal((await client.call(buildCallTask(url, '/echo'))).kind, 'ok')
+  const thief = await bindThief(t, server.port)
   // The plugin's idle keep-alive connection ends, so the next calls connect afresh.
   await once(server.events, 'disconnect')
   for (let i = 0; i < 3; i++) {
@@ -384,7 +392,7 @@ test('R2: a `localhost` callback keeps to the loopback address its plugin answer
     if (i < 2) await once(server.events, 'disconnect')
   }
   assert.equal(server.requests.length, 4)
-  assert.equal(stolen, 0)
+  assert.equal(thief.connections, 0)
 })
 
 test('R2: what one thread learnt of a `localhost` port on ::1 holds for every thread (pool mode): another client sharing the table never tried 127.0.0.1 first', async (t) => {
@@ -396,21 +404,12 @@ test('R2: what one thread learnt of a `localhost` port on ::1 holds for every th
   t.after(() => first.close())
   const url = `http://localhost:${server.port}`
   assert.equal((await first.call(buildCallTask(url, '/echo'))).kind, 'ok')
-  let stolen = 0
-  const thief = net.createServer((socket) => {
-    stolen++
-    socket.destroy()
-  })
-  await new Promise<void>((resolve, reject) => {
-    thief.once('error', reject)
-    thief.listen(server.port, '127.0.0.1', resolve)
-  })
-  t.after(() => thief.close())
+  const thief = await bindThief(t, server.port)
   // A thread that never called this plugin (or one started to replace another).
   const second = new CallbackClient(options)
   t.after(() => second.close())
   for (let i = 0; i < 3; i++) assert.equal((await second.call(buildCallTask(url, '/echo'))).kind, 'ok')
-  assert.equal(stolen, 0)
+  assert.equal(thief.connections, 0)
   assert.equal(server.requests.length, 4)
 })
 
