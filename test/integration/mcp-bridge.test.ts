@@ -306,10 +306,6 @@ function rawBridge (t: TestContext, args: string[]): {
 }
 
 /**
- * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
- * its own streams and an empty environment; resolves with its exit code and everything it wrote.
- */
-/**
  * Starts `main(args)` in this process with `env`: `code` resolves with its exit code, `logged(re)`
  * once its stderr matches `re`. Stopped in t.after if still running.
  */
@@ -336,22 +332,17 @@ function runMainUntil (t: TestContext, args: string[], env: NodeJS.ProcessEnv): 
   return { code, logged, stdout: () => stdout, stderr: () => stderr }
 }
 
+/**
+ * Runs the `toolport` command in-process (`main(argv, io)`, the code the spawned bridge runs) with
+ * its own streams and an empty environment; resolves with its exit code and everything it wrote.
+ */
 async function runMainCollecting (t: TestContext, args: string[]): Promise<{
   code: number,
   stdout: string,
   stderr: string
 }> {
-  const stdin = new PassThrough()
-  const out = new PassThrough()
-  const err = new PassThrough()
-  let stdout = ''
-  let stderr = ''
-  out.setEncoding('utf8').on('data', (chunk: string) => { stdout += chunk })
-  err.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
-  const controller = new AbortController()
-  t.after(() => { controller.abort('SIGTERM'); stdin.end() })
-  const code = await main(args, { stdin, stdout: out, stderr: err, env: {}, stop: controller.signal })
-  return { code, stdout, stderr }
+  const run = runMainUntil(t, args, {})
+  return { code: await run.code, stdout: run.stdout(), stderr: run.stderr() }
 }
 
 test('bridge: a long session (5000 calls) writes nothing to stderr: no listener warning from the transport\'s one abort signal', async (t) => {
