@@ -499,6 +499,15 @@ async function callSlow (endpoint: string, sessionId: string): ReturnType<typeof
     { jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'slow', arguments: {} } })
 }
 
+/** A new client's session, whose `initialize` evicted session `victim`; resolves with its id. */
+async function initializeEvicting (sessions: McpSessions, endpoint: string, victim: string): Promise<string> {
+  const evicted = once(sessions, 'session-closed')
+  const id = await rawSession(endpoint)
+  const [event] = await evicted
+  assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: victim, reason: 'evicted' })
+  return id
+}
+
 /** The HTTP status a new client's `initialize` gets. */
 async function initializeStatus (endpoint: string): Promise<number> {
   const answer = await httpRequest(endpoint, {
@@ -514,10 +523,7 @@ test('sessions full: an initialize evicts the least recently active idle session
   const { server, sessions, endpoint } = await twoSessionServer(t)
   const oldest = await rawSession(endpoint)
   const newer = await rawSession(endpoint)
-  const evicted = once(sessions, 'session-closed')
-  const third = await rawSession(endpoint)
-  const [event] = await evicted
-  assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: oldest, reason: 'evicted' })
+  const third = await initializeEvicting(sessions, endpoint, oldest)
   assert.deepEqual(sessions.list().map((s) => s.sessionId).sort(), [newer, third].sort())
 
   // Both sessions now have a call in flight: nothing may be evicted, so a new client waits (503).
@@ -539,10 +545,7 @@ test('sessions full: a session whose call still runs after its stream dropped is
   assert.equal(session()?.callsInFlight, 1)
   // Newer than the calling session, so least-recently-active alone would spare it.
   const idle = await rawSession(endpoint)
-  const evicted = once(sessions, 'session-closed')
-  const third = await rawSession(endpoint)
-  const [event] = await evicted
-  assert.deepEqual({ id: event.sessionId, reason: event.reason }, { id: idle, reason: 'evicted' })
+  const third = await initializeEvicting(sessions, endpoint, idle)
   assert.deepEqual(sessions.list().map((s) => s.sessionId).sort(), [calling, third].sort())
   assert.equal(session()?.callsInFlight, 1, 'the call still runs')
 
