@@ -84,11 +84,6 @@ export function threadOverdrawnForMs (maxValidationMs: number): number {
   return overdrawnForMs(thread, maxValidationMs * THREAD_CHECKS_PER_SECOND)
 }
 
-/** Whether all tools' costly checks are past the thread's allowance now. */
-export function threadOverdrawn (maxValidationMs: number): boolean {
-  return threadOverdrawnForMs(maxValidationMs) > 0
-}
-
 /** The thread's account itself, for tests that must hold it at a given debt. */
 export function threadCheckTime (): CheckTime {
   return thread
