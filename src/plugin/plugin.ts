@@ -327,8 +327,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
    */
   async #checkRegistrations (): Promise<void> {
     // Only our names: the answer holds our rows (or whoever took a name over), never other plugins'.
-    const ours = [...this.#options.tools.values()].map((tool) => tool.name)
-    const listed = await this.#client.list(this.role, ours, this.#stopController.signal)
+    const listed = await this.#client.list(this.role, this.toolNames, this.#stopController.signal)
     if (this.#state !== 'running') return
     const missing = new Map<ResolvedTool, string[]>()
     const conflicts = new Set<string>()
