@@ -291,10 +291,12 @@ const MAX_TOKEN_FILE_BYTES = 64 * 1024
 const MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
 
 /**
- * The bytes of `file`, at most `maxBytes` of them (more is an InputError naming `what`); read
- * from the open file, so that what is read is what was checked.
+ * The bytes of `file`, at most `maxBytes` of them (more is an InputError naming `what`), and its
+ * mode, which `check` may refuse before a byte is read; read from the open file, so that what is
+ * read is what was checked.
  */
-function readCapped (file: string, what: string, maxBytes: number, check?: (mode: number) => void): Buffer {
+function readCapped (file: string, what: string, maxBytes: number,
+  check?: (mode: number) => void): { bytes: Buffer, mode: number } {
   let fd: number
   try {
     fd = openSync(file, 'r')
@@ -302,7 +304,8 @@ function readCapped (file: string, what: string, maxBytes: number, check?: (mode
     throw new InputError(`cannot read the ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
   }
   try {
-    check?.(fstatSync(fd).mode)
+    const { mode } = fstatSync(fd)
+    check?.(mode)
     const chunks: Buffer[] = []
     let total = 0
     for (;;) {
@@ -313,7 +316,7 @@ function readCapped (file: string, what: string, maxBytes: number, check?: (mode
       if (total > maxBytes) throw new InputError(`the ${what} ${file} is larger than ${maxBytes} bytes`)
       chunks.push(chunk.subarray(0, n))
     }
-    return Buffer.concat(chunks, total)
+    return { bytes: Buffer.concat(chunks, total), mode }
   } catch (err) {
     if (err instanceof InputError) throw err
     throw new InputError(`cannot read the ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? errorText(err)}`)
@@ -331,12 +334,19 @@ function utf8Text (bytes: Buffer, what: string, file: string): string {
   }
 }
 
+/**
+ * Refuses a file that holds the token and that others may read (`mode` not 0600 or stricter);
+ * `what` names it, `advice` follows "chmod 600 it".
+ */
+function assertPrivate (what: string, mode: number, advice = ''): void {
+  if ((mode & 0o077) === 0) return
+  throw new InputError(`${what} readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it${advice}`)
+}
+
 /** Reads the token of token mode; the file must be private to its owner (0600 or stricter). */
 async function readTokenFile (file: string): Promise<string> {
-  const bytes = readCapped(file, 'token file', MAX_TOKEN_FILE_BYTES, (mode) => {
-    if ((mode & 0o077) !== 0) {
-      throw new InputError(`the token file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}); chmod 600 it`)
-    }
+  const { bytes } = readCapped(file, 'token file', MAX_TOKEN_FILE_BYTES, (mode) => {
+    assertPrivate(`the token file ${file} is`, mode)
   })
   const token = utf8Text(bytes, 'token file', file).trim()
   // The rule of `security.token` (README "Options"), also for the bridge's token.
@@ -359,9 +369,9 @@ function jsonErrorPlace (text: string, err: SyntaxError): string {
  * token file must (0600 or stricter): the token is the same secret, however it is given.
  */
 function readConfigFile (file: string): Record<string, unknown> {
-  let mode = 0
+  const { bytes, mode } = readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES)
   // The decoder drops a leading byte order mark (some editors write one): it is not part of the JSON.
-  const text = utf8Text(readCapped(file, 'config file', MAX_CONFIG_FILE_BYTES, (m) => { mode = m }), 'config file', file)
+  const text = utf8Text(bytes, 'config file', file)
   let options: Record<string, unknown>
   try {
     const value: unknown = JSON.parse(text)
@@ -374,9 +384,8 @@ function readConfigFile (file: string): Record<string, unknown> {
     throw new InputError(`the config file ${file} is not a JSON object of options: ${why}`)
   }
   const security = options.security
-  if (isPlainObject(security) && Object.hasOwn(security, 'token') && (mode & 0o077) !== 0) {
-    throw new InputError(`the config file ${file} holds security.token and is readable by others ` +
-      `(mode ${(mode & 0o777).toString(8)}); chmod 600 it, or give the token with --token-file`)
+  if (isPlainObject(security) && Object.hasOwn(security, 'token')) {
+    assertPrivate(`the config file ${file} holds security.token and is`, mode, ', or give the token with --token-file')
   }
   return options
 }
