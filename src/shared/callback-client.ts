@@ -300,5 +300,5 @@ function ignore (): void {}
  * on every plugin. The ids models use (letters, digits, `_`, `-`, `.`) are sent as they are.
  */
 function callIdHeader (callId: string): string {
-  return encodeURIComponent(callId.isWellFormed() ? callId : callId.toWellFormed())
+  return encodeURIComponent(callId.toWellFormed())
 }

@@ -211,7 +211,6 @@ export class Dispatcher {
         maxImageBytes: options.maxImageBytes,
         slotSpace: space,
         replyBudget: this.#budget,
-        localhostV6Ports: createLocalhostV6Ports(),
         maxOriginReplyBytes: originReplyShare(options, 1)
       }
       if (InlineClient !== null) {

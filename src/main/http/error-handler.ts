@@ -3,7 +3,7 @@
 import { STATUS_CODES } from 'node:http'
 import type { Http2ServerRequest } from 'node:http2'
 import type { Socket } from 'node:net'
-import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyBaseLogger, FastifyError, FastifyReply, FastifyRequest } from 'fastify'
 import {
   BadJsonError, BadRequestError, BodyTooLargeError, InternalError, RouteNotFoundError, UnsupportedMediaTypeError,
   isToolportError, type ErrorDetail, type ToolportError
@@ -75,6 +75,10 @@ export function handleNotFound (request: FastifyRequest, reply: FastifyReply): v
  * code, status, method and route, never the path as sent nor anything else the client wrote.
  */
 function logRefusal (request: FastifyRequest, err: ToolportError): void {
+  // Refusals are what a flood sends: no log object unless debug is on (pino says; a host's logger
+  // without isLevelEnabled is given the line to judge).
+  const log = request.log as FastifyBaseLogger & { isLevelEnabled?: (level: string) => boolean }
+  if (log.isLevelEnabled?.('debug') === false) return
   request.log.debug({
     code: err.code,
     status: err.statusCode,
