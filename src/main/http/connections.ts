@@ -56,8 +56,6 @@ interface SocketState {
   idleSince: number
   /** Token mode: the socket presented the valid token. */
   isTrusted: boolean
-  /** The server's unsent answers (the same for every socket), for the response listeners. */
-  answers: UnsentAnswers
 }
 
 const kState = Symbol('toolport.connectionState')
@@ -74,13 +72,14 @@ export class ConnectionPressure {
   #sweeper: NodeJS.Timeout | null = null
   /** Sockets closed because of pressure (for tests and logs). */
   shed = 0
-  /** The answers clients have not taken yet. */
-  readonly answers: UnsentAnswers
+  /** 'prefinish' listener of every response: ended, so its client may now have to take it. */
+  readonly #onAnswerWritten: (this: ServerResponse) => void
 
   constructor (server: Server, options: ConnectionPressureOptions) {
     this.#threshold = Math.max(1, options.maxConnections - options.reservedConnections)
     this.#idleTimeoutMs = options.pressureIdleTimeoutMs
-    this.answers = new UnsentAnswers(options)
+    const answers = new UnsentAnswers(options)
+    this.#onAnswerWritten = function onAnswerWritten (this: ServerResponse): void { answers.written(this) }
     server.on('connection', (socket: Socket) => { this.#onConnection(socket) })
     server.on('request', (request: IncomingMessage, response: ServerResponse) => { this.#onRequest(request, response) })
     server.once('close', () => { this.#stopSweeper() })
@@ -100,9 +99,7 @@ export class ConnectionPressure {
   }
 
   #onConnection (socket: Socket): void {
-    const state: SocketState = {
-      busy: 0, queued: null, first: null, idleSince: performance.now(), isTrusted: false, answers: this.answers
-    }
+    const state: SocketState = { busy: 0, queued: null, first: null, idleSince: performance.now(), isTrusted: false }
     this.#sockets.set(socket, state)
     socket.once('close', () => {
       this.#sockets.delete(socket)
@@ -121,7 +118,7 @@ export class ConnectionPressure {
     ;(response as ServerResponse & { [kState]?: SocketState })[kState] = state
     response.once('close', onResponseClose)
     // 'prefinish' fires once, when the response is ended: `on`, which wraps nothing.
-    response.on('prefinish', onAnswerWritten)
+    response.on('prefinish', this.#onAnswerWritten)
     if (state.busy === 1) {
       state.first = response
       return
@@ -235,30 +232,36 @@ interface UnsentAnswer {
 }
 
 /** Bounds the answers that clients which stopped reading leave in memory (see the top of the file). */
-export class UnsentAnswers {
+class UnsentAnswers {
   /** Answers written and not yet taken, oldest first. */
   readonly #waiting = new Map<ServerResponse, UnsentAnswer>()
   readonly #maxBytes: number
   readonly #stallMs: number
   #bytes = 0
-  /** Answers cut because their clients did not take them (for tests and logs). */
-  cut = 0
+  /** 'close' listener of a followed response: taken (every byte handed to the kernel), or gone. */
+  readonly #onTaken: (this: ServerResponse) => void
 
   constructor (options: UnsentAnswersOptions) {
     this.#maxBytes = options.maxUnsentAnswerBytes
     this.#stallMs = options.answerStallTimeoutMs
+    const answers = this
+    this.#onTaken = function onAnswerTaken (this: ServerResponse): void { answers.release(this) }
   }
 
-  /** Bytes of answers waiting for their clients, as last looked at. */
-  get bytes (): number { return this.#bytes }
-
-  /** `response` was ended with `bytes` still queued on its socket: follow it until it is taken. */
-  follow (response: ServerResponse, socket: Socket, bytes: number): void {
+  /**
+   * `response` was ended: what its socket has not sent yet is its client's to take. Followed
+   * until taken, unless small enough for Node's and the kernel's buffers to take at once.
+   */
+  written (response: ServerResponse): void {
+    const socket = response.socket
+    if (socket === null || socket.destroyed) return
+    const bytes = socket.writableLength
+    if (bytes < FOLLOWED_ANSWER_BYTES) return
     const timer = setTimeout(cutStalled, this.#stallMs, this, response)
     timer.unref()
     this.#waiting.set(response, { socket, bytes, pending: unsentBytes(socket), timer })
     this.#bytes += bytes
-    response.once('close', onAnswerTaken)
+    response.once('close', this.#onTaken)
     if (this.#bytes > this.#maxBytes) this.#makeRoom(response)
   }
 
@@ -297,23 +300,8 @@ export class UnsentAnswers {
   cutAnswer (response: ServerResponse, answer = this.#waiting.get(response)): void {
     if (answer === undefined) return
     this.release(response)
-    this.cut++
     answer.socket.destroy()
   }
-}
-
-/** 'prefinish' of a response: ended, and what its socket has not sent yet is the client's to take. */
-function onAnswerWritten (this: ServerResponse & { [kState]?: SocketState }): void {
-  const state = this[kState]
-  const socket = this.socket
-  if (state === undefined || socket === null || socket.destroyed) return
-  const queued = socket.writableLength
-  if (queued >= FOLLOWED_ANSWER_BYTES) state.answers.follow(this, socket, queued)
-}
-
-/** 'close' of a followed response: finished (every byte handed to the kernel) or its socket gone. */
-function onAnswerTaken (this: ServerResponse & { [kState]?: SocketState }): void {
-  this[kState]?.answers.release(this)
 }
 
 function cutStalled (answers: UnsentAnswers, response: ServerResponse): void {
