@@ -63,9 +63,11 @@ export async function streamedJson (parts: readonly JsonPart[],
   return {
     bytes,
     stream: (stallMs = 0) => {
-      const watch: StallWatch = { stallMs, readable: null }
-      const readable = Readable.from(pieces(parts, watch), { objectMode: false })
-      watch.readable = readable
+      let readable: Readable | null = null
+      const stalled = (): void => {
+        readable?.destroy(new Error(`the client took no part of the answer for ${stallMs} ms`))
+      }
+      readable = Readable.from(pieces(parts, stallMs, stalled), { objectMode: false })
       return readable
     },
     toBuffer: () => {
@@ -99,31 +101,21 @@ async function itemsBytes (items: readonly unknown[], maxBytes: number,
   return bytes
 }
 
-interface StallWatch {
-  readonly stallMs: number
-  readable: Readable | null
-}
-
-/** Destroys the stream of a reader that took no piece for its `stallMs`. */
-function onStall (watch: StallWatch): void {
-  watch.readable?.destroy(new Error(`the client took no part of the answer for ${watch.stallMs} ms`))
-}
-
 /**
- * `piece`, handed to the stream when its reader asks for more; a reader that does not ask within
- * `watch.stallMs` has the stream destroyed.
+ * The body in pieces. A reader that takes no piece for `stallMs` (0: never) has `stalled` called:
+ * one timer for the stream, pushed back as each piece is handed over.
  */
-async function * handOver (piece: string, watch: StallWatch): AsyncGenerator<string> {
-  const timer = watch.stallMs > 0 ? setTimeout(onStall, watch.stallMs, watch) : undefined
+async function * pieces (parts: readonly JsonPart[], stallMs: number, stalled: () => void): AsyncGenerator<string> {
+  const timer = stallMs > 0 ? setTimeout(stalled, stallMs) : undefined
   timer?.unref()
   try {
-    yield piece
+    yield * piecesOf(parts, timer)
   } finally {
     clearTimeout(timer)
   }
 }
 
-async function * pieces (parts: readonly JsonPart[], watch: StallWatch): AsyncGenerator<string> {
+async function * piecesOf (parts: readonly JsonPart[], timer: NodeJS.Timeout | undefined): AsyncGenerator<string> {
   let piece = ''
   let sinceYield = 0
   for (const part of parts) {
@@ -133,7 +125,8 @@ async function * pieces (parts: readonly JsonPart[], watch: StallWatch): AsyncGe
       for (let i = 0; i < part.length; i++) {
         piece += (i === 0 ? '' : ',') + JSON.stringify(part[i])
         if (piece.length >= PIECE_CHARS) {
-          yield * handOver(piece, watch)
+          timer?.refresh()
+          yield piece
           sinceYield += piece.length
           piece = ''
           if (sinceYield >= YIELD_BYTES) {
@@ -144,9 +137,13 @@ async function * pieces (parts: readonly JsonPart[], watch: StallWatch): AsyncGe
       }
     }
     if (piece.length >= PIECE_CHARS) {
-      yield * handOver(piece, watch)
+      timer?.refresh()
+      yield piece
       piece = ''
     }
   }
-  if (piece !== '') yield * handOver(piece, watch)
+  if (piece !== '') {
+    timer?.refresh()
+    yield piece
+  }
 }
