@@ -563,44 +563,15 @@ export class McpSession implements ModelSession {
     try {
       // A client that stopped reading its stream (the socket already has bytes it could not send)
       // is not waited for: it would hold every change to its role; the notice is queued for it.
-      const socket = this.#eventStream?.socket
-      const isBackedUp = socket !== null && socket !== undefined && unsentBytes(socket) > 0
+      const socket = this.#eventStream?.socket ?? null
+      const isBackedUp = socket !== null && unsentBytes(socket) > 0
       await this.#server.sendToolListChanged()
-      if (!isBackedUp) await this.#flushEventStream(signal)
+      if (socket !== null && !isBackedUp) await flushed(socket, signal)
     } catch (err) {
       // A session that ended meanwhile (DELETE, disconnect) has nothing left to sync.
       if (this.#isClosed) return
       throw err
     }
-  }
-
-  /**
-   * Resolves once everything written to the event stream so far has left for the client's socket.
-   * The transport's write only queues a chunk (Node sends a chunked response's writes at the next
-   * tick), so without this the API call's answer, written at once, went out first. A write's
-   * callback comes after every earlier write's; an empty one adds no byte to the stream. Waited
-   * for FLUSH_WAIT_MS at most: a client whose socket fills with this very notice has stopped
-   * reading, and the next change does not wait for it at all (see syncTools).
-   */
-  async #flushEventStream (signal: AbortSignal): Promise<void> {
-    const socket = this.#eventStream?.socket
-    if (socket === null || socket === undefined || socket.destroyed || socket.writableLength === 0) return
-    signal.throwIfAborted()
-    await new Promise<void>((resolve, reject) => {
-      const done = (): void => {
-        clearTimeout(timer)
-        signal.removeEventListener('abort', onAbort)
-        resolve()
-      }
-      const onAbort = (): void => {
-        clearTimeout(timer)
-        reject(signal.reason)
-      }
-      const timer = setTimeout(done, FLUSH_WAIT_MS)
-      signal.addEventListener('abort', onAbort, { once: true })
-      // An error means the stream is gone: nothing is left to wait for (the session ends).
-      socket.write('', done)
-    })
   }
 
   /**
@@ -991,4 +962,32 @@ function uncork (socket: Socket): void {
 
 function closeIdle (session: McpSession): void {
   session.close('idle').catch(noop)
+}
+
+/**
+ * Resolves once everything written to an event stream's `socket` so far has left for the client.
+ * The transport's write only queues a chunk (Node sends a chunked response's writes at the next
+ * tick), so without this the API call's answer, written at once, went out first. A write's
+ * callback comes after every earlier write's; an empty one adds no byte to the stream. Waited
+ * for FLUSH_WAIT_MS at most: a client whose socket fills with this very notice has stopped
+ * reading, and the next change does not wait for it at all (see syncTools).
+ */
+async function flushed (socket: Socket, signal: AbortSignal): Promise<void> {
+  if (socket.destroyed || socket.writableLength === 0) return
+  signal.throwIfAborted()
+  await new Promise<void>((resolve, reject) => {
+    const done = (): void => {
+      clearTimeout(timer)
+      signal.removeEventListener('abort', onAbort)
+      resolve()
+    }
+    const onAbort = (): void => {
+      clearTimeout(timer)
+      reject(signal.reason)
+    }
+    const timer = setTimeout(done, FLUSH_WAIT_MS)
+    signal.addEventListener('abort', onAbort, { once: true })
+    // An error means the stream is gone: nothing is left to wait for (the session ends).
+    socket.write('', done)
+  })
 }
