@@ -92,11 +92,13 @@ export function threadCheckTime (): CheckTime {
 /** Charges a costly check of `spentMs` to its tool's account and to the thread's. */
 export function chargeCheck (account: CheckTime, spentMs: number, maxValidationMs: number): void {
   const now = performance.now()
-  drain(account, now, maxValidationMs)
+  charge(account, now, spentMs, maxValidationMs)
+  charge(thread, now, spentMs, maxValidationMs * THREAD_CHECKS_PER_SECOND)
+}
+
+/** Adds `spentMs` to an account draining `allowanceMs` a second; marks it once past the allowance. */
+function charge (account: CheckTime, now: number, spentMs: number, allowanceMs: number): void {
+  drain(account, now, allowanceMs)
   account.debtMs += spentMs
-  if (account.debtMs > maxValidationMs) account.isOverdrawn = true
-  const threadMs = maxValidationMs * THREAD_CHECKS_PER_SECOND
-  drain(thread, now, threadMs)
-  thread.debtMs += spentMs
-  if (thread.debtMs > threadMs) thread.isOverdrawn = true
+  if (account.debtMs > allowanceMs) account.isOverdrawn = true
 }
