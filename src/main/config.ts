@@ -34,11 +34,15 @@ const HOST_NAME = /^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\
  * help. The text follows the value, e.g. `"127.0.0.1:8080" is not an address: …`.
  */
 export function bindHostProblem (host: string): string | undefined {
-  const bracketed = /^\[[^[\]]*\]$/.test(host)
-  const inner = bracketed ? host.slice(1, -1) : host
-  if (bracketed ? isIP(inner) === 6 : isIP(inner) !== 0 || HOST_NAME.test(inner)) return undefined
+  const inner = unbracket(host)
+  if (inner !== host ? isIP(inner) === 6 : isIP(inner) !== 0 || HOST_NAME.test(inner)) return undefined
   return 'is not an address: give the address or host name alone, without a scheme, port or spaces ' +
     '(e.g. 127.0.0.1 or ::1; the port is a setting of its own)'
+}
+
+/** `host` without the brackets an IPv6 address may come in, as in a URL (`[::1]` → `::1`). */
+export function unbracket (host: string): string {
+  return /^\[[^[\]]*\]$/.test(host) ? host.slice(1, -1) : host
 }
 
 /** A token of token mode (see `security.token`): the options' rule, and the token files' of the CLI. */

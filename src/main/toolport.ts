@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
-import { bindHostProblem, type ToolportOptions } from './config.js'
+import { bindHostProblem, unbracket, type ToolportOptions } from './config.js'
 import { isIPv4MappedAddress, isLoopbackAddress, isUnspecifiedAddress } from '../shared/loopback.js'
 import { ClosedError, ConfigError } from './errors.js'
 import { kDispatchReady } from './symbols.js'
@@ -122,7 +122,7 @@ function listenText (host: string): (address: string) => string {
     } catch {
       return `Server listening at ${address}`
     }
-    const ip = url.hostname.replace(/^\[(.*)\]$/, '$1')
+    const ip = unbracket(url.hostname)
     if (isLoopbackAddress(ip)) return `Server listening at ${address}`
     const reachable = listeningUrl(host, Number(url.port))
     if (isUnspecifiedAddress(ip)) return `Server listening at ${reachable} (bound to every address; non-loopback clients are refused)`
@@ -140,7 +140,7 @@ export function resolveBindHost (given: string): { host: string, isLoopback: boo
   const problem = bindHostProblem(given)
   if (problem !== undefined) throw new ConfigError(`refusing to bind ${JSON.stringify(given)}: it ${problem}`)
   // An IPv6 address may come bracketed as in a URL (`[::1]`): the address is inside.
-  const unbracketed = /^\[[^[\]]*\]$/.test(given) ? given.slice(1, -1) : given
+  const unbracketed = unbracket(given)
   if (isIPv4MappedAddress(unbracketed)) {
     // The guard judges the Host header `[::ffff:…]` as no loopback name (403): the URL this would
     // answer could never be served.
