@@ -323,3 +323,39 @@ test('library: a schema that refers to its own root (`$ref: "#"`, what zod write
     assert.match(bad.error ?? '', /\/children\/0 must have required property 'children'/)
   }
 })
+
+test('library: `arguments` are checked in the JSON form the callback receives: NaN, a toJSON() and a Map are checked as what they encode to (README "Embedding: the library")', async (t) => {
+  const server = await callbackServer(t)
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const parameters = {
+    type: 'object',
+    properties: { when: { type: 'object' }, n: { type: 'number' }, m: { type: 'object', maxProperties: 0 } },
+    additionalProperties: false
+  }
+  await tp.register(tool('remote', { callback_url: `${server.url}/echo`, parameters }) as never)
+  const received: unknown[] = []
+  await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'local', parameters, handler: async (args) => { received.push(args); return 'ok' }
+  })
+  const refused = [
+    { n: Number.NaN },
+    { n: Number.POSITIVE_INFINITY },
+    { when: { year: 2024, toJSON: () => 'not-an-object' } }
+  ]
+  for (const name of ['remote', 'local']) {
+    for (const args of refused) {
+      const result = await tp.callTool('Lanlan', { name, arguments: args })
+      assert.equal(result.is_error, true, `${name} ${JSON.stringify(args)}`)
+      assert.match(result.error ?? '', /must be (number|object)/)
+    }
+  }
+  assert.equal(server.requests.length, 0, 'no refused call reached the callback')
+  assert.deepEqual(received, [])
+  // A Map encodes to {} and is checked (and handed to a local handler) as {}.
+  const local = await tp.callTool('Lanlan', { name: 'local', arguments: { m: new Map([['k', 1]]) } })
+  assert.equal(local.is_error, false)
+  assert.deepEqual(received, [{ m: {} }])
+  const remote = await tp.callTool('Lanlan', { name: 'remote', arguments: { m: new Map([['k', 1]]) } })
+  assert.equal(remote.is_error, false)
+  assert.deepEqual(JSON.parse(server.requests[0]?.body ?? '').arguments, { m: {} })
+})

@@ -14,6 +14,11 @@ export type ParsedArguments =
  * Reads a call's arguments: `raw_arguments` (the model's text) wins when present; otherwise
  * `arguments` (already parsed; an absent value means `{}`). The JSON text is produced once here
  * and reused as-is in the callback body.
+ *
+ * `arguments` is checked (and handed to a local handler) in its JSON form, read back from that
+ * text: what the callback receives is what was checked. A caller's value may not survive JSON
+ * (`NaN` becomes `null`, a `Map` becomes `{}`, a `toJSON()` replaces its object), and a check of
+ * the value itself would pass arguments the callback then receives in another shape.
  */
 export function readArguments (rawArguments: string | undefined, args: unknown): ParsedArguments {
   if (typeof rawArguments === 'string') {
@@ -28,7 +33,7 @@ export function readArguments (rawArguments: string | undefined, args: unknown):
   try {
     const raw = JSON.stringify(value)
     if (raw === undefined) return { ok: false, error: 'arguments must be a JSON value' }
-    return { ok: true, value, raw }
+    return { ok: true, value: JSON.parse(raw), raw }
   } catch (err) {
     return { ok: false, error: `arguments cannot be encoded as JSON: ${errorText(err)}` }
   }
