@@ -278,6 +278,65 @@ test('library: toolportPlugin mounts the routes in a host app, guarded, without 
     'TP_ERR_UNSUPPORTED_MEDIA_TYPE')
 })
 
+test('library: in a host\'s app, errors the host\'s own hooks throw (401, 403, 429) reach the host\'s error handler unchanged; Toolport\'s own errors stay Toolport\'s (README "Embedding: the library")', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const host = fastify()
+  t.after(() => host.close())
+  host.setErrorHandler(async (err: Error & { statusCode?: number, code?: string }, _request, reply) => {
+    return await reply.code(err.statusCode ?? 500).send({ host: err.code, message: err.message })
+  })
+  host.addHook('onRequest', async (request) => {
+    const user = request.headers['x-user']
+    if (user === undefined) throw Object.assign(new Error('login required'), { statusCode: 401, code: 'HOST_AUTH' })
+    if (user === 'bob') throw Object.assign(new Error('admins only'), { statusCode: 403, code: 'HOST_FORBIDDEN' })
+    if (user === 'flood') throw Object.assign(new Error('slow down'), { statusCode: 429, code: 'HOST_RATE' })
+  })
+  await host.register(toolportPlugin, { runtime: tp, prefix: '/tp' })
+  for (const [user, status, code] of [[undefined, 401, 'HOST_AUTH'], ['bob', 403, 'HOST_FORBIDDEN'], ['flood', 429, 'HOST_RATE']] as const) {
+    const res = await host.inject({ method: 'GET', url: '/tp/api/tools', headers: user === undefined ? {} : { 'x-user': user } })
+    assert.equal(res.statusCode, status)
+    assert.equal(res.json().host, code)
+  }
+  // Toolport's own refusals, and a body it cannot read, are still answered in its own shape.
+  const admin = { 'x-user': 'admin' }
+  const unknownRole = await host.inject({ method: 'GET', url: '/tp/api/tools?role=Nobody', headers: admin })
+  assertError({ statusCode: unknownRole.statusCode, headers: unknownRole.headers, body: unknownRole.json() }, 404,
+    'TP_ERR_ROLE_NOT_FOUND')
+  const badJson = await host.inject({
+    method: 'POST', url: '/tp/api/tools/register', payload: '{', headers: { ...admin, 'content-type': 'application/json' }
+  })
+  assertError({ statusCode: badJson.statusCode, headers: badJson.headers, body: badJson.json() }, 400, 'TP_ERR_BAD_JSON')
+  const remote = await host.inject({ method: 'GET', url: '/tp/api/tools', headers: admin, remoteAddress: '10.1.2.3' })
+  assertError({ statusCode: remote.statusCode, headers: remote.headers, body: remote.json() }, 403,
+    'TP_ERR_NOT_LOOPBACK')
+})
+
+test('library: in a host\'s app, the routes answer in their own shape whatever the host\'s root reply serializer, and enforce and name limits.maxBodyBytes whatever the host\'s bodyLimit (README "Embedding: the library")', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'], limits: { maxBodyBytes: 2048 } })
+  const host = fastify({ bodyLimit: 100 })
+  t.after(() => host.close())
+  host.setReplySerializer((payload) => JSON.stringify({ data: payload }))
+  host.get('/mine', async () => ({ up: true }))
+  await host.register(toolportPlugin, { runtime: tp })
+  assert.deepEqual((await host.inject({ method: 'GET', url: '/mine' })).json(), { data: { up: true } })
+
+  const registered = await host.inject({ method: 'POST', url: '/api/tools/register', payload: tool('x') })
+  assert.equal(registered.statusCode, 200, registered.body)
+  assert.deepEqual(registered.json(), { ok: true, registered: 'x', affected_roles: ['Lanlan'], failed_roles: [] })
+  const health = await host.inject({ method: 'GET', url: '/api/health' })
+  assert.equal(health.json().ok, true)
+  const unknownRole = await host.inject({ method: 'GET', url: '/api/tools?role=Nobody' })
+  assertError({ statusCode: unknownRole.statusCode, headers: unknownRole.headers, body: unknownRole.json() }, 404,
+    'TP_ERR_ROLE_NOT_FOUND')
+
+  // 500 bytes: over the host's 100, under Toolport's 2048: accepted.
+  const medium = await host.inject({ method: 'POST', url: '/api/tools/register', payload: tool('y', { description: 'd'.repeat(400) }) })
+  assert.equal(medium.statusCode, 200, medium.body)
+  const large = await host.inject({ method: 'POST', url: '/api/tools/register', payload: tool('z', { description: 'd'.repeat(5000) }) })
+  assertError({ statusCode: large.statusCode, headers: large.headers, body: large.json() }, 413, 'TP_ERR_BODY_TOO_LARGE')
+  assert.match(large.json().message, /\b2048 bytes/)
+})
+
 test('library: toolportPlugin also mounts under a prefix', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const host = fastify()

@@ -4,7 +4,9 @@ import { isRuntime, type Runtime } from '../runtime.js'
 import { describeValue } from '../../shared/util.js'
 import { buildGuard } from './guard.js'
 import { ConnectionPressure } from './connections.js'
-import { buildFrameworkErrorHandler, handleClientError, handleError, handleNotFound } from './error-handler.js'
+import {
+  buildFrameworkErrorHandler, handleClientError, handleError, handleHostedError, handleNotFound
+} from './error-handler.js'
 import { buildJsonParser } from './json-body.js'
 import { registerToolRoutes } from './tools.js'
 import { registerOperationRoutes } from './operations.js'
@@ -48,11 +50,16 @@ export const toolportPlugin: FastifyPluginCallback<ToolportPluginOptions> = func
     done(new ConfigError(`toolportPlugin: options.guard must be a boolean (got ${describeValue(options.guard)})`))
     return
   }
-  registerRoutes(app, runtime, options.guard !== false)
+  registerRoutes(app, runtime, options.guard !== false, false)
   done()
 }
 
-function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean): void {
+/**
+ * The routes, in `app`'s scope. `isStandalone`: `app` is Toolport's own (buildApp), not a host's,
+ * so every error is Toolport's to answer; in a host's app, errors of the host's own hooks reach
+ * the host's error handler.
+ */
+function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean, isStandalone: boolean): void {
   if (guard) app.addHook('onRequest', buildGuard(runtime.options.security))
   // After the guard (a refused client learns nothing of the runtime's state): once the runtime is
   // closing, every route but the health report and the last metrics answers
@@ -60,7 +67,11 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean)
   // Their URLs as fastify registers them, with the host's prefix (`app.register(toolportPlugin,
   // { prefix })`), however it is spelt (a trailing slash is folded into one).
   const openAfterClose = new Set<string>()
+  const { maxBodyBytes } = runtime.options.limits
   app.addHook('onRoute', (route) => {
+    // The body limit is the runtime's on every route, also in a host's app whose own `bodyLimit`
+    // differs: it is enforced, and named in the 413's message (fastify reads a route's own first).
+    route.bodyLimit = maxBodyBytes
     // `routePath` loses its leading slash to a prefix that ends in one.
     const path = route.routePath.startsWith('/') ? route.routePath : `/${route.routePath}`
     if (OPEN_AFTER_CLOSE.has(path)) openAfterClose.add(route.url)
@@ -70,11 +81,15 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean)
     else done()
   })
   app.removeAllContentTypeParsers()
-  app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit: runtime.options.limits.maxBodyBytes },
+  app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit: maxBodyBytes },
     buildJsonParser(runtime.options.limits.maxJsonDepth))
-  app.setErrorHandler(handleError)
+  app.setErrorHandler(isStandalone ? handleError : handleHostedError)
   app.setValidatorCompiler(noValidation)
   app.setSerializerCompiler(serializerOf)
+  // A host's root reply serializer (`setReplySerializer`, an envelope of its own) would be used
+  // for these routes' objects instead of their response schemas: fastify's own default (none,
+  // null at its root) is restored here. fastify stores the value as given.
+  app.setReplySerializer(null as unknown as Parameters<FastifyInstance['setReplySerializer']>[0])
   registerToolRoutes(app, runtime)
   registerOperationRoutes(app, runtime)
   registerDefinitionRoutes(app, runtime)
@@ -158,7 +173,10 @@ export function buildApp (runtime: Runtime): FastifyInstance {
   app.setNotFoundHandler(handleNotFound)
   // Docs first: @fastify/swagger collects the routes registered after it.
   registerDocs(app)
-  app.register(toolportPlugin, { runtime, guard: false })
+  app.register(function toolportRoutes (child, _options, done) {
+    registerRoutes(child, runtime, false, true)
+    done()
+  })
   if (runtime.options.console) registerConsole(app)
   return app
 }

@@ -41,6 +41,24 @@ export function handleError (this: unknown, err: FastifyError, request: FastifyR
 }
 
 /**
+ * The error handler of the routes in a host's app (`toolportPlugin`): an error of the host's own
+ * hooks (its 401 login, 403 ACL, 429 rate limit: an error with a status of its own that is not
+ * Toolport's nor one of reading the body) is the host's to answer, and goes on to the host's
+ * error handler as it is. Everything else is answered as in the standalone server.
+ */
+export function handleHostedError (this: unknown, err: FastifyError, request: FastifyRequest,
+  reply: FastifyReply): void {
+  if (isHostError(err)) throw err
+  handleError(err, request, reply)
+}
+
+function isHostError (err: FastifyError): boolean {
+  if (isToolportError(err) || err instanceof SyntaxError || err.code?.startsWith('FST_ERR_CTP_') === true) return false
+  const status = err.statusCode
+  return typeof status === 'number' && status >= 400 && status < 600
+}
+
+/**
  * Ends the client's connection after this answer: `Connection: close` on HTTP/1.x. HTTP/2 has no
  * such header (RFC 9113 §8.2.2; Node warns and drops it), so a host's HTTP/2 session is closed
  * instead once the answer is sent: it takes no new streams, and those in flight complete.
