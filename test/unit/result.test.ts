@@ -45,6 +45,17 @@ test('model-visible result: a lazy result has the plain result\'s properties, va
   }
 })
 
+test('model-visible result: a lazy result\'s output and text can be assigned, as a plain result\'s (the ToolResult type says they are writable)', () => {
+  for (const { kind, results: [result], plain } of lazyResults()) {
+    result.output = { redacted: true }
+    result.text = '[redacted]'
+    assert.deepEqual(result.output, { redacted: true }, kind)
+    assert.equal(result.text, '[redacted]', kind)
+    assert.deepEqual(Object.keys(result), Object.keys(plain), `${kind}: the same properties in the same order`)
+    assert.equal(JSON.stringify(result), JSON.stringify({ ...plain, output: { redacted: true }, text: '[redacted]' }), kind)
+  }
+})
+
 test('model-visible result: a lazy result\'s getters are shared, not closures made per result', () => {
   // A getter made per result would be kept in an accessor pair V8 allocates in the old generation,
   // holding the reply's bytes or JSON alive until a full collection (see result.ts).

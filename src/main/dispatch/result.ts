@@ -152,12 +152,23 @@ interface LazyResult<State> extends ToolResult {
   readonly [LAZY]: State
 }
 
+/**
+ * `ToolResult`'s fields are writable (a host may redact or shorten a result): assigning to a lazy
+ * one makes it a plain data property holding the value.
+ */
+function setter (key: 'output' | 'text'): (this: ToolResult, value: unknown) => void {
+  return function set (value) {
+    Object.defineProperty(this, key, { value, writable: true, enumerable: true, configurable: true })
+  }
+}
+
 const OUTPUT_GETTER: PropertyDescriptor = {
   enumerable: true,
   configurable: true,
   get (this: LazyResult<LazyState>): unknown {
     return this[LAZY].output()
-  }
+  },
+  set: setter('output')
 }
 
 const LAZY_OUTPUT: PropertyDescriptorMap = { output: OUTPUT_GETTER }
@@ -169,7 +180,8 @@ const LAZY_TEXT: PropertyDescriptorMap = {
     configurable: true,
     get (this: LazyResult<LazyText>): string {
       return this[LAZY].text()
-    }
+    },
+    set: setter('text')
   }
 }
 
