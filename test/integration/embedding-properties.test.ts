@@ -315,7 +315,7 @@ test('an async host listener that rejects (on call-finished, tool-registered, ro
   assert.deepEqual(later, ['role-added', 'tool-registered', 'call-finished'])
 })
 
-test('after close() the roles take nothing more: roles.add and registerLocalTool answer TP_ERR_CLOSED, as register does, and a session attached then is never synced (README "Public exports": close())', async (t) => {
+test('after close() the roles take nothing more: roles.add and registerLocalTool answer TP_ERR_CLOSED, as register does, and a session attached or swapped in then is neither attached nor synced (README "Public exports": close())', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const role = tp.roles.get('A')
   await tp.close()
@@ -332,6 +332,7 @@ test('after close() the roles take nothing more: roles.add and registerLocalTool
   detach()
   assert.deepEqual(role.sessions(), [])
   assert.equal((await role.replaceSessions([], [late])).ok, false)
+  assert.deepEqual(role.sessions(), [], 'replaceSessions attached a session after close()')
   const adapter = createRealtimeSession({ toolport: tp, role: 'A', send: () => { pushed++ } })
   await new Promise((resolve) => setImmediate(resolve))
   assert.equal(pushed, 0, 'a session attached after close() was pushed the tools')

@@ -2,7 +2,7 @@
 import type { EventEmitter } from 'node:events'
 import { emitChangeEnd, type RemovalReason, type ToolportEvents } from '../events.js'
 import { ToolEntry, ToolRegistry, type LocalToolHandler, type ToolListing } from './tool-registry.js'
-import { RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
+import { CLOSED_ERROR, RoleSync, type ModelSession, type SyncOutcome } from './sync.js'
 import { checkedParameters, localToolSchema, parseOrThrow, type JsonSchemaObject, type RegistrationLimits } from '../schemas.js'
 import { noop } from '../../shared/util.js'
 import { compileValidator, DEFAULT_SCHEMA_BUDGETS, type SchemaBudgets } from '../dispatch/validators.js'
@@ -134,11 +134,17 @@ export class Role {
    */
   async replaceSessions (previous: readonly ModelSession[], next: readonly ModelSession[]): Promise<SyncOutcome> {
     for (const session of next) assertModelSession(session, 'replaceSessions')
-    // After close() the sync below fails ("Toolport closed …") and pushes to no session.
     if (this.#isRemoved && next.some((session) => !this.#sessions.has(session))) throw new RoleNotFoundError(this.name)
     const keep = new Set(next)
     for (const session of previous) {
       if (!keep.has(session)) this.#sessions.delete(session)
+    }
+    if (this.#isClosed) {
+      // As attachSession after close(): a new session is not attached, and did not take the tools.
+      const refused = next.filter((session) => !this.#sessions.has(session)).length
+      this.#sessionList = [...this.#sessions]
+      if (refused > 0) return { ok: false, error: CLOSED_ERROR, failedSessions: refused }
+      return await this.sync()
     }
     for (const session of next) this.#sessions.add(session)
     this.#sessionList = [...this.#sessions]

@@ -31,7 +31,7 @@ export interface SyncOutcome {
 
 const SYNC_OK: SyncOutcome = Object.freeze({ ok: true, error: '' })
 /** Why a sync failed once the runtime closed. */
-const CLOSED_ERROR = 'Toolport closed before the sessions took the tools'
+export const CLOSED_ERROR = 'Toolport closed before the sessions took the tools'
 
 /** The sources a sync reads when it starts. */
 export interface SyncSource {
