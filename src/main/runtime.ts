@@ -397,9 +397,19 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const source = filter?.source ?? undefined
     const given = filter?.names ?? undefined
     const names = given === undefined ? undefined : new Set(given)
-    const toolsByRole: Record<string, readonly ToolListing[]> = Object.create(null)
+    // A plain object, as the type says (hasOwnProperty, deepStrictEqual with a literal): a role
+    // named `__proto__` is defined as an own property, where assigning would set the prototype.
+    const toolsByRole: Record<string, readonly ToolListing[]> = {}
     const isFiltered = source !== undefined || names !== undefined
-    for (const r of roles) toolsByRole[r.name] = isFiltered ? r.registry.filteredListing(source, names) : r.tools()
+    for (const r of roles) {
+      const tools = isFiltered ? r.registry.filteredListing(source, names) : r.tools()
+      if (r.name === '__proto__') {
+        Object.defineProperty(toolsByRole, r.name,
+          { value: tools, writable: true, enumerable: true, configurable: true })
+      } else {
+        toolsByRole[r.name] = tools
+      }
+    }
     return { ok: true, tools_by_role: toolsByRole }
   }
 

@@ -62,6 +62,28 @@ test('R18: a role named like an Object.prototype property is an unknown role, no
   }
 })
 
+test('R18: list() answers a plain object keyed by role, also for roles named like Object.prototype properties (README "Embedding: the library")', async (t) => {
+  const roles = ['__proto__', 'constructor', 'toString', 'Lanlan']
+  const tp = await createTestToolport(t, { roles })
+  await tp.register(tool('x', { role: '__proto__' }) as never)
+  const listed = tp.list().tools_by_role
+  const PROTO = '__proto__'
+  assert.equal(Object.getPrototypeOf(listed), Object.prototype)
+  assert.deepEqual(Object.keys(listed), roles)
+  assert.equal(Object.hasOwn(listed, '__proto__'), true)
+  assert.deepEqual(listed[PROTO]?.map((row) => row.name), ['x'])
+  // eslint-disable-next-line no-prototype-builtins -- what a host writes, and what a null prototype broke
+  assert.equal(listed.hasOwnProperty('Lanlan'), true)
+  const expected: Record<string, unknown> = {}
+  for (const role of roles) {
+    Object.defineProperty(expected, role, { value: role === '__proto__' ? listed[PROTO] : [], enumerable: true })
+  }
+  assert.deepStrictEqual(listed, expected)
+  const served = (await inject(tp, 'GET', '/api/tools')).body.tools_by_role
+  assert.deepEqual(Object.keys(served), roles)
+  assert.equal(Object.hasOwn(served, '__proto__') && served[PROTO].length, 1)
+})
+
 test('R18: tools are listed in registration order', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'] })
   const order = ['zeta', 'alpha', 'mid', 'beta', 'omega']

@@ -7,7 +7,7 @@ import { createToolport, isToolportError, toolportPlugin, type Toolport } from '
 import { assertError, callbackServer, createTestToolport, httpJson, inject, isCode, names, session, tool } from '../helpers.js'
 import { kDispatchMode } from '../../src/main/symbols.js'
 
-/** The JSON value of a result (list() keys tools_by_role on a null-prototype object). */
+/** The JSON value of a result. */
 function plain (value: unknown): unknown {
   return JSON.parse(JSON.stringify(value))
 }
