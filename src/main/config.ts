@@ -59,6 +59,9 @@ export function tokenProblem (token: string): string | undefined {
 }
 
 /** `dispatch.mode`'s values. */
+/** How an error in the options (or the environment variables read as options) begins. */
+const OPTIONS_PREFIX = 'invalid Toolport options: '
+
 const DISPATCH_MODES = ['pool', 'inline'] as const
 
 const dispatchSchema = z.strictObject({
@@ -303,7 +306,7 @@ export function parseOptions (input: unknown = {}): ResolvedOptions {
   const parsed = optionsSchema.safeParse(input ?? {})
   if (parsed.success) return parsed.data
   const problems = parsed.error.issues.map((issue) => `${issue.path.join('.') || '(root)'}: ${issue.message}`)
-  throw new ConfigError(problems.join('; '))
+  throw new ConfigError(`${OPTIONS_PREFIX}${problems.join('; ')}`)
 }
 
 export { ENVIRONMENT } from './environment.js'
@@ -319,14 +322,14 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
   const out: Record<string, unknown> = {}
   if (env.TOOLPORT_HOST !== undefined && env.TOOLPORT_HOST !== '') {
     const problem = bindHostProblem(env.TOOLPORT_HOST)
-    if (problem !== undefined) throw new ConfigError(`TOOLPORT_HOST ${JSON.stringify(env.TOOLPORT_HOST)} ${problem}`)
+    if (problem !== undefined) throw new ConfigError(`${OPTIONS_PREFIX}TOOLPORT_HOST ${JSON.stringify(env.TOOLPORT_HOST)} ${problem}`)
     out.host = env.TOOLPORT_HOST
   }
   if (env.TOOLPORT_PORT !== undefined && env.TOOLPORT_PORT !== '') {
     // Named as the variable, as `--port` is named: the schema's own message ("expected number,
     // received string") would blame the type of a value the operator typed as a number.
     const problem = portProblem(env.TOOLPORT_PORT)
-    if (problem !== undefined) throw new ConfigError(`TOOLPORT_PORT ${problem}`)
+    if (problem !== undefined) throw new ConfigError(`${OPTIONS_PREFIX}TOOLPORT_PORT ${problem}`)
     out.port = Number(env.TOOLPORT_PORT)
   }
   if (env.TOOLPORT_ROLES !== undefined && env.TOOLPORT_ROLES !== '') {
@@ -334,18 +337,18 @@ export function optionsFromEnv (env: NodeJS.ProcessEnv): Record<string, unknown>
     // Named as the variable: the schema's path (`roles.1`) is an index into a list the operator
     // never wrote as one.
     const problem = rolesProblem(roles)
-    if (problem !== undefined) throw new ConfigError(`TOOLPORT_ROLES ${problem}`)
+    if (problem !== undefined) throw new ConfigError(`${OPTIONS_PREFIX}TOOLPORT_ROLES ${problem}`)
     out.roles = roles
   }
   if (env.TOOLPORT_LOG_LEVEL !== undefined && env.TOOLPORT_LOG_LEVEL !== '') {
     const problem = logLevelProblem(env.TOOLPORT_LOG_LEVEL)
-    if (problem !== undefined) throw new ConfigError(`TOOLPORT_LOG_LEVEL ${problem}`)
+    if (problem !== undefined) throw new ConfigError(`${OPTIONS_PREFIX}TOOLPORT_LOG_LEVEL ${problem}`)
     out.logger = env.TOOLPORT_LOG_LEVEL
   }
   if (env.TOOLPORT_DISPATCH_MODE !== undefined && env.TOOLPORT_DISPATCH_MODE !== '') {
     const mode = env.TOOLPORT_DISPATCH_MODE
     if (!(DISPATCH_MODES as readonly string[]).includes(mode)) {
-      throw new ConfigError(`TOOLPORT_DISPATCH_MODE must be ${DISPATCH_MODES.join(' or ')} (got ${JSON.stringify(mode)})`)
+      throw new ConfigError(`${OPTIONS_PREFIX}TOOLPORT_DISPATCH_MODE must be ${DISPATCH_MODES.join(' or ')} (got ${JSON.stringify(mode)})`)
     }
     out.dispatch = { mode }
   }

@@ -79,7 +79,7 @@ export const UnsupportedMediaTypeError = createError('TP_ERR_UNSUPPORTED_MEDIA_T
 export const RoleExistsError = createError('TP_ERR_ROLE_EXISTS', "role '%s' already exists", 409)
 
 /** 500: library only: options that fail the config schema. */
-export const ConfigError = createError('TP_ERR_CONFIG', 'invalid Toolport options: %s', 500)
+export const ConfigError = createError('TP_ERR_CONFIG', '%s', 500)
 
 /** 503: the runtime is closing or closed. */
 export const ClosedError = createError('TP_ERR_CLOSED', 'Toolport is closed', 503)

@@ -71,7 +71,7 @@ export type RegisterRequest = z.output<typeof registerSchema>
  * `Role.registerLocalTool` options: the same field rules as a registration (name, parameters,
  * source, timeout), in the library's camelCase, with an in-process handler instead of a URL.
  */
-export const localToolSchema = z.object({
+export const localToolSchema = z.strictObject({
   name: toolName,
   description: z.string().max(1024 * 1024).default(''),
   parameters: parametersField.default(() => ({ type: 'object', properties: {} })),

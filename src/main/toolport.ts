@@ -11,9 +11,9 @@ import { describeValue, noop } from '../shared/util.js'
 
 export interface ListenOptions {
   /** Address to bind (default: the `host` option, 127.0.0.1). */
-  host?: string
+  host?: string | undefined
   /** Port (default: the `port` option; 0 = any free port). */
-  port?: number
+  port?: number | undefined
 }
 
 export interface ListenResult {

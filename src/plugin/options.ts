@@ -75,10 +75,10 @@ export interface PluginTool<P = ToolParameters | undefined> {
 
 /** Where the SDK writes what it does; `console` and pino loggers both fit. */
 export interface PluginLogger {
-  debug?: (message: string) => void
-  info?: (message: string) => void
-  warn?: (message: string) => void
-  error?: (message: string) => void
+  debug?: ((message: string) => void) | undefined
+  info?: ((message: string) => void) | undefined
+  warn?: ((message: string) => void) | undefined
+  error?: ((message: string) => void) | undefined
 }
 
 /** Options of `createPlugin`; `T` maps each tool name to its parameters' type (inferred). */

@@ -65,7 +65,7 @@ export interface StopResult {
 
 export interface StopOptions {
   /** How long calls in flight may finish before their connections are closed, in ms (default 5000). */
-  graceMs?: number
+  graceMs?: number | undefined
 }
 
 type State = 'idle' | 'starting' | 'running' | 'stopping' | 'stopped'

@@ -107,7 +107,7 @@ test('library: registerLocalTool adds an in-process tool, listed with is_remote 
   ])
 })
 
-test('library: registerLocalTool with an invalid name or handler throws a typed error and registers nothing', async (t) => {
+test('library: registerLocalTool with an invalid name or handler, or a key it does not take, throws a typed error and registers nothing', async (t) => {
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const role = tp.roles.get('Lanlan')
   await assert.rejects(role.registerLocalTool({ name: '', handler: () => 1 }), (err: unknown) => isToolportError(err))
@@ -115,6 +115,11 @@ test('library: registerLocalTool with an invalid name or handler throws a typed 
     (err: unknown) => isToolportError(err))
   await assert.rejects(role.registerLocalTool({ name: 'x', handler: 'nope' as never }),
     (err: unknown) => isToolportError(err))
+  // A key it does not take (the HTTP API's snake_case spelling) is refused, never ignored: the tool
+  // would get the default 30 s deadline.
+  await assert.rejects(role.registerLocalTool({ name: 'x', timeout_seconds: 120, handler: () => 1 } as never),
+    (err: unknown) => isToolportError(err) && err.code === 'TP_ERR_VALIDATION' &&
+      /timeout_seconds/.test(`${err.message} ${JSON.stringify(err.details)}`))
   assert.deepEqual(names(tp, 'Lanlan'), [])
 })
 

@@ -163,21 +163,31 @@ test('the installed package holds what its README links to (docs/, SECURITY.md, 
 })
 
 /** A TypeScript program that embeds Toolport and writes a plugin, as the README shows. */
-const CONSUMER = `import { createToolport, isToolportError, type ToolportOptions } from 'toolport'
+const CONSUMER = `import { createRealtimeSession, createToolport, isToolportError, type ToolportOptions } from 'toolport'
 import { createPlugin } from 'toolport/plugin'
 
-const options: ToolportOptions = { roles: ['Lanlan'] }
+// Optional settings read from somewhere, maybe absent: every option type takes \`undefined\`
+// (exactOptionalPropertyTypes).
+const maybe = <T>(value: T): T | undefined => (process.env.TOOLPORT_NONE === undefined ? undefined : value)
+const options: ToolportOptions = { roles: ['Lanlan'], port: maybe(0) }
 const tp = await createToolport(options)
 try {
-  await tp.listen({ port: 0 })
+  await tp.listen({ host: maybe('127.0.0.1'), port: maybe(0) })
 } catch (err) {
   if (isToolportError(err)) console.log(err.code, err.statusCode)
 }
+await tp.roles.get('Lanlan').registerLocalTool({
+  name: 'now', description: maybe('Now'), source: maybe('host'), timeoutSeconds: maybe(5), handler: () => Date.now()
+})
+createRealtimeSession({
+  toolport: tp, role: 'Lanlan', send: () => {}, attach: false, ackTimeoutMs: maybe(1000), autoRespond: maybe(true),
+  dialect: maybe('flat'), rateLimit: maybe(false), sessionFields: maybe({}), id: maybe('rt')
+}).close()
 await tp.close()
 export const plugin: unknown = createPlugin
 `
 
-test('the installed package\'s types check in a TypeScript program under moduleResolution node16 and bundler, with skipLibCheck off, as an embedder may have them (README "Embedding: the library")', { timeout: 4 * STEP_TIMEOUT_MS }, async () => {
+test('the installed package\'s types check in a TypeScript program under moduleResolution node16 and bundler, with skipLibCheck off and exactOptionalPropertyTypes on, as an embedder may have them (README "Embedding: the library")', { timeout: 4 * STEP_TIMEOUT_MS }, async () => {
   const { work, dir } = await installedPackage()
   const consumer = join(work, 'consumer')
   await mkdir(join(consumer, 'node_modules'), { recursive: true })
@@ -187,7 +197,8 @@ test('the installed package\'s types check in a TypeScript program under moduleR
   const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
   for (const [module, moduleResolution] of [['node16', 'node16'], ['esnext', 'bundler']] as const) {
     // Every error is a line of tsc's output; its exit code says whether there was one.
-    await run(process.execPath, [tsc, '--noEmit', '--strict', '--skipLibCheck', 'false', '--target', 'es2022',
+    await run(process.execPath, [tsc, '--noEmit', '--strict', '--exactOptionalPropertyTypes', '--skipLibCheck', 'false',
+      '--target', 'es2022',
       '--module', module, '--moduleResolution', moduleResolution, '--types', 'node',
       '--typeRoots', join(ROOT, 'node_modules', '@types'), 'main.ts'], consumer)
   }

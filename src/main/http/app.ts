@@ -26,7 +26,7 @@ export interface ToolportPluginOptions {
    * Install the loopback/Host/Origin guard on the plugin's routes (default true). The standalone
    * app installs it at the root instead, so unknown paths are guarded too.
    */
-  guard?: boolean
+  guard?: boolean | undefined
 }
 
 /**

@@ -12,13 +12,13 @@ import { ClosedError, ConfigError, RoleNotFoundError } from '../errors.js'
 /** A tool that runs in-process, registered by the host (never over HTTP). */
 export interface LocalToolOptions {
   name: string
-  description?: string
+  description?: string | undefined
   /** JSON Schema of the arguments; the empty-object schema when omitted. */
-  parameters?: JsonSchemaObject
+  parameters?: JsonSchemaObject | undefined
   /** Lifecycle tag; `local` when omitted. */
-  source?: string
+  source?: string | undefined
   /** Deadline for one call (default 30 s). */
-  timeoutSeconds?: number
+  timeoutSeconds?: number | undefined
   handler: LocalToolHandler
 }
 

@@ -52,22 +52,22 @@ export interface RealtimeSessionOptions {
   /** Sends one client event on the host's socket, e.g. `(e) => ws.send(JSON.stringify(e))`. */
   send: (event: RealtimeClientEvent) => void | Promise<void>
   /** The tool shape the provider expects (default `flat`). */
-  dialect?: RealtimeDialect
+  dialect?: RealtimeDialect | undefined
   /** A `session.update` not acknowledged within this long fails the sync (default 5000 ms). */
-  ackTimeoutMs?: number
+  ackTimeoutMs?: number | undefined
   /** Send `response.create` once a response's function outputs are all sent (default true). */
-  autoRespond?: boolean
+  autoRespond?: boolean | undefined
   /** Per-session tool-call limit (default 30 calls per 60 s); `false` turns it off. */
-  rateLimit?: RealtimeRateLimit | false
+  rateLimit?: RealtimeRateLimit | false | undefined
   /**
    * Fields merged into every `session.update`'s `session`, e.g. `{ type: 'realtime' }`, which
    * the OpenAI GA API requires (the beta API, Azure preview and GLM refuse it).
    */
-  sessionFields?: Record<string, unknown>
+  sessionFields?: Record<string, unknown> | undefined
   /** The ModelSession id (default `realtime-<uuid>`). */
-  id?: string
+  id?: string | undefined
   /** Attach to the role at once, which sends the first `session.update` (default true). */
-  attach?: boolean
+  attach?: boolean | undefined
 }
 
 /** A ModelSession for one realtime connection, plus the entry point for its server events. */
