@@ -30,6 +30,7 @@ export interface ListenResult {
 export class Toolport extends Runtime {
   #app: FastifyInstance | null = null
   #listening: Promise<unknown> | null = null
+  #isListening = false
   #closingAll: Promise<void> | undefined
 
   /** The fastify app serving the API (built on first use; `inject()` works without listening). */
@@ -44,6 +45,7 @@ export class Toolport extends Runtime {
    */
   async listen (options: ListenOptions = {}): Promise<ListenResult> {
     if (this.closed) throw new ClosedError()
+    this.#assertNotListening()
     if (typeof options !== 'object' || options === null) {
       throw new ConfigError(`listen(): the argument must be an object of { host, port } (got ${describeValue(options)})`)
     }
@@ -65,13 +67,35 @@ export class Toolport extends Runtime {
     await this[kDispatchReady]
     // close() may have begun meanwhile: it must not be left a server it does not know of.
     if (this.closed) throw new ClosedError()
+    this.#assertNotListening()
+    this.#isListening = true
     const listening = this.app.listen({ host, port, listenTextResolver: listenText(host) })
     this.#listening = listening
-    await listening
+    try {
+      await listening
+    } catch (err) {
+      this.#isListening = false
+      throw err
+    }
     this.app.server.maxConnections = this.options.limits.maxConnections
     const address = this.app.server.address()
     const realPort = typeof address === 'object' && address !== null ? address.port : port
     return { url: listeningUrl(host, realPort), host, port: realPort }
+  }
+
+  /**
+   * One server a runtime: a second listen() (fastify's FST_ERR_REOPENED_SERVER) is TP_ERR_CONFIG.
+   * After a listen that failed (a port in use), another may be tried.
+   */
+  #assertNotListening (): void {
+    if (!this.#isListening) return
+    throw new ConfigError(`listen(): already listening${this.app.server.listening ? ` on ${this.#url()}` : ''}; ` +
+      'a runtime serves one address')
+  }
+
+  #url (): string {
+    const address = this.app.server.address()
+    return typeof address === 'object' && address !== null ? listeningUrl(address.address, address.port) : String(address)
   }
 
   /**

@@ -28,6 +28,23 @@ test('library: listen({ host: "127.0.0.1", port: 0 }) answers the URL with the r
   assert.deepEqual(res.body, { ok: true, tools_by_role: { Lanlan: [] } })
 })
 
+test('library: a second listen() is TP_ERR_CONFIG naming the address served, also while the first is under way; after one that failed (a port in use) another may be tried', async (t) => {
+  const tp = await createTestToolport(t, { roles: ['Lanlan'] })
+  const first = tp.listen({ port: 0 })
+  await assert.rejects(tp.listen({ port: 0 }), (err: unknown) => isToolportError(err) && err.code === 'TP_ERR_CONFIG' &&
+    /already listening/.test(err.message))
+  const { url } = await first
+  await assert.rejects(tp.listen({ port: 0 }), (err: unknown) => isToolportError(err) && err.code === 'TP_ERR_CONFIG' &&
+    err.message.includes(`already listening on ${url}`))
+  assert.equal((await httpJson(`${url}/api/tools`, 'GET')).statusCode, 200)
+
+  const other = await createTestToolport(t, { roles: ['Lanlan'] })
+  const taken = Number(new URL(url).port)
+  await assert.rejects(other.listen({ port: taken }), { code: 'EADDRINUSE' })
+  const retried = await other.listen({ port: 0 })
+  assert.notEqual(retried.port, taken)
+})
+
 test('library: listen() binds 127.0.0.1 by default', async (t) => {
   const tp = await createTestToolport(t, { roles: ['A'], port: 0 })
   const { url, host } = await tp.listen()
