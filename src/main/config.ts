@@ -248,6 +248,11 @@ const mcpSchema = z.strictObject({
 const eventsSchema = z.strictObject({
   /** Events kept for `Last-Event-ID` replay on `GET /api/events` (a ring; the oldest go first). */
   replaySize: z.number().int().min(16).max(1_000_000).default(2048),
+  /**
+   * Bytes the replay ring holds at most: its events' frames, as sent. With many roles an event
+   * names each (a global registration), and `replaySize` such events could hold hundreds of MB.
+   */
+  replayMaxBytes: z.number().int().min(64 * 1024).max(1024 ** 3).default(16 * 1024 * 1024),
   /** A comment line sent to every subscriber this often, so idle proxies and clients see life. */
   heartbeatMs: z.number().int().min(100).max(600_000).default(15_000),
   /** Bytes an event-stream subscriber may leave unread before it is dropped (never slows dispatch). */

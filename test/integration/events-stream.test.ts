@@ -259,6 +259,33 @@ test('a replay from before the ring\'s oldest event says it is partial', async (
   assert.equal(second.data.replayed, 16)
 })
 
+test('the replay ring holds at most events.replayMaxBytes: with many roles the oldest events go first, and a replay from before them is partial (README "Live events")', async (t) => {
+  // 300 roles: each global registration's event names every one (~12 KiB of frame).
+  const roles = Array.from({ length: 300 }, (_, i) => `role_${String(i).padStart(3, '0')}`)
+  const { tp, url } = await startToolport(t, { roles, events: { replaySize: 2048, replayMaxBytes: 64 * 1024 } })
+  const first = await openStream(t, `${url}/api/events?types=registered`)
+  const hello = await first.next('hello')
+  first.close()
+  const total = 40
+  for (let i = 0; i < total; i++) await tp.register({ name: `tool_${i}`, callback_url: 'http://127.0.0.1:9333/a' })
+  const again = await openStream(t, `${url}/api/events?types=registered`, { 'last-event-id': hello.id as string })
+  const second = await again.next('hello')
+  assert.equal(second.data.replay, 'partial')
+  const replayed = second.data.replayed as number
+  assert.ok(replayed >= 1 && replayed < total, `replayed ${replayed} of ${total}`)
+  const names: string[] = []
+  let bytes = 0
+  for (let i = 0; i < replayed; i++) {
+    const event = await again.next('registered')
+    assert.equal(event.data.tools.length, roles.length)
+    names.push(event.data.tools[0].name)
+    bytes += JSON.stringify(event.data).length
+  }
+  // The newest are the ones held, in order, and together within the cap.
+  assert.deepEqual(names, Array.from({ length: replayed }, (_, i) => `tool_${total - replayed + i}`))
+  assert.ok(bytes <= 64 * 1024, `${bytes} bytes replayed`)
+})
+
 test('?types= and ?role= filter the stream; an unknown type is a 422', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
   const byRole = await openStream(t, `${url}/api/events?role=Mochi`)

@@ -23,6 +23,8 @@ export type StreamEventType = typeof STREAM_EVENT_TYPES[number]
 
 export interface EventHubOptions {
   replaySize: number
+  /** The ring's bytes at most (its frames and role lists); the oldest events go first past it. */
+  replayMaxBytes: number
   heartbeatMs: number
   maxSubscriberBufferBytes: number
   maxSubscribers: number
@@ -53,11 +55,20 @@ interface StreamRecord {
   readonly type: StreamEventType
   /** Roles the event concerns, for the `?role=` filter. */
   readonly roles: readonly string[]
-  /** The wire data; for `call`, the runtime's own event object, encoded only when sent. */
-  readonly data: object
-  /** The serialised frame, built on first send and shared by every subscriber. */
+  /**
+   * The wire data; for `call`, the runtime's own event object, encoded only when sent. A ring
+   * record is encoded when published and keeps its frame only (null).
+   */
+  data: object | null
+  /** The serialised frame, shared by every subscriber. */
   frame: string | null
+  /** What a ring record holds, as counted against `replayMaxBytes` (0 for `call`). */
+  bytes: number
 }
+
+/** Bytes a ring record holds besides its frame's characters: the record and its role list's slots. */
+const RECORD_OVERHEAD_BYTES = 96
+const ROLE_SLOT_BYTES = 8
 
 /** `call` events are the hot ones: their JSON starts with a per-tool prefix encoded once. */
 interface CallPrefix { source: string, outcome: string, json: string }
@@ -105,6 +116,9 @@ export class EventHub {
   readonly #tag: string
   readonly #options: EventHubOptions
   readonly #ring: Array<StreamRecord | undefined>
+  /** The ring's bytes now, and the seq of its oldest record still held. */
+  #ringBytes = 0
+  #oldestKept = 1
   #seq = 0
   #order = 0
   /** `call` events streamed in the current second, and the second it is. */
@@ -192,7 +206,7 @@ export class EventHub {
     const replay: StreamRecord[] = []
     let kind: ReplayKind = 'none'
     if (after !== null) {
-      const oldest = Math.max(1, this.#seq - this.#options.replaySize + 1)
+      const oldest = Math.max(this.#oldestKept, this.#seq - this.#options.replaySize + 1)
       kind = after + 1 >= oldest ? 'complete' : 'partial'
       for (let seq = Math.max(after + 1, oldest); seq <= this.#seq; seq++) {
         const record = this.#ring[seq % this.#options.replaySize]
@@ -225,11 +239,40 @@ export class EventHub {
     if (this.#closed) return
     const seq = ++this.#seq
     const record: StreamRecord = {
-      seq, order: ++this.#order, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null
+      seq, order: ++this.#order, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null, bytes: 0
     }
-    this.#ring[seq % this.#options.replaySize] = record
+    // Encoded now, once, and kept in that form only: a ring of `replaySize` events each naming
+    // every role (a global registration with many roles) would otherwise hold both forms.
+    this.#frame(record)
+    record.data = null
+    record.bytes = RECORD_OVERHEAD_BYTES + (record.frame as string).length + ROLE_SLOT_BYTES * record.roles.length
+    this.#keep(record)
     if (this.#subscribers.size === 0) return
     this.#queue(record)
+  }
+
+  /**
+   * Puts a record in the ring, in place of the one `replaySize` events older, then lets the
+   * oldest go while the ring holds more than `replayMaxBytes` (the newest always stays). A replay
+   * that asks for events let go says `partial`.
+   */
+  #keep (record: StreamRecord): void {
+    const size = this.#options.replaySize
+    const slot = record.seq % size
+    const previous = this.#ring[slot]
+    if (previous !== undefined) this.#ringBytes -= previous.bytes
+    this.#ring[slot] = record
+    this.#ringBytes += record.bytes
+    this.#oldestKept = Math.max(this.#oldestKept, record.seq - size + 1)
+    while (this.#ringBytes > this.#options.replayMaxBytes && this.#oldestKept < record.seq) {
+      const oldest = this.#oldestKept % size
+      const dropped = this.#ring[oldest]
+      if (dropped !== undefined) {
+        this.#ringBytes -= dropped.bytes
+        this.#ring[oldest] = undefined
+      }
+      this.#oldestKept++
+    }
   }
 
   /**
@@ -247,7 +290,7 @@ export class EventHub {
     }
     if (this.#callsThisSecond >= this.#options.maxCallEventsPerSecond) return
     this.#callsThisSecond++
-    this.#queue({ seq: 0, order: ++this.#order, type: 'call', roles: [e.role], data: e, frame: null })
+    this.#queue({ seq: 0, order: ++this.#order, type: 'call', roles: [e.role], data: e, frame: null, bytes: 0 })
   }
 
   #queue (record: StreamRecord): void {
