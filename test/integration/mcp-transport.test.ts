@@ -5,11 +5,13 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { once } from 'node:events'
+import { Session as InspectorSession } from 'node:inspector/promises'
 import { connect } from 'node:net'
 import fastify from 'fastify'
 import { Client as UndiciClient, request as httpRequest } from 'undici'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js'
 import { ErrorCode, McpError, type CallToolResult } from '@modelcontextprotocol/sdk/types.js'
 import { z } from 'zod'
 import type { Toolport } from '../../src/main/index.js'
@@ -357,6 +359,58 @@ test('POST streams are resumable: a priming event (id, empty data, retry) comes 
   const first = await stream.events.next()
   assert.equal(first.done, false)
   assert.notEqual(first.value.data, '')
+})
+
+/**
+ * The stream ids every live MCP SDK server transport in this process still marks resumable, read
+ * through the inspector (the SDK keeps them in a private set).
+ */
+async function resumableStreamIds (): Promise<number> {
+  const session = new InspectorSession()
+  session.connect()
+  try {
+    const g = globalThis as { toolportTransportPrototype?: unknown }
+    g.toolportTransportPrototype = WebStandardStreamableHTTPServerTransport.prototype
+    const { result: proto } = await session.post('Runtime.evaluate', { expression: 'globalThis.toolportTransportPrototype' })
+    const { objects } = await session.post('Runtime.queryObjects', { prototypeObjectId: proto.objectId as string })
+    const { result } = await session.post('Runtime.callFunctionOn', {
+      objectId: objects.objectId as string,
+      functionDeclaration: 'function () { return this.reduce((n, t) => n + (t._resumableStreams?.size ?? 0), 0) }',
+      returnByValue: true
+    })
+    delete g.toolportTransportPrototype
+    return result.value as number
+  } finally {
+    session.disconnect()
+  }
+}
+
+test('a finished request stream that is resumed for its stored answer is let go: a long session keeps no id of each such stream', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan'] })
+  await tp.roles.get('Lanlan').registerLocalTool({
+    name: 'later', handler: async () => { await new Promise((resolve) => setTimeout(resolve, 20)); return 'done' }
+  })
+  const endpoint = `${url}/mcp/Lanlan`
+  const sessionId = await rawSession(endpoint)
+  const headers = { 'mcp-session-id': sessionId, 'mcp-protocol-version': LATEST }
+  const before = await resumableStreamIds()
+  const rounds = 12
+  for (let id = 1; id <= rounds; id++) {
+    const stream = await openStream(endpoint, 'POST', headers,
+      { jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'later', arguments: {} } })
+    const priming = await stream.events.next()
+    assert.ok(priming.value?.id, 'a priming event with an id')
+    stream.abort()
+    // The answer is stored meanwhile; the client resumes for it.
+    await new Promise((resolve) => setTimeout(resolve, 60))
+    const resumed = await openStream(endpoint, 'GET', { ...headers, 'last-event-id': priming.value.id as string })
+    assert.equal(resumed.statusCode, 200)
+    const { message } = await nextMessage(resumed.events)
+    assert.equal(message.id, id)
+    assert.equal(message.result.content[0].text, 'done')
+    await resumed.body.dump().catch(() => {})
+  }
+  assert.equal(await resumableStreamIds() - before, 0, `stream ids still marked resumable after ${rounds} resumed calls`)
 })
 
 test('an event stream goes out as it is written: no read-ahead holds a tools/call answer back on a zero-delay timer', async (t) => {

@@ -893,7 +893,12 @@ function endFinishedStreamsOnResume (transport: StreamableHTTPServerTransport, b
     const response = await original(lastEventId)
     // Finished before or while it was replayed: what the replay missed is sent on the client's
     // next resume.
-    if (response.ok && isFinished(streamId)) books.streams.get(streamId)?.cleanup?.()
+    if (response.ok && isFinished(streamId)) {
+      books.streams.get(streamId)?.cleanup?.()
+      // The SDK marks a replayed stream resumable again; a finished one stays so until the session
+      // ends (a day-long session would keep every stream id it resumed).
+      books.resumable?.delete(streamId)
+    }
     return response
   })
 }
