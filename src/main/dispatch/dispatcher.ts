@@ -328,7 +328,8 @@ export class Dispatcher {
     }
     return new Promise<CallOutcome>((resolve) => {
       const slot = this.#free[--this.#freeTop] as number
-      const id = this.#generation++ * this.#space + slot
+      const id = this.#generation * this.#space + slot
+      this.#generation = nextGeneration(this.#generation, this.#space)
       this.#ids[slot] = id
       this.#requests[slot] = request
       this.#resolves[slot] = resolve
@@ -680,4 +681,15 @@ function leastBusy (lanes: readonly Lane[]): Lane {
 /** A flat outcome for a failure decided on the main thread. */
 export function failure (id: number, kind: OutcomeKind, message: string): CallOutcome {
   return { id, kind, status: 0, text: '', textIsJson: false, toolError: '', contentType: '', message, bytes: 0 }
+}
+
+/**
+ * The generation after `generation` in a slot table of `space` slots. A call's id is
+ * `generation × space + slot`, and its slot is read back as `id % space`: past 2^53 a double
+ * loses the slot's bits, and no outcome would find its call again (every call would wait
+ * forever: after 2^33 calls with `maxPending` 1 000 000). The generation wraps to 1 before that;
+ * the ids it reuses are of calls long answered.
+ */
+export function nextGeneration (generation: number, space: number): number {
+  return generation >= Math.floor(Number.MAX_SAFE_INTEGER / space) - 1 ? 1 : generation + 1
 }
