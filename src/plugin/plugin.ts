@@ -196,7 +196,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     }
     this.#options.logger.info?.(`registered ${result.names.length} tool(s) of ${this.source} (roles: ${result.roles.join(', ') || 'none'}); callbacks at ${result.url}`)
     // Last, outside the try: a listener that throws is the listener's bug, not a failed start.
-    this.emit('registered', { names: result.names, roles: result.roles, reason: 'start' })
+    this.#emit('registered', { names: result.names, roles: result.roles, reason: 'start' })
     return result
   }
 
@@ -374,7 +374,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     } finally {
       if (names.length > 0) {
         this.#options.logger.info?.(`registered again (they were missing): ${names.join(', ')}`)
-        this.emit('registered', { names, roles: [...roles], reason: 'restored' })
+        this.#emit('registered', { names, roles: [...roles], reason: 'restored' })
       }
     }
   }
@@ -441,8 +441,29 @@ export class Plugin extends EventEmitter<PluginEvents> {
 
   /** Emits `error` when someone listens (an unheard 'error' would crash the process), else logs. */
   #report (err: PluginError, level: 'warn' | 'debug'): void {
-    if (this.listenerCount('error') > 0) this.emit('error', err)
+    if (this.listenerCount('error') > 0) this.#emit('error', err)
     else this.#options.logger[level]?.(err.message)
+  }
+
+  /**
+   * Calls the event's listeners, each guarded: a listener that throws, or returns a promise that
+   * rejects, is the listener's bug. It is logged, the listeners after it still run, and it never
+   * fails `start()` or `stop()`, turns a re-registration into a failure, or ends the process from
+   * a background check (README "Plugin SDK"; the Python SDK does the same).
+   */
+  #emit<K extends keyof PluginEvents> (event: K, ...args: PluginEvents[K]): void {
+    for (const listener of this.rawListeners(event)) {
+      try {
+        const result: unknown = (listener as (...a: PluginEvents[K]) => unknown).apply(this, args)
+        if (isThenable(result)) result.then(undefined, (err: unknown) => { this.#listenerFailed(event, err) })
+      } catch (err) {
+        this.#listenerFailed(event, err)
+      }
+    }
+  }
+
+  #listenerFailed (event: string, err: unknown): void {
+    this.#options.logger.error?.(`a '${event}' listener threw: ${errorText(err)}`)
   }
 }
 
@@ -467,4 +488,9 @@ function originOf (url: string): string {
   } catch {
     return 'an unreadable URL'
   }
+}
+
+function isThenable (value: unknown): value is PromiseLike<unknown> {
+  return (typeof value === 'object' || typeof value === 'function') && value !== null &&
+    typeof (value as { then?: unknown }).then === 'function'
 }

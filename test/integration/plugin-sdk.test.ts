@@ -950,3 +950,43 @@ test('R18: a plugin with more names than one list request holds checks them all,
   const listed = tp.tp.list('A').tools_by_role.A ?? []
   assert.deepEqual(listed.map((row) => row.name).sort(), [...names].sort())
 })
+
+test('a `registered` or `error` listener that throws (or rejects) is logged and ignored: start() and stop() resolve, a re-registration stays a success, and the listeners after it still run (README "Plugin SDK": events)', { timeout: 60_000 }, async (t) => {
+  const tp = await startToolport(t, { roles: ['A'] })
+  const logged: string[] = []
+  const plugin = quietPlugin(t, tp, {
+    source: 'plugin:weather',
+    pollIntervalMs: 50,
+    logger: { error: (message: string) => { logged.push(message) } },
+    tools: { get_weather: { handler: () => 'sunny' } }
+  })
+  const registered: RegisteredEvent[] = []
+  const errors: string[] = []
+  plugin.on('registered', () => { throw new Error('bug in a registered listener') })
+  plugin.on('registered', async () => { throw new Error('bug in an async listener') })
+  plugin.on('registered', (event) => { registered.push(event) })
+  plugin.on('error', (err) => { errors.push(err.code); throw new Error('bug in an error listener') })
+
+  const started = await plugin.start()
+  assert.deepEqual(started.names, ['get_weather'])
+  assert.equal(plugin.isRunning, true)
+  assert.deepEqual(registered.map((e) => e.reason), ['start'])
+
+  const back = registeredAgain(plugin, ['get_weather'])
+  assert.equal((await tp.tp.unregister({ name: 'get_weather' })).removed, true)
+  await back
+  assert.deepEqual(registered.map((e) => e.reason), ['start', 'restored'])
+  assert.deepEqual(errors, [], 'a re-registration whose listener threw is no failure')
+  await waitFor('the async listener\'s rejections to be logged',
+    () => logged.filter((m) => m.includes('bug in an async listener')).length === 2)
+  assert.equal(logged.filter((m) => m.includes("'registered' listener threw: bug in a registered listener")).length, 2,
+    logged.join('\n'))
+
+  // Toolport gone: stop()'s clear fails, its `error` listener throws, and stop() still resolves.
+  await tp.tp.close()
+  const stopped = await plugin.stop({ graceMs: 0 })
+  assert.equal(stopped.isCleared, false)
+  assert.equal(errors.length, 1)
+  assert.equal(plugin.isRunning, false)
+  assert.ok(logged.some((m) => m.includes("'error' listener threw: bug in an error listener")), logged.join('\n'))
+})
