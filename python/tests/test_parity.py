@@ -141,6 +141,9 @@ TOOLPORT_TAKES = {
     "lookahead in an unused definition": {"type": "object", "$defs": {"x": {"type": "string", "pattern": "(?=a)"}}},
     "local $ref": {**prop({"$ref": "#/$defs/s"}), "$defs": {"s": {"type": "string"}}},
     "anchor $ref": {**prop({"$ref": "#s"}), "$defs": {"s": {"$anchor": "s", "type": "string"}}},
+    "the whole schema (a recursive tree)": {"type": "object", "properties": {
+        "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}}, "required": ["name"]},
+    "the whole schema as an empty reference": {**prop({"$ref": ""})},
     "an unknown format": prop({"type": "string", "format": "no-such-format"}),
     "2020-12 enum with duplicates": prop({"enum": [1, 1]}),
     # What Toolport's validator never compiles, it never refuses: parts it skips as always valid.
@@ -165,7 +168,6 @@ TOOLPORT_REFUSES = {
     "missing $ref": (prop({"$ref": "#/$defs/missing"}), "does not resolve"),
     "missing anchor": (prop({"$ref": "#nowhere"}), "does not resolve"),
     "another document": (prop({"$ref": "other.json"}), "does not resolve"),
-    "the whole schema without $id": (prop({"$ref": "#"}), "does not resolve"),
     "a lookahead key beside additionalProperties false": ({"type": "object", "patternProperties": {"(?=a)": {}},
                                                            "additionalProperties": False}, "cannot run on RE2"),
     "a lookahead in a 2020-12 anyOf beside {}": ({"type": "object", "anyOf": [{}, prop({"pattern": "(?=a)"})]}, "cannot run on RE2"),
@@ -188,6 +190,19 @@ async def test_an_explicit_schema_toolport_takes_is_declared_and_registered(api:
     async with plugin:
         rows = [t for t in (await api.tools("default"))["default"] if t["source"] == plugin.source]
         assert [t["name"] for t in rows] == ["echo"]
+
+
+async def test_a_recursive_schema_by_a_reference_to_the_whole_schema_checks_every_level(api: Api) -> None:
+    plugin = new_plugin(api)
+    echo_tool(plugin, "tree", TOOLPORT_TAKES["the whole schema (a recursive tree)"])
+    async with plugin:
+        tree = {"name": "root", "children": [{"name": "a", "children": [{"name": "b"}]}]}
+        result = await api.call("tree", tree)
+        assert result["is_error"] is False, result
+        assert result["output"] == tree
+        refused = await api.call("tree", {"name": "root", "children": [{"children": []}]})
+        assert refused["is_error"] is True
+        assert "name" in refused["error"], refused
 
 
 @pytest.mark.parametrize("schema, why", list(TOOLPORT_REFUSES.values()), ids=list(TOOLPORT_REFUSES))

@@ -263,10 +263,9 @@ def _members(path: str, key: str, members: Any) -> list[tuple[Any, str]]:
 def _resolves(schema: JsonSchema, ref: str) -> bool:
     """False when ``ref`` surely resolves to nothing in ``schema`` (a document without ``$id``):
     a JSON pointer to no value, an anchor nobody declares, or another document. A reference to
-    the whole schema (``#``) does not resolve in Toolport either: its validator names a schema
-    without ``$id`` by no URI."""
+    the whole schema (``#``, or ``""``: a recursive tree) resolves, in Toolport as here."""
     if ref in ("", "#"):
-        return False
+        return True
     if ref.startswith("#/"):
         return _pointer(schema, ref)[0]
     if ref.startswith("#"):
