@@ -124,8 +124,11 @@ async def test_an_answer_past_the_cap_is_refused(fake: Fake, monkeypatch: pytest
 
     fake.routes["api/tools/register"] = large
     with pytest.raises(PluginError) as raised:
-        await new_plugin(fake).start()
+        await new_plugin(fake, start_timeout=3).start()
     assert raised.value.code == errors.REFUSED
+    # With its status, as the TypeScript SDK's: start() does not retry it until start_timeout.
+    assert raised.value.status == 200
+    assert fake.count("api/tools/register") == 1
 
 
 async def test_a_stream_without_hello_is_reconnected_with_backoff(fake: Fake) -> None:

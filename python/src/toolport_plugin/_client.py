@@ -240,7 +240,9 @@ def name_queries(names: Iterable[str]) -> builtins.list[str]:
 async def _read_body(res: aiohttp.ClientResponse, what: str) -> bytes:
     """The whole body, however many pieces it arrives in; past ``_MAX_ANSWER_BYTES`` it is refused
     without reading on. A connection cut mid-body raises ``aiohttp.ClientPayloadError``."""
-    too_large = PluginError(REFUSED, f"Toolport's answer to {what} is larger than {_MAX_ANSWER_BYTES} bytes")
+    # With its status: an answer this large is no passing failure, and start() does not retry it.
+    too_large = PluginError(REFUSED, f"Toolport's answer to {what} is larger than {_MAX_ANSWER_BYTES} bytes",
+                            status=res.status)
     if res.content_length is not None and res.content_length > _MAX_ANSWER_BYTES:
         raise too_large
     chunks: list[bytes] = []
