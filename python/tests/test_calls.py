@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import decimal
 import gzip
 import json
@@ -362,6 +363,33 @@ async def test_a_model_whose_pydantic_schema_has_a_pattern_re2_cannot_run_regist
         # Toolport checks the pattern it was given.
         wrong = await api.call("total", {"price": {"amount": 1, "currency": "eur"}, "count": 2})
         assert wrong["is_error"] is True and "pattern" in wrong["error"], wrong
+
+
+class When(pydantic.BaseModel):
+    at: datetime.time
+    on: datetime.datetime
+    zoned: pydantic.AwareDatetime
+
+
+async def test_pydantic_time_and_datetime_fields_take_what_pydantic_takes_without_a_utc_offset(api: Api) -> None:
+    # pydantic writes `format: time` / `date-time` for them, and those formats (as Toolport checks
+    # them) require an offset that pydantic does not: the formats are left out, pydantic checks.
+    plugin = new_plugin(api)
+
+    @plugin.tool
+    def plan(when: When) -> str:
+        return f"{when.at.isoformat()} {when.on.isoformat()} {when.zoned.utcoffset()}"
+
+    async with plugin:
+        result = await api.call("plan", {"when": {"at": "12:30:00", "on": "2024-01-01T12:00:00",
+                                                  "zoned": "2024-01-01T12:00:00+02:00"}})
+        assert (result["is_error"], result["output"]) == (False, "12:30:00 2024-01-01T12:00:00 2:00:00"), result
+        naive = await api.call("plan", {"when": {"at": "12:30:00", "on": "2024-01-01T12:00:00",
+                                                 "zoned": "2024-01-01T12:00:00"}})
+        assert naive["is_error"] is True and "invalid arguments: " in naive["error"], naive
+        wrong = await api.call("plan", {"when": {"at": "noon", "on": "2024-01-01T12:00:00",
+                                                 "zoned": "2024-01-01T12:00:00Z"}})
+        assert wrong["is_error"] is True, wrong
 
 
 class Halt(BaseException):

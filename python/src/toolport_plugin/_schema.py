@@ -179,6 +179,7 @@ class _Builder:
         # pydantic checks every value itself; a pattern Toolport cannot run (pydantic's own Decimal
         # has a lookahead) would only make it refuse the tool.
         _remove_non_re2_patterns(schema)
+        _remove_zoned_time_formats(schema)
         defs: dict[str, Any] = schema.pop("$defs", {})
         # Another parameter's model of the same name (from another module) that differs: this
         # model's one is renamed, as pydantic itself tells them apart within one model.
@@ -228,6 +229,16 @@ def _rename_refs(schemas: list[Any], renames: dict[str, str]) -> None:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref in renames:
             node["$ref"] = renames[ref]
+
+
+def _remove_zoned_time_formats(schema: JsonSchema) -> None:
+    """Removes, in place, ``format: time`` and ``date-time`` from a schema pydantic generated.
+    pydantic writes them for ``datetime.time`` and ``datetime.datetime``, which take a value without
+    a UTC offset (``12:30:00``, ``2024-01-01T12:00:00``); the formats (RFC 3339, as Toolport checks
+    them) require one, so Toolport would refuse what the model means. pydantic checks the value."""
+    for node in _subschemas(schema):
+        if node.get("format") in ("time", "date-time"):
+            del node["format"]
 
 
 def _remove_non_re2_patterns(schema: JsonSchema) -> None:
