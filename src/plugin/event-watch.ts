@@ -23,6 +23,8 @@ export interface EventWatchOptions {
   /** The plugin's role, or null for every role. */
   role: string | null
   source: string
+  /** The names of the plugin's tools. */
+  names: ReadonlySet<string>
   /** The plugin's callback origin (`http://127.0.0.1:port`). */
   origin: string
   /** Called when some of the plugin's registrations may be missing. */
@@ -212,13 +214,25 @@ export class EventWatch {
       case 'unregistered':
       case 'cleared':
       case 'evicted':
-        if (data.origin === this.#options.origin || data.source === this.#options.source) {
+        // Its origin's or source's tools, or a name it declares (another source that held it
+        // went: the name is free for this plugin again).
+        if (data.origin === this.#options.origin || data.source === this.#options.source ||
+          this.#namesOurs(data.tools)) {
           this.#options.onStale(`tools ${message.event}`)
         }
         return
       case 'role-added':
-        // A plugin for every role reaches roles created after it started.
-        if (this.#options.role === null) this.#options.onStale('a role was added')
+        // A role that lacks its tools: a new one (for a plugin of every role), or its own role
+        // added back. Other roles are none of a one-role plugin's business.
+        if (this.#options.role === null || data.role === this.#options.role) {
+          this.#options.onStale('a role was added')
+        }
     }
+  }
+
+  #namesOurs (tools: unknown): boolean {
+    if (!Array.isArray(tools)) return false
+    return tools.some((tool: unknown) => isPlainObject(tool) && typeof tool.name === 'string' &&
+      this.#options.names.has(tool.name))
   }
 }

@@ -186,6 +186,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
         token: this.#options.token,
         role: this.role,
         source: this.source,
+        names: new Set(this.toolNames),
         origin: new URL(result.url).origin,
         onStale: (reason) => { this.#checkNow(reason) },
         logger: this.#options.logger,

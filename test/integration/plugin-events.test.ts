@@ -63,6 +63,35 @@ test('R4: a plugin for every role reaches a role created after it started, at on
   assert.deepEqual(names(tp, 'Nova'), ['get_weather'])
 })
 
+test('a plugin of one role is restored at once when its role is removed and added back; another role added checks nothing', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
+  const plugin = weatherPlugin(t, url, { role: 'Mochi' })
+  await plugin.start()
+  await untilWatching(plugin)
+  const events: RegisteredEvent[] = []
+  plugin.on('registered', (event) => { events.push(event) })
+  tp.roles.add('Nova')
+  await sleep(300)
+  assert.deepEqual(events, [], 'another role added is none of its business')
+  const back = restored(plugin)
+  tp.roles.remove('Mochi')
+  tp.roles.add('Mochi')
+  assert.deepEqual((await back).roles, ['Mochi'])
+  assert.deepEqual(names(tp, 'Mochi'), ['get_weather'])
+})
+
+test('ownership mode: a plugin whose tool name another source held in a role registers it there at once when that source is cleared', async (t) => {
+  const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'], security: { enforceOwnership: true } })
+  await tp.register({ name: 'get_weather', callback_url: 'http://127.0.0.1:9/w', source: 'plugin:other', role: 'Lanlan' })
+  const plugin = weatherPlugin(t, url)
+  assert.deepEqual((await plugin.start()).roles, ['Mochi'])
+  await untilWatching(plugin)
+  const back = restored(plugin)
+  assert.equal((await tp.clear({ source: 'plugin:other' })).removed, 1)
+  assert.deepEqual((await back).roles, ['Lanlan'])
+  assert.equal(tp.list('Lanlan').tools_by_role.Lanlan?.[0]?.source, 'plugin:watch')
+})
+
 test('R3: after a Toolport restart (a new instance_id on the stream) the plugin registers again at once', async (t) => {
   const first = await createToolport({ roles: ['Lanlan'], logger: false, dispatch: { mode: 'inline' } })
   const { url, port } = await first.listen({ host: '127.0.0.1', port: 0 })
