@@ -304,20 +304,28 @@ test('library: in a host\'s app, errors the host\'s own hooks throw (401, 403, 4
   const tp = await createTestToolport(t, { roles: ['Lanlan'] })
   const host = fastify()
   t.after(() => host.close())
-  host.setErrorHandler(async (err: Error & { statusCode?: number, code?: string }, _request, reply) => {
-    return await reply.code(err.statusCode ?? 500).send({ host: err.code, message: err.message })
+  type HostError = Error & { statusCode?: number, status?: number, code?: unknown }
+  host.setErrorHandler(async (err: HostError, _request, reply) => {
+    return await reply.code(err.statusCode ?? err.status ?? 500).send({ host: err.code, message: err.message })
   })
   host.addHook('onRequest', async (request) => {
     const user = request.headers['x-user']
     if (user === undefined) throw Object.assign(new Error('login required'), { statusCode: 401, code: 'HOST_AUTH' })
     if (user === 'bob') throw Object.assign(new Error('admins only'), { statusCode: 403, code: 'HOST_FORBIDDEN' })
     if (user === 'flood') throw Object.assign(new Error('slow down'), { statusCode: 429, code: 'HOST_RATE' })
+    // A numeric code, and `status` instead of `statusCode` (fastify answers either).
+    if (user === 'legacy') throw Object.assign(new Error('numbered'), { statusCode: 403, code: 4031 })
+    if (user === 'koa') throw Object.assign(new Error('gone'), { status: 410, code: 'HOST_GONE' })
   })
   await host.register(toolportPlugin, { runtime: tp, prefix: '/tp' })
-  for (const [user, status, code] of [[undefined, 401, 'HOST_AUTH'], ['bob', 403, 'HOST_FORBIDDEN'], ['flood', 429, 'HOST_RATE']] as const) {
-    const res = await host.inject({ method: 'GET', url: '/tp/api/tools', headers: user === undefined ? {} : { 'x-user': user } })
-    assert.equal(res.statusCode, status)
-    assert.equal(res.json().host, code)
+  const cases = [[undefined, 401, 'HOST_AUTH'], ['bob', 403, 'HOST_FORBIDDEN'], ['flood', 429, 'HOST_RATE'],
+    ['legacy', 403, 4031], ['koa', 410, 'HOST_GONE']] as const
+  for (const url of ['/tp/api/tools', '/tp/mcp/Lanlan']) {
+    for (const [user, status, code] of cases) {
+      const res = await host.inject({ method: 'GET', url, headers: user === undefined ? {} : { 'x-user': user } })
+      assert.equal(res.statusCode, status, `${url} ${user ?? '(none)'}`)
+      assert.equal(res.json().host, code, `${url} ${user ?? '(none)'}`)
+    }
   }
   // Toolport's own refusals, and a body it cannot read, are still answered in its own shape.
   const admin = { 'x-user': 'admin' }
@@ -339,8 +347,18 @@ test('library: in a host\'s app, the routes answer in their own shape whatever t
   t.after(() => host.close())
   host.setReplySerializer((payload) => JSON.stringify({ data: payload }))
   host.get('/mine', async () => ({ up: true }))
+  // The host's own answer on a Toolport route, before Toolport's hooks: in the host's envelope.
+  host.addHook('onRequest', async (request, reply) => {
+    if (request.headers['x-login'] === 'no') return await reply.code(401).send({ login: 'required' })
+  })
   await host.register(toolportPlugin, { runtime: tp })
   assert.deepEqual((await host.inject({ method: 'GET', url: '/mine' })).json(), { data: { up: true } })
+  const login = await host.inject({ method: 'GET', url: '/api/health', headers: { 'x-login': 'no' } })
+  assert.deepEqual([login.statusCode, login.json()], [401, { data: { login: 'required' } }])
+  // Toolport's own answers are byte for byte the standalone server's.
+  const standalone = await tp.app.inject({ method: 'GET', url: '/api/health' })
+  const hosted = await host.inject({ method: 'GET', url: '/api/health' })
+  assert.deepEqual(Object.keys(hosted.json()), Object.keys(standalone.json()))
 
   const registered = await host.inject({ method: 'POST', url: '/api/tools/register', payload: tool('x') })
   assert.equal(registered.statusCode, 200, registered.body)

@@ -1,5 +1,7 @@
 // The fastify app and the embeddable plugin.
-import fastify, { LogController, type FastifyInstance, type FastifyPluginCallback } from 'fastify'
+import fastify, {
+  LogController, type FastifyInstance, type FastifyPluginCallback, type FastifyReply, type FastifyRequest
+} from 'fastify'
 import { isRuntime, type Runtime } from '../runtime.js'
 import { describeValue } from '../../shared/util.js'
 import { buildGuard } from './guard.js'
@@ -86,10 +88,11 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean,
   app.setErrorHandler(isStandalone ? handleError : handleHostedError)
   app.setValidatorCompiler(noValidation)
   app.setSerializerCompiler(serializerOf)
-  // A host's root reply serializer (`setReplySerializer`, an envelope of its own) would be used
-  // for these routes' objects instead of their response schemas: fastify's own default (none,
-  // null at its root) is restored here. fastify stores the value as given.
-  app.setReplySerializer(null as unknown as Parameters<FastifyInstance['setReplySerializer']>[0])
+  // In a host's app, a root reply serializer of the host's (`setReplySerializer`, an envelope)
+  // would be used for these routes' objects instead of their response schemas. Each request that
+  // reaches Toolport's own hooks is answered with the route's serializers; what the host's hooks
+  // answer before that (its 401, its rate limit) keeps the host's.
+  if (!isStandalone) app.addHook('onRequest', useOwnSerializer)
   registerToolRoutes(app, runtime)
   registerOperationRoutes(app, runtime)
   registerDefinitionRoutes(app, runtime)
@@ -98,6 +101,19 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean,
 }
 
 const compileSerializer = buildLazySerializer({}, undefined)
+
+function useOwnSerializer (_request: FastifyRequest, reply: FastifyReply, done: () => void): void {
+  reply.serializer(serializeOwn)
+  done()
+}
+
+/** fastify calls a reply's serializer as the reply's method: the route's writer for the status, as without one. */
+function serializeOwn (this: FastifyReply, payload: unknown): string {
+  // fastify hands a reply's serializer strings too: a route's text (metrics) or its JSON written ahead.
+  if (typeof payload === 'string') return payload
+  const write = this.getSerializationFunction(String(this.statusCode))
+  return write === undefined ? JSON.stringify(payload) : write(payload as Record<string, unknown>)
+}
 
 /**
  * The serializers of Toolport's routes, whatever the host's app sets (a zod type provider's

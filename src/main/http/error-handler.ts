@@ -52,11 +52,17 @@ export function handleHostedError (this: unknown, err: FastifyError, request: Fa
   handleError(err, request, reply)
 }
 
-function isHostError (err: FastifyError): boolean {
-  if (isToolportError(err) || err instanceof SyntaxError || err.code?.startsWith('FST_ERR_CTP_') === true) return false
-  const status = err.statusCode
+export function isHostError (err: FastifyError): boolean {
+  if (isToolportError(err)) return false
+  // fastify's own (reading the body, …) and Node's (a request stream cut) concern the route itself.
+  const code: unknown = err.code
+  if (typeof code === 'string' && (code.startsWith('FST_') || NODE_ERROR_CODE.test(code))) return false
+  // fastify answers `statusCode`, else `status`.
+  const status: unknown = err.statusCode ?? (err as { status?: unknown }).status
   return typeof status === 'number' && status >= 400 && status < 600
 }
+
+const NODE_ERROR_CODE = /^(E[A-Z0-9]+|ERR_[A-Z0-9_]+)$/
 
 /**
  * Ends the client's connection after this answer: `Connection: close` on HTTP/1.x. HTTP/2 has no

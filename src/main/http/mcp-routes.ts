@@ -15,7 +15,7 @@ import { loadMcpSdk } from '../sessions/mcp-sdk.js'
 import { readJsonRpcBody } from '../sessions/mcp-info.js'
 import { kOnClose } from '../symbols.js'
 import { errorText } from '../../shared/util.js'
-import { handleError } from './error-handler.js'
+import { handleError, isHostError } from './error-handler.js'
 import { ERROR_BODY_JSON_SCHEMA, documentationOnly, errorResponses, errors } from './openapi.js'
 
 /** JSON-RPC error codes the MCP SDK uses for transport-level errors. */
@@ -267,6 +267,8 @@ function mcpErrorHandler (this: FastifyInstance, err: FastifyError, request: Fas
       })
     return
   }
+  // A host's hook's own error goes on to the host's handler, as on the other routes.
+  if (isHostError(err)) throw err
   handleError.call(this, err, request, reply)
 }
 
