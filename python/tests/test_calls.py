@@ -369,6 +369,7 @@ class When(pydantic.BaseModel):
     at: datetime.time
     on: datetime.datetime
     zoned: pydantic.AwareDatetime
+    lasting: datetime.timedelta = datetime.timedelta(0)
 
 
 async def test_pydantic_time_and_datetime_fields_take_what_pydantic_takes_without_a_utc_offset(api: Api) -> None:
@@ -384,6 +385,10 @@ async def test_pydantic_time_and_datetime_fields_take_what_pydantic_takes_withou
         result = await api.call("plan", {"when": {"at": "12:30:00", "on": "2024-01-01T12:00:00",
                                                   "zoned": "2024-01-01T12:00:00+02:00"}})
         assert (result["is_error"], result["output"]) == (False, "12:30:00 2024-01-01T12:00:00 2:00:00"), result
+        for lasting in ("PT0.5S", "01:00:00"):  # pydantic's own JSON, and a form it takes
+            lasted = await api.call("plan", {"when": {"at": "12:30:00", "on": "2024-01-01T12:00:00",
+                                                      "zoned": "2024-01-01T12:00:00Z", "lasting": lasting}})
+            assert lasted["is_error"] is False, (lasting, lasted)
         naive = await api.call("plan", {"when": {"at": "12:30:00", "on": "2024-01-01T12:00:00",
                                                  "zoned": "2024-01-01T12:00:00"}})
         assert naive["is_error"] is True and "invalid arguments: " in naive["error"], naive

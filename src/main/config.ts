@@ -249,8 +249,9 @@ const eventsSchema = z.strictObject({
   /** Events kept for `Last-Event-ID` replay on `GET /api/events` (a ring; the oldest go first). */
   replaySize: z.number().int().min(16).max(1_000_000).default(2048),
   /**
-   * Bytes the replay ring holds at most: its events' frames, as sent. With many roles an event
-   * names each (a global registration), and `replaySize` such events could hold hundreds of MB.
+   * The replay ring's size at most, counted as its events' encoded frames' characters (and a few
+   * bytes an event besides). With many roles an event names each (a global registration), and
+   * `replaySize` such events could hold hundreds of MB.
    */
   replayMaxBytes: z.number().int().min(64 * 1024).max(1024 ** 3).default(16 * 1024 * 1024),
   /** A comment line sent to every subscriber this often, so idle proxies and clients see life. */

@@ -27,7 +27,7 @@ import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
 import { VERSION } from './version.js'
 import { createLogger } from './logger.js'
-import { kCloseRoles, kDispatchMode, kFromRemovedRole, kDispatchReady, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
+import { kCloseRoles, kDispatchMode, kFromRemovedRole, kDispatchReady, kJsonArguments, kOnClose, kOriginFailures, kPendingCalls, kRefuseCall, kWorkerThreads } from './symbols.js'
 import type { CancelSignal } from '../shared/cancel.js'
 
 /** How often origin-health entries of origins without tools are forgotten. */
@@ -81,6 +81,8 @@ export interface CallToolOptions {
    * for 'abort' (`CancelSignal`).
    */
   signal?: CancelSignal | undefined
+  /** Internal: the arguments were just parsed from JSON (see kJsonArguments). */
+  [kJsonArguments]?: boolean
 }
 
 /**
@@ -436,7 +438,7 @@ export class Runtime extends EventEmitter<ToolportEvents> {
       return this.#finish(role, call.name, callId, started, 'unknown_tool',
         errorResult(`unknown tool '${call.name}'; ${available}`))
     }
-    const args = readArguments(call.raw_arguments, call.arguments)
+    const args = readArguments(call.raw_arguments, call.arguments, options?.[kJsonArguments] === true)
     if (!args.ok) {
       return this.#finish(role, entry.name, callId, started, 'invalid_arguments', errorResult(args.error),
         entry.source)

@@ -43,3 +43,9 @@ export const kOnClose = Symbol('toolport.onClose')
  * own bounds refused (an MCP session's call limits) as `busy`, counted and reported like any call.
  */
 export const kRefuseCall = Symbol('toolport.refuseCall')
+/**
+ * `callTool(role, call, { [kJsonArguments]: true })`: the call's `arguments` were just read from
+ * JSON (the HTTP route's body, an MCP request), so their JSON form is the value itself and is not
+ * read back again (dispatch/arguments.ts).
+ */
+export const kJsonArguments = Symbol('toolport.jsonArguments')

@@ -2,8 +2,9 @@
 //
 // Polling finds a missing registration within one poll interval; the stream says so at once: a
 // `hello` with a new `instance_id` means Toolport restarted (registrations are runtime-only), and
-// an `unregistered`, `cleared` or `evicted` event naming the plugin's callback origin or source
-// means some of its tools are gone. Either way the plugin runs its usual check right away; it
+// an `unregistered`, `cleared` or `evicted` event naming the plugin's callback origin, source or
+// one of its tool names, or a `role-added` of a role it registers in, means some of its tools may
+// be missing. Either way the plugin runs its usual check right away; it
 // also checks on the first `hello`, for what happened before the watch connected. The stream is
 // only a hint: polling goes on as the fallback, and a Toolport without the stream (404) is
 // simply polled.

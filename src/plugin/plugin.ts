@@ -11,7 +11,7 @@
 // State machine: idle → starting → running → stopping → stopped (start failure: starting →
 // stopped). Only one check or start attempt talks to Toolport at a time, and `stop()` waits for it
 // before clearing, so a registration can never land after the clear that should have removed it.
-import { EventEmitter } from 'node:events'
+import { EventEmitter, errorMonitor } from 'node:events'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
@@ -453,7 +453,11 @@ export class Plugin extends EventEmitter<PluginEvents> {
    * a background check (README "Plugin SDK"; the Python SDK does the same).
    */
   #emit<K extends keyof PluginEvents> (event: K, ...args: PluginEvents[K]): void {
-    for (const listener of this.rawListeners(event)) {
+    // `events.errorMonitor` listeners see an error before its listeners, as EventEmitter's emit has them.
+    const listeners = event === 'error'
+      ? [...this.rawListeners(errorMonitor as never), ...this.rawListeners(event)]
+      : this.rawListeners(event)
+    for (const listener of listeners) {
       try {
         const result: unknown = (listener as (...a: PluginEvents[K]) => unknown).apply(this, args)
         if (isThenable(result)) result.then(undefined, (err: unknown) => { this.#listenerFailed(event, err) })

@@ -63,16 +63,11 @@ test('R4: a plugin for every role reaches a role created after it started, at on
   assert.deepEqual(names(tp, 'Nova'), ['get_weather'])
 })
 
-test('a plugin of one role is restored at once when its role is removed and added back; another role added checks nothing', async (t) => {
+test('a plugin of one role is restored at once when its role is removed and added back', async (t) => {
   const { tp, url } = await startToolport(t, { roles: ['Lanlan', 'Mochi'] })
   const plugin = weatherPlugin(t, url, { role: 'Mochi' })
   await plugin.start()
   await untilWatching(plugin)
-  const events: RegisteredEvent[] = []
-  plugin.on('registered', (event) => { events.push(event) })
-  tp.roles.add('Nova')
-  await sleep(300)
-  assert.deepEqual(events, [], 'another role added is none of its business')
   const back = restored(plugin)
   tp.roles.remove('Mochi')
   tp.roles.add('Mochi')

@@ -5,7 +5,7 @@
 import { test, type TestContext } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { EventEmitter, once } from 'node:events'
+import { EventEmitter, errorMonitor, once } from 'node:events'
 import { createServer as createHttpServer } from 'node:http'
 import { connect, createServer, type AddressInfo } from 'node:net'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
@@ -966,6 +966,9 @@ test('a `registered` or `error` listener that throws (or rejects) is logged and 
   plugin.on('registered', async () => { throw new Error('bug in an async listener') })
   plugin.on('registered', (event) => { registered.push(event) })
   plugin.on('error', (err) => { errors.push(err.code); throw new Error('bug in an error listener') })
+  const monitored: string[] = []
+  const emitter: EventEmitter = plugin
+  emitter.on(errorMonitor, (err: PluginError) => { monitored.push(err.code) })
 
   const started = await plugin.start()
   assert.deepEqual(started.names, ['get_weather'])
@@ -987,6 +990,7 @@ test('a `registered` or `error` listener that throws (or rejects) is logged and 
   const stopped = await plugin.stop({ graceMs: 0 })
   assert.equal(stopped.isCleared, false)
   assert.equal(errors.length, 1)
+  assert.deepEqual(monitored, errors, 'events.errorMonitor sees each error first, as with emit()')
   assert.equal(plugin.isRunning, false)
   assert.ok(logged.some((m) => m.includes("'error' listener threw: bug in an error listener")), logged.join('\n'))
 })

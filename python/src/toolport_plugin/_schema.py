@@ -232,12 +232,13 @@ def _rename_refs(schemas: list[Any], renames: dict[str, str]) -> None:
 
 
 def _remove_zoned_time_formats(schema: JsonSchema) -> None:
-    """Removes, in place, ``format: time`` and ``date-time`` from a schema pydantic generated.
-    pydantic writes them for ``datetime.time`` and ``datetime.datetime``, which take a value without
-    a UTC offset (``12:30:00``, ``2024-01-01T12:00:00``); the formats (RFC 3339, as Toolport checks
-    them) require one, so Toolport would refuse what the model means. pydantic checks the value."""
+    """Removes, in place, ``format: time``, ``date-time`` and ``duration`` from a schema pydantic
+    generated. pydantic writes them for ``datetime.time``, ``datetime.datetime`` and
+    ``datetime.timedelta``, which take what the formats (as Toolport checks them) refuse: a time
+    without a UTC offset (``12:30:00``, ``2024-01-01T12:00:00``), a duration as ``PT0.5S`` (its own
+    JSON) or ``01:00:00``. Toolport would refuse what the model means; pydantic checks the value."""
     for node in _subschemas(schema):
-        if node.get("format") in ("time", "date-time"):
+        if node.get("format") in ("time", "date-time", "duration"):
             del node["format"]
 
 

@@ -20,7 +20,7 @@ export type ParsedArguments =
  * (`NaN` becomes `null`, a `Map` becomes `{}`, a `toJSON()` replaces its object), and a check of
  * the value itself would pass arguments the callback then receives in another shape.
  */
-export function readArguments (rawArguments: string | undefined, args: unknown): ParsedArguments {
+export function readArguments (rawArguments: string | undefined, args: unknown, isFromJson = false): ParsedArguments {
   if (typeof rawArguments === 'string') {
     const text = rawArguments.trim() === '' ? '{}' : rawArguments
     try {
@@ -33,7 +33,8 @@ export function readArguments (rawArguments: string | undefined, args: unknown):
   try {
     const raw = JSON.stringify(value)
     if (raw === undefined) return { ok: false, error: 'arguments must be a JSON value' }
-    return { ok: true, value: JSON.parse(raw), raw }
+    // Read back, unless `args` was itself just parsed from JSON (the HTTP route, MCP): the same value.
+    return { ok: true, value: isFromJson ? value : JSON.parse(raw), raw }
   } catch (err) {
     return { ok: false, error: `arguments cannot be encoded as JSON: ${errorText(err)}` }
   }

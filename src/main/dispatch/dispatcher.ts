@@ -151,6 +151,8 @@ export class Dispatcher {
   readonly #free: Int32Array
   #freeTop: number
   #generation = 1
+  /** The last generation whose ids are exact (nextGeneration). */
+  readonly #lastGeneration: number
   #pending = 0
   readonly #origins = new Map<string, OriginBound>()
   #sweep: NodeJS.Timeout | null = null
@@ -184,6 +186,7 @@ export class Dispatcher {
     let space = 1
     while (space < options.maxPending) space *= 2
     this.#space = space
+    this.#lastGeneration = lastGeneration(space)
     this.#ids = new Float64Array(space)
     this.#state = new Uint8Array(space)
     this.#requests = new Array<DispatchRequest | null>(space).fill(null)
@@ -329,7 +332,7 @@ export class Dispatcher {
     return new Promise<CallOutcome>((resolve) => {
       const slot = this.#free[--this.#freeTop] as number
       const id = this.#generation * this.#space + slot
-      this.#generation = nextGeneration(this.#generation, this.#space)
+      this.#generation = this.#generation >= this.#lastGeneration ? 1 : this.#generation + 1
       this.#ids[slot] = id
       this.#requests[slot] = request
       this.#resolves[slot] = resolve
@@ -691,5 +694,9 @@ export function failure (id: number, kind: OutcomeKind, message: string): CallOu
  * the ids it reuses are of calls long answered.
  */
 export function nextGeneration (generation: number, space: number): number {
-  return generation >= Math.floor(Number.MAX_SAFE_INTEGER / space) - 1 ? 1 : generation + 1
+  return generation >= lastGeneration(space) ? 1 : generation + 1
+}
+
+function lastGeneration (space: number): number {
+  return Math.floor(Number.MAX_SAFE_INTEGER / space) - 1
 }

@@ -11,6 +11,7 @@ import { ListAnswers } from './list-body.js'
 import { outputJsonOf, type ToolResult } from '../dispatch/result.js'
 import { safeStringify } from '../../shared/reply.js'
 import { CallCancel } from '../../shared/cancel.js'
+import { kJsonArguments } from '../symbols.js'
 
 /** Registers the routes on `app`, answering from `runtime`. */
 export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): void {
@@ -48,7 +49,7 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
     res.on('close', cancelOnClose)
     let result
     try {
-      result = await runtime.callTool(call.role, call, { signal: cancel })
+      result = await runtime.callTool(call.role, call, { signal: cancel, [kJsonArguments]: true })
     } finally {
       res.removeListener('close', cancelOnClose)
       res[kCallCancel] = null

@@ -36,7 +36,7 @@ import type { RequestHandlerExtra } from '@modelcontextprotocol/sdk/shared/proto
 import type { Runtime } from '../runtime.js'
 import type { ModelSession } from '../roles/sync.js'
 import type { ToolDefinition } from '../roles/tool-registry.js'
-import { kRefuseCall } from '../symbols.js'
+import { kJsonArguments, kRefuseCall } from '../symbols.js'
 import type { ToolResult } from '../dispatch/result.js'
 import { isPlainObject, noop, unsentBytes } from '../../shared/util.js'
 import { checkedRequest, MCP_SERVER_INFO, mcpInstructions, rpcError } from './mcp-info.js'
@@ -651,7 +651,8 @@ export class McpSession implements ModelSession {
       const isKnown = this.#runtime.roles.find(this.role)?.registry.get(name) !== undefined
       if (!isKnown) {
         // Still through the runtime, so the call is counted and reported like any other.
-        const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal })
+        const result = await this.#runtime.callTool(this.role, { name, arguments: args },
+          { signal, [kJsonArguments]: true })
         // MCP's "unknown tool" is a protocol error, not a tool result.
         throw invalidParams(result.error ?? `unknown tool '${name}'`)
       }
@@ -660,7 +661,8 @@ export class McpSession implements ModelSession {
       if (refused !== '') return toCallToolResult(this.#runtime[kRefuseCall](this.role, name, refused))
       this.#calls++
       try {
-        const result = await this.#runtime.callTool(this.role, { name, arguments: args }, { signal })
+        const result = await this.#runtime.callTool(this.role, { name, arguments: args },
+          { signal, [kJsonArguments]: true })
         return sendableResult(toCallToolResult(result))
       } finally {
         this.#calls--
