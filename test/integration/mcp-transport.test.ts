@@ -410,7 +410,9 @@ test('a finished request stream that is resumed for its stored answer is let go:
     assert.equal(message.result.content[0].text, 'done')
     await resumed.body.dump().catch(() => {})
   }
-  assert.equal(await resumableStreamIds() - before, 0, `stream ids still marked resumable after ${rounds} resumed calls`)
+  // At most as many as before: another test's transport collected meanwhile takes its own away.
+  const added = await resumableStreamIds() - before
+  assert.ok(added <= 0, `${added} stream ids still marked resumable after ${rounds} resumed calls`)
 })
 
 test('an event stream goes out as it is written: no read-ahead holds a tools/call answer back on a zero-delay timer', async (t) => {
