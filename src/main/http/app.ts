@@ -109,6 +109,13 @@ function useOwnSerializer (_request: FastifyRequest, reply: FastifyReply, done: 
 
 /** fastify calls a reply's serializer as the reply's method: the route's writer for the status, as without one. */
 function serializeOwn (this: FastifyReply, payload: unknown): string {
+  // What fastify does without a reply serializer, and skips with one: JSON's type with its charset.
+  const type = this.getHeader('content-type')
+  if (type === undefined) {
+    this.header('content-type', 'application/json; charset=utf-8')
+  } else if (typeof type === 'string' && type.includes('json') && !/;\s*charset=/i.test(type)) {
+    this.header('content-type', `${type}; charset=utf-8`)
+  }
   // fastify hands a reply's serializer strings too: a route's text (metrics) or its JSON written ahead.
   if (typeof payload === 'string') return payload
   const write = this.getSerializationFunction(String(this.statusCode))
