@@ -2,7 +2,7 @@
 // `generation × space + slot`, its slot read back as `id % space`, for as long as Toolport runs.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { nextGeneration } from '../../src/main/dispatch/dispatcher.js'
+import { lastGeneration, nextGeneration } from '../../src/main/dispatch/dispatcher.js'
 
 test('call ids: every generation\'s ids are exact doubles whose slot reads back, up to the wrap, which starts again at 1', () => {
   // The slot spaces of maxPending 1 .. 1 000 000 (the option's bounds).
@@ -18,9 +18,9 @@ test('call ids: every generation\'s ids are exact doubles whose slot reads back,
         assert.ok(Number.isSafeInteger(id), `space ${space}, generation ${generation}: id ${id}`)
         assert.equal(id % space, slot, `space ${space}, generation ${generation}`)
       }
-      generation = nextGeneration(generation, space)
+      generation = nextGeneration(generation, lastGeneration(space))
       assert.ok(++steps <= 6, `space ${space}: no wrap by generation ${generation}`)
     }
-    assert.equal(nextGeneration(1, space), 2)
+    assert.equal(nextGeneration(1, lastGeneration(space)), 2)
   }
 })

@@ -151,7 +151,7 @@ export class Dispatcher {
   readonly #free: Int32Array
   #freeTop: number
   #generation = 1
-  /** The last generation whose ids are exact (nextGeneration). */
+  /** The last generation whose ids are exact (lastGeneration). */
   readonly #lastGeneration: number
   #pending = 0
   readonly #origins = new Map<string, OriginBound>()
@@ -332,7 +332,7 @@ export class Dispatcher {
     return new Promise<CallOutcome>((resolve) => {
       const slot = this.#free[--this.#freeTop] as number
       const id = this.#generation * this.#space + slot
-      this.#generation = this.#generation >= this.#lastGeneration ? 1 : this.#generation + 1
+      this.#generation = nextGeneration(this.#generation, this.#lastGeneration)
       this.#ids[slot] = id
       this.#requests[slot] = request
       this.#resolves[slot] = resolve
@@ -687,16 +687,17 @@ export function failure (id: number, kind: OutcomeKind, message: string): CallOu
 }
 
 /**
- * The generation after `generation` in a slot table of `space` slots. A call's id is
+ * The last generation of a slot table of `space` slots whose ids are exact. A call's id is
  * `generation × space + slot`, and its slot is read back as `id % space`: past 2^53 a double
  * loses the slot's bits, and no outcome would find its call again (every call would wait
  * forever: after 2^33 calls with `maxPending` 1 000 000). The generation wraps to 1 before that;
  * the ids it reuses are of calls long answered.
  */
-export function nextGeneration (generation: number, space: number): number {
-  return generation >= lastGeneration(space) ? 1 : generation + 1
+export function lastGeneration (space: number): number {
+  return Math.floor(Number.MAX_SAFE_INTEGER / space) - 1
 }
 
-function lastGeneration (space: number): number {
-  return Math.floor(Number.MAX_SAFE_INTEGER / space) - 1
+/** The generation after `generation`: 1 again after `last` (lastGeneration). */
+export function nextGeneration (generation: number, last: number): number {
+  return generation >= last ? 1 : generation + 1
 }
