@@ -21,7 +21,7 @@ import { checkArguments, readArguments } from './dispatch/arguments.js'
 import { compileValidator, warmUpSchemaCompiler } from './dispatch/validators.js'
 import { errorResult, outcomeToResult, type ToolResult } from './dispatch/result.js'
 import { runLocalTool } from './dispatch/local-tool.js'
-import { errorText, noop } from '../shared/util.js'
+import { callListeners, errorText, noop } from '../shared/util.js'
 import type { CallOutcome } from '../workers/protocol.js'
 import { Metrics } from './metrics.js'
 import { ownerOf, SourceOwners, type Owner } from './ownership.js'
@@ -160,23 +160,13 @@ export class Runtime extends EventEmitter<ToolportEvents> {
    * a registration or a tool call (which must never throw).
    */
   override emit<K extends keyof ToolportEvents> (eventName: K, ...args: ToolportEvents[K]): boolean {
-    const listeners = this.rawListeners(eventName) as Array<(...rest: unknown[]) => unknown>
-    if (listeners.length === 0) return false
     // Each listener on its own: one that throws must not keep the later ones (the event stream's,
-    // the MCP endpoint's, another host listener) from running, as EventEmitter's emit would.
-    for (const listener of listeners) {
-      try {
-        const returned = listener.apply(this, args)
-        // An async listener's rejection too: left alone, it would end the host's process.
-        if (isThenable(returned)) returned.then(undefined, (err: unknown) => { this.#listenerFailed(eventName, err) })
-      } catch (err) {
-        this.#listenerFailed(eventName, err)
-      }
-    }
-    return true
+    // the MCP endpoint's, another host listener) from running; an async one's rejection left
+    // alone would end the host's process.
+    return callListeners(this, this.rawListeners(eventName), args, eventName, this.#listenerFailed)
   }
 
-  #listenerFailed (eventName: string | symbol, err: unknown): void {
+  readonly #listenerFailed = (eventName: string | symbol, err: unknown): void => {
     this.log.error({ event: String(eventName), error: errorText(err) }, 'an event listener threw; ignored')
   }
 
@@ -606,10 +596,6 @@ export class Runtime extends EventEmitter<ToolportEvents> {
 export function isRuntime (value: unknown): value is Runtime {
   if (typeof value !== 'object' || value === null || !('options' in value)) return false
   return typeof (value as { roles?: { get?: unknown } }).roles?.get === 'function'
-}
-
-function isThenable (value: unknown): value is PromiseLike<unknown> {
-  return typeof value === 'object' && value !== null && typeof (value as { then?: unknown }).then === 'function'
 }
 
 /** The names a model may call instead, at most UNKNOWN_TOOL_NAMES of them. */

@@ -17,7 +17,7 @@ import { CallbackServer } from './callback-server.js'
 import { PLUGIN_ERROR_CODES, PluginError, isTransient } from './errors.js'
 import type { ResolvedPluginOptions, ResolvedTool } from './options.js'
 import { problemsText, provesNotRegistered, ToolportClient, type RegisterAnswer, type RegisterBody } from './toolport-client.js'
-import { errorText, noop } from '../shared/util.js'
+import { callListeners, errorText, noop } from '../shared/util.js'
 import { EventWatch } from './event-watch.js'
 
 /** Why tools were registered: the first registration, or a check that found them missing. */
@@ -197,7 +197,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     }
     this.#options.logger.info?.(`registered ${result.names.length} tool(s) of ${this.source} (roles: ${result.roles.join(', ') || 'none'}); callbacks at ${result.url}`)
     // Last, outside the try: a listener that throws is the listener's bug, not a failed start.
-    this.#emit('registered', { names: result.names, roles: result.roles, reason: 'start' })
+    this.emit('registered', { names: result.names, roles: result.roles, reason: 'start' })
     return result
   }
 
@@ -375,7 +375,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
     } finally {
       if (names.length > 0) {
         this.#options.logger.info?.(`registered again (they were missing): ${names.join(', ')}`)
-        this.#emit('registered', { names, roles: [...roles], reason: 'restored' })
+        this.emit('registered', { names, roles: [...roles], reason: 'restored' })
       }
     }
   }
@@ -442,7 +442,7 @@ export class Plugin extends EventEmitter<PluginEvents> {
 
   /** Emits `error` when someone listens (an unheard 'error' would crash the process), else logs. */
   #report (err: PluginError, level: 'warn' | 'debug'): void {
-    if (this.listenerCount('error') > 0) this.#emit('error', err)
+    if (this.listenerCount('error') > 0) this.emit('error', err)
     else this.#options.logger[level]?.(err.message)
   }
 
@@ -452,23 +452,16 @@ export class Plugin extends EventEmitter<PluginEvents> {
    * fails `start()` or `stop()`, turns a re-registration into a failure, or ends the process from
    * a background check (README "Plugin SDK"; the Python SDK does the same).
    */
-  #emit<K extends keyof PluginEvents> (event: K, ...args: PluginEvents[K]): void {
+  override emit<K extends keyof PluginEvents> (event: K, ...args: PluginEvents[K]): boolean {
     // `events.errorMonitor` listeners see an error before its listeners, as EventEmitter's emit has them.
     const listeners = event === 'error'
       ? [...this.rawListeners(errorMonitor as never), ...this.rawListeners(event)]
       : this.rawListeners(event)
-    for (const listener of listeners) {
-      try {
-        const result: unknown = (listener as (...a: PluginEvents[K]) => unknown).apply(this, args)
-        if (isThenable(result)) result.then(undefined, (err: unknown) => { this.#listenerFailed(event, err) })
-      } catch (err) {
-        this.#listenerFailed(event, err)
-      }
-    }
+    return callListeners(this, listeners, args, event, this.#listenerFailed)
   }
 
-  #listenerFailed (event: string, err: unknown): void {
-    this.#options.logger.error?.(`a '${event}' listener threw: ${errorText(err)}`)
+  readonly #listenerFailed = (event: string | symbol, err: unknown): void => {
+    this.#options.logger.error?.(`a '${String(event)}' listener threw: ${errorText(err)}`)
   }
 }
 
@@ -493,9 +486,4 @@ function originOf (url: string): string {
   } catch {
     return 'an unreadable URL'
   }
-}
-
-function isThenable (value: unknown): value is PromiseLike<unknown> {
-  return (typeof value === 'object' || typeof value === 'function') && value !== null &&
-    typeof (value as { then?: unknown }).then === 'function'
 }

@@ -5,6 +5,30 @@
 export function noop (): void {}
 
 /**
+ * Calls each of an emitter's `listeners` (its `rawListeners`) with `args`, guarded: a listener
+ * that throws, or returns a promise that rejects, is reported to `failed` with the event's name,
+ * and the listeners after it still run (EventEmitter's own emit would stop at the throw, and leave
+ * the rejection unhandled). False when there were none, as emit answers.
+ */
+export function callListeners (emitter: unknown, listeners: readonly Function[], args: readonly unknown[],
+  event: string | symbol, failed: (event: string | symbol, err: unknown) => void): boolean {
+  for (const listener of listeners) {
+    try {
+      const returned: unknown = listener.apply(emitter, args)
+      if (isThenable(returned)) returned.then(undefined, (err: unknown) => { failed(event, err) })
+    } catch (err) {
+      failed(event, err)
+    }
+  }
+  return listeners.length > 0
+}
+
+function isThenable (value: unknown): value is PromiseLike<unknown> {
+  return (typeof value === 'object' || typeof value === 'function') && value !== null &&
+    typeof (value as { then?: unknown }).then === 'function'
+}
+
+/**
  * A bad option's value as an error message names it: a string quoted, an object or array by its
  * kind (never its contents, nor a `toString` that may throw), anything else as `String` writes it.
  *
