@@ -389,19 +389,10 @@ export class Runtime extends EventEmitter<ToolportEvents> {
     const source = filter?.source ?? undefined
     const given = filter?.names ?? undefined
     const names = given === undefined ? undefined : new Set(given)
-    // A plain object, as the type says (hasOwnProperty, deepStrictEqual with a literal): a role
-    // named `__proto__` is defined as an own property, where assigning would set the prototype.
-    const toolsByRole: Record<string, readonly ToolListing[]> = {}
-    const isFiltered = source !== undefined || names !== undefined
-    for (const r of roles) {
-      const tools = isFiltered ? r.registry.filteredListing(source, names) : r.tools()
-      if (r.name === '__proto__') {
-        Object.defineProperty(toolsByRole, r.name,
-          { value: tools, writable: true, enumerable: true, configurable: true })
-      } else {
-        toolsByRole[r.name] = tools
-      }
-    }
+    // A plain object, as the type says (hasOwnProperty, deepStrictEqual with a literal), whose
+    // keys are own properties even for a role named `__proto__` (fromEntries defines, never sets).
+    const toolsByRole: Record<string, readonly ToolListing[]> = Object.fromEntries(
+      roles.map((r) => [r.name, r.registry.filteredListing(source, names)]))
     return { ok: true, tools_by_role: toolsByRole }
   }
 

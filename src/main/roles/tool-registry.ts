@@ -195,12 +195,13 @@ export class ToolRegistry {
 
   /**
    * Rows for `GET /api/tools?source=…&name=…` (docs/protocol.md R18), in registration order: the
-   * tools of `source` (when given) named in `names` (when given). Found through the indexes, so a
-   * plugin asking for its few names costs a few lookups, however many tools others hold.
+   * tools of `source` (when given) named in `names` (when given); every row without either. Found
+   * through the indexes, so a plugin asking for its few names costs a few lookups, however many
+   * tools others hold.
    */
-  filteredListing (source: string | undefined, names: ReadonlySet<string> | undefined): ToolListing[] {
+  filteredListing (source: string | undefined, names: ReadonlySet<string> | undefined): readonly ToolListing[] {
     if (names === undefined) {
-      if (source === undefined) return [...this.listing()]
+      if (source === undefined) return this.listing()
       const out: ToolListing[] = []
       // A source's index keeps registration order: a name re-registered moves to its end too.
       for (const name of this.#bySource.get(source) ?? []) out.push((this.#byName.get(name) as ToolEntry).listing)
