@@ -58,10 +58,10 @@ export function tokenProblem (token: string): string | undefined {
   return checked.success ? undefined : checked.error.issues[0]?.message
 }
 
-/** `dispatch.mode`'s values. */
 /** How an error in the options (or the environment variables read as options) begins. */
 const OPTIONS_PREFIX = 'invalid Toolport options: '
 
+/** `dispatch.mode`'s values. */
 const DISPATCH_MODES = ['pool', 'inline'] as const
 
 const dispatchSchema = z.strictObject({

@@ -1,5 +1,6 @@
 // createToolport: a Runtime plus its HTTP server.
 import type { FastifyInstance } from 'fastify'
+import type { AddressInfo } from 'node:net'
 import { Runtime } from './runtime.js'
 import { buildApp } from './http/app.js'
 import { bindHostProblem, unbracket, type ToolportOptions } from './config.js'
@@ -29,8 +30,8 @@ export interface ListenResult {
  */
 export class Toolport extends Runtime {
   #app: FastifyInstance | null = null
+  /** The server's listen() while under way or done; null again after one that failed. */
   #listening: Promise<unknown> | null = null
-  #isListening = false
   #closingAll: Promise<void> | undefined
 
   /** The fastify app serving the API (built on first use; `inject()` works without listening). */
@@ -68,18 +69,16 @@ export class Toolport extends Runtime {
     // close() may have begun meanwhile: it must not be left a server it does not know of.
     if (this.closed) throw new ClosedError()
     this.#assertNotListening()
-    this.#isListening = true
     const listening = this.app.listen({ host, port, listenTextResolver: listenText(host) })
     this.#listening = listening
     try {
       await listening
     } catch (err) {
-      this.#isListening = false
+      this.#listening = null
       throw err
     }
     this.app.server.maxConnections = this.options.limits.maxConnections
-    const address = this.app.server.address()
-    const realPort = typeof address === 'object' && address !== null ? address.port : port
+    const realPort = this.#address()?.port ?? port
     return { url: listeningUrl(host, realPort), host, port: realPort }
   }
 
@@ -88,14 +87,16 @@ export class Toolport extends Runtime {
    * After a listen that failed (a port in use), another may be tried.
    */
   #assertNotListening (): void {
-    if (!this.#isListening) return
-    throw new ConfigError(`listen(): already listening${this.app.server.listening ? ` on ${this.#url()}` : ''}; ` +
+    if (this.#listening === null) return
+    const address = this.#address()
+    throw new ConfigError(`listen(): already listening${address === null ? '' : ` on ${listeningUrl(address.address, address.port)}`}; ` +
       'a runtime serves one address')
   }
 
-  #url (): string {
+  /** The address the server is bound to, once it is. */
+  #address (): AddressInfo | null {
     const address = this.app.server.address()
-    return typeof address === 'object' && address !== null ? listeningUrl(address.address, address.port) : String(address)
+    return typeof address === 'object' && address !== null ? address : null
   }
 
   /**

@@ -123,11 +123,10 @@ export function codePointLength (s: string): number {
 
 /**
  * True when `s` is well-formed Unicode: no lone surrogate, which has no UTF-8 form (so no URL or
- * UTF-8 body can carry it). `String.prototype.isWellFormed` is ES2024, beyond this project's lib;
- * in a `u` regex a code point of the Surrogate category is one that is not half of a pair.
+ * UTF-8 body can carry it). A function of its own for zod's `refine` and the SDK's checks.
  */
 export function isWellFormedText (s: string): boolean {
-  return !/\p{Surrogate}/u.test(s)
+  return s.isWellFormed()
 }
 
 /** setTimeout's largest delay (~24.8 days); a larger one fires at once. */

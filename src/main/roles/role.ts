@@ -139,15 +139,14 @@ export class Role {
     for (const session of previous) {
       if (!keep.has(session)) this.#sessions.delete(session)
     }
-    if (this.#isClosed) {
-      // As attachSession after close(): a new session is not attached, and did not take the tools.
-      const refused = next.filter((session) => !this.#sessions.has(session)).length
-      this.#sessionList = [...this.#sessions]
-      if (refused > 0) return { ok: false, error: CLOSED_ERROR, failedSessions: refused }
-      return await this.sync()
+    // After close(), as attachSession: a new session is not attached, and did not take the tools.
+    let refused = 0
+    for (const session of next) {
+      if (!this.#isClosed) this.#sessions.add(session)
+      else if (!this.#sessions.has(session)) refused++
     }
-    for (const session of next) this.#sessions.add(session)
     this.#sessionList = [...this.#sessions]
+    if (refused > 0) return { ok: false, error: CLOSED_ERROR, failedSessions: refused }
     return await this.sync()
   }
 
