@@ -62,13 +62,16 @@ interface StreamRecord {
   data: object | null
   /** The serialised frame, shared by every subscriber. */
   frame: string | null
-  /** What a ring record holds, as counted against `replayMaxBytes` (0 for `call`). */
-  bytes: number
 }
 
 /** Bytes a ring record holds besides its frame's characters: the record and its role list's slots. */
 const RECORD_OVERHEAD_BYTES = 96
 const ROLE_SLOT_BYTES = 8
+
+/** What a ring record (encoded when published, unchanged after) counts against `replayMaxBytes`. */
+function ringBytes (record: StreamRecord): number {
+  return RECORD_OVERHEAD_BYTES + (record.frame?.length ?? 0) + ROLE_SLOT_BYTES * record.roles.length
+}
 
 /** `call` events are the hot ones: their JSON starts with a per-tool prefix encoded once. */
 interface CallPrefix { source: string, outcome: string, json: string }
@@ -206,7 +209,8 @@ export class EventHub {
     const replay: StreamRecord[] = []
     let kind: ReplayKind = 'none'
     if (after !== null) {
-      const oldest = Math.max(this.#oldestKept, this.#seq - this.#options.replaySize + 1)
+      // The ring's count bound moves #oldestKept too (see #keep).
+      const oldest = this.#oldestKept
       kind = after + 1 >= oldest ? 'complete' : 'partial'
       for (let seq = Math.max(after + 1, oldest); seq <= this.#seq; seq++) {
         const record = this.#ring[seq % this.#options.replaySize]
@@ -239,13 +243,12 @@ export class EventHub {
     if (this.#closed) return
     const seq = ++this.#seq
     const record: StreamRecord = {
-      seq, order: ++this.#order, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null, bytes: 0
+      seq, order: ++this.#order, type, roles: typeof roles === 'string' ? [roles] : roles, data, frame: null
     }
     // Encoded now, once, and kept in that form only: a ring of `replaySize` events each naming
     // every role (a global registration with many roles) would otherwise hold both forms.
     this.#frame(record)
     record.data = null
-    record.bytes = RECORD_OVERHEAD_BYTES + (record.frame as string).length + ROLE_SLOT_BYTES * record.roles.length
     this.#keep(record)
     if (this.#subscribers.size === 0) return
     this.#queue(record)
@@ -260,15 +263,15 @@ export class EventHub {
     const size = this.#options.replaySize
     const slot = record.seq % size
     const previous = this.#ring[slot]
-    if (previous !== undefined) this.#ringBytes -= previous.bytes
+    if (previous !== undefined) this.#ringBytes -= ringBytes(previous)
     this.#ring[slot] = record
-    this.#ringBytes += record.bytes
+    this.#ringBytes += ringBytes(record)
     this.#oldestKept = Math.max(this.#oldestKept, record.seq - size + 1)
     while (this.#ringBytes > this.#options.replayMaxBytes && this.#oldestKept < record.seq) {
       const oldest = this.#oldestKept % size
       const dropped = this.#ring[oldest]
       if (dropped !== undefined) {
-        this.#ringBytes -= dropped.bytes
+        this.#ringBytes -= ringBytes(dropped)
         this.#ring[oldest] = undefined
       }
       this.#oldestKept++
@@ -290,7 +293,7 @@ export class EventHub {
     }
     if (this.#callsThisSecond >= this.#options.maxCallEventsPerSecond) return
     this.#callsThisSecond++
-    this.#queue({ seq: 0, order: ++this.#order, type: 'call', roles: [e.role], data: e, frame: null, bytes: 0 })
+    this.#queue({ seq: 0, order: ++this.#order, type: 'call', roles: [e.role], data: e, frame: null })
   }
 
   #queue (record: StreamRecord): void {
