@@ -6,6 +6,7 @@ import type { Runtime } from '../runtime.js'
 import { parseOrThrow } from '../schemas.js'
 import { DEFINITION_FORMATS } from '../sessions/definitions.js'
 import { definitionsBody } from './definitions-body.js'
+import { sendStreamed } from './streamed-json.js'
 import { documentationOnly, errors, jsonSchema } from './openapi.js'
 
 const definitionsQuerySchema = z.object({
@@ -46,7 +47,6 @@ export function registerDefinitionRoutes (app: FastifyInstance, runtime: Runtime
     const query = parseOrThrow(definitionsQuerySchema, request.query ?? {})
     const role = runtime.roles.get(query.role)
     const body = await definitionsBody(role, query.format, runtime.options.limits.maxDefinitionsBytes)
-    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes)
-      .send(body.stream(runtime.options.limits.answerStallTimeoutMs))
+    return await sendStreamed(reply, body, runtime.options.limits.answerStallTimeoutMs)
   })
 }

@@ -10,7 +10,7 @@ import { parseOrThrow } from '../schemas.js'
 import { observerOf, type ConsoleState } from '../observe/observer.js'
 import { STREAM_EVENT_TYPES, type EventFilter } from '../observe/event-hub.js'
 import { ERROR_BODY_JSON_SCHEMA as errorBody, errors, jsonSchema, textBody } from './openapi.js'
-import { streamedJson, type JsonPart } from './streamed-json.js'
+import { sendStreamed, streamedJson, type JsonPart } from './streamed-json.js'
 
 const eventsQuerySchema = z.object({
   /** Only events that concern this role (`hello` always comes). */
@@ -103,8 +103,7 @@ export function registerEventRoutes (app: FastifyInstance, runtime: Runtime): vo
     // Streamed (streamed-json.ts): every tool's description is in it, so one JSON string of it
     // can be longer than V8 allows, as the list's.
     const body = await streamedJson(consoleStateParts(observer.state()))
-    return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes)
-      .send(body.stream(runtime.options.limits.answerStallTimeoutMs))
+    return await sendStreamed(reply, body, runtime.options.limits.answerStallTimeoutMs)
   })
 
   app.get('/api/console/stats', {

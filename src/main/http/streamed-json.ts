@@ -19,6 +19,7 @@
 // stream whose next piece is not taken within `limits.answerStallTimeoutMs` is destroyed, and its
 // connection with it (SECURITY.md, answers a client does not take).
 import { Readable } from 'node:stream'
+import type { FastifyReply } from 'fastify'
 import { setImmediate as yieldToLoop } from 'node:timers/promises'
 
 /** JSON text measured, or written, between two yields to the event loop (a few ms of work). */
@@ -39,6 +40,15 @@ export interface StreamedJson {
   stream: (stallMs?: number) => Readable
   /** The body as one Buffer: for bodies small enough to write at once (or to keep). */
   toBuffer: () => Buffer
+}
+
+/**
+ * Answers `reply` with `body`, streamed, as JSON with its exact length; a reader that takes no
+ * piece for `stallMs` (`limits.answerStallTimeoutMs`) is cut.
+ */
+export async function sendStreamed (reply: FastifyReply, body: StreamedJson, stallMs: number): Promise<FastifyReply> {
+  return await reply.type('application/json; charset=utf-8').header('content-length', body.bytes)
+    .send(body.stream(stallMs))
 }
 
 /** The measured JSON size of each frozen array's items (commas included). */
@@ -109,13 +119,16 @@ async function * pieces (parts: readonly JsonPart[], stallMs: number, stalled: (
   const timer = stallMs > 0 ? setTimeout(stalled, stallMs) : undefined
   timer?.unref()
   try {
-    yield * piecesOf(parts, timer)
+    for await (const piece of piecesOf(parts)) {
+      timer?.refresh()
+      yield piece
+    }
   } finally {
     clearTimeout(timer)
   }
 }
 
-async function * piecesOf (parts: readonly JsonPart[], timer: NodeJS.Timeout | undefined): AsyncGenerator<string> {
+async function * piecesOf (parts: readonly JsonPart[]): AsyncGenerator<string> {
   let piece = ''
   let sinceYield = 0
   for (const part of parts) {
@@ -125,7 +138,6 @@ async function * piecesOf (parts: readonly JsonPart[], timer: NodeJS.Timeout | u
       for (let i = 0; i < part.length; i++) {
         piece += (i === 0 ? '' : ',') + JSON.stringify(part[i])
         if (piece.length >= PIECE_CHARS) {
-          timer?.refresh()
           yield piece
           sinceYield += piece.length
           piece = ''
@@ -137,13 +149,9 @@ async function * piecesOf (parts: readonly JsonPart[], timer: NodeJS.Timeout | u
       }
     }
     if (piece.length >= PIECE_CHARS) {
-      timer?.refresh()
       yield piece
       piece = ''
     }
   }
-  if (piece !== '') {
-    timer?.refresh()
-    yield piece
-  }
+  if (piece !== '') yield piece
 }

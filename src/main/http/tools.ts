@@ -8,6 +8,7 @@ import { isPluginKey, PLUGIN_KEY_HEADER } from '../ownership.js'
 import { callSchema, listQuerySchema, parseOrThrow } from '../schemas.js'
 import { ROUTE_SCHEMAS } from './openapi.js'
 import { ListAnswers } from './list-body.js'
+import { sendStreamed } from './streamed-json.js'
 import { outputJsonOf, type ToolResult } from '../dispatch/result.js'
 import { safeStringify } from '../../shared/reply.js'
 import { CallCancel } from '../../shared/cancel.js'
@@ -33,9 +34,8 @@ export function registerToolRoutes (app: FastifyInstance, runtime: Runtime): voi
     reply: FastifyReply) {
     const query = parseOrThrow(listQuerySchema, request.query ?? {})
     const answer = await listAnswers.answer(query.role, query)
-    reply.type('application/json; charset=utf-8')
-    if (Buffer.isBuffer(answer)) return await reply.send(answer)
-    return await reply.header('content-length', answer.bytes).send(answer.stream(runtime.options.limits.answerStallTimeoutMs))
+    if (Buffer.isBuffer(answer)) return await reply.type('application/json; charset=utf-8').send(answer)
+    return await sendStreamed(reply, answer, runtime.options.limits.answerStallTimeoutMs)
   })
 
   app.post('/api/tools/call', { schema: ROUTE_SCHEMAS.call }, async function callRoute (request: FastifyRequest,
