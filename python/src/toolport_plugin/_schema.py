@@ -177,9 +177,8 @@ class _Builder:
     def _pydantic(self, model: Any) -> JsonSchema:
         schema: JsonSchema = model.model_json_schema(ref_template="#/$defs/{model}")
         # pydantic checks every value itself; a pattern Toolport cannot run (pydantic's own Decimal
-        # has a lookahead) would only make it refuse the tool.
-        _remove_non_re2_patterns(schema)
-        _remove_zoned_time_formats(schema)
+        # has a lookahead), or a format that refuses what pydantic takes, would only get in the way.
+        _remove_what_toolport_would_refuse(schema)
         defs: dict[str, Any] = schema.pop("$defs", {})
         # Another parameter's model of the same name (from another module) that differs: this
         # model's one is renamed, as pydantic itself tells them apart within one model.
@@ -231,23 +230,21 @@ def _rename_refs(schemas: list[Any], renames: dict[str, str]) -> None:
             node["$ref"] = renames[ref]
 
 
-def _remove_zoned_time_formats(schema: JsonSchema) -> None:
-    """Removes, in place, ``format: time``, ``date-time`` and ``duration`` from a schema pydantic
-    generated. pydantic writes them for ``datetime.time``, ``datetime.datetime`` and
-    ``datetime.timedelta``, which take what the formats (as Toolport checks them) refuse: a time
-    without a UTC offset (``12:30:00``, ``2024-01-01T12:00:00``), a duration as ``PT0.5S`` (its own
-    JSON) or ``01:00:00``. Toolport would refuse what the model means; pydantic checks the value."""
-    for node in _subschemas(schema):
-        if node.get("format") in ("time", "date-time", "duration"):
-            del node["format"]
+# pydantic writes these for ``datetime.time``, ``datetime.datetime`` and ``datetime.timedelta``,
+# which take what the formats (as Toolport checks them) refuse: a time without a UTC offset
+# (``12:30:00``, ``2024-01-01T12:00:00``), a duration as ``PT0.5S`` (its own JSON) or ``01:00:00``.
+_FORMATS_PYDANTIC_EXCEEDS = ("time", "date-time", "duration")
 
 
-def _remove_non_re2_patterns(schema: JsonSchema) -> None:
-    """Removes, in place, each ``pattern`` RE2 surely refuses from a schema pydantic generated."""
+def _remove_what_toolport_would_refuse(schema: JsonSchema) -> None:
+    """Removes, in place, from a schema pydantic generated, each ``pattern`` RE2 surely refuses and
+    each ``format`` above: Toolport would refuse the tool, or what the model means."""
     for node in _subschemas(schema):
         pattern = node.get("pattern")
         if isinstance(pattern, str) and re2_problem(pattern) is not None:
             del node["pattern"]
+        if node.get("format") in _FORMATS_PYDANTIC_EXCEEDS:
+            del node["format"]
 
 
 def _object(props: JsonSchema, required: list[str], *, closed: bool, title: str | None = None) -> JsonSchema:

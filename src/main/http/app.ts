@@ -83,7 +83,7 @@ function registerRoutes (app: FastifyInstance, runtime: Runtime, guard: boolean,
     else done()
   })
   app.removeAllContentTypeParsers()
-  app.addContentTypeParser('application/json', { parseAs: 'string', bodyLimit: maxBodyBytes },
+  app.addContentTypeParser('application/json', { parseAs: 'string' },
     buildJsonParser(runtime.options.limits.maxJsonDepth))
   app.setErrorHandler(isStandalone ? handleError : handleHostedError)
   app.setValidatorCompiler(noValidation)
